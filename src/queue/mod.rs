@@ -1,0 +1,135 @@
+//! The task state machine: commands, task records, lifecycle rules, leases and the claim order.
+//!
+//! Pure: no tokio, tonic, redb or clock. Storage (`crate::storage`) drives `ShardCore::apply` inside redb write
+//! transactions; tests drive it over in-memory maps (`MemMachine`). The leader chooses claims with
+//! `pick_ready`, then proposes them; apply re-checks each one.
+
+pub mod shard;
+pub mod types;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashSet};
+
+pub use shard::{Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore};
+pub use types::*;
+
+/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping
+/// tasks already promised to an in-flight claim.
+pub fn pick_ready<'a>(
+    shards: impl IntoIterator<Item = &'a ShardCore>,
+    tenant: &str,
+    queues: &[String],
+    count: usize,
+    skip: &HashSet<TaskId>,
+) -> Vec<TaskId> {
+    let mut heads: Vec<ReadyKey> = Vec::new();
+    for shard in shards {
+        for q in queues {
+            let qk = QueueKey { tenant: tenant.to_string(), queue: q.clone() };
+            heads.extend(shard.ready_head(&qk, count, skip));
+        }
+    }
+    heads.sort();
+    heads.dedup();
+    heads.into_iter().take(count).map(|k| k.2).collect()
+}
+
+/// A whole state machine in memory: the same shard logic over maps. For tests and the reference model.
+#[derive(Debug)]
+pub struct MemMachine {
+    pub shards: Vec<ShardCore>,
+    pub stores: Vec<MemStore>,
+    pub last_index: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct MemStore {
+    pub tasks: BTreeMap<TaskId, Task>,
+    pub keys: BTreeMap<(String, String), KeyRecord>,
+}
+
+impl TaskStore for MemStore {
+    type Error = std::convert::Infallible;
+    fn get(&mut self, id: &TaskId) -> Result<Option<Task>, Self::Error> {
+        Ok(self.tasks.get(id).cloned())
+    }
+    fn put(&mut self, task: &Task) -> Result<(), Self::Error> {
+        self.tasks.insert(task.id, task.clone());
+        Ok(())
+    }
+    fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error> {
+        self.tasks.remove(id);
+        Ok(())
+    }
+    fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error> {
+        Ok(self.keys.get(&(tenant.to_string(), key.to_string())).copied())
+    }
+    fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error> {
+        self.keys.insert((tenant.to_string(), key.to_string()), *rec);
+        Ok(())
+    }
+    fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {
+        self.keys.remove(&(tenant.to_string(), key.to_string()));
+        Ok(())
+    }
+}
+
+impl MemMachine {
+    pub fn new(shards: usize) -> Self {
+        MemMachine {
+            shards: (0..shards).map(|i| ShardCore::new(i, shards)).collect(),
+            stores: vec![MemStore::default(); shards],
+            last_index: 0,
+        }
+    }
+
+    /// Applies the next log entry to every shard.
+    pub fn apply(&mut self, req: &Request) -> (Response, Effects) {
+        self.last_index += 1;
+        let mut out = PartialResponse::for_command(&req.command);
+        let mut fx = Effects::default();
+        for (core, store) in self.shards.iter_mut().zip(self.stores.iter_mut()) {
+            match core.apply(store, self.last_index, req, &mut out, &mut fx) {
+                Ok(()) => {}
+                Err(never) => match never {},
+            }
+        }
+        (out.finish(), fx)
+    }
+
+    pub fn task(&self, id: &TaskId) -> Option<&Task> {
+        self.stores[id.shard(self.shards.len())].tasks.get(id)
+    }
+
+    pub fn tasks(&self) -> impl Iterator<Item = &Task> {
+        self.stores.iter().flat_map(|s| s.tasks.values())
+    }
+
+    pub fn now(&self) -> TimeMs {
+        self.shards.iter().map(|s| s.now).max().unwrap_or(0)
+    }
+
+    pub fn pick(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+        pick_ready(&self.shards, tenant, queues, count, &HashSet::new())
+    }
+
+    /// Rebuilds every shard's indexes from its records, as a restart does.
+    pub fn rebuilt(&self) -> MemMachine {
+        let n = self.shards.len();
+        let mut m = MemMachine::new(n);
+        m.stores = self.stores.clone();
+        m.last_index = self.last_index;
+        for (i, core) in m.shards.iter_mut().enumerate() {
+            core.now = self.shards[i].now;
+            for t in m.stores[i].tasks.values() {
+                core.index_task(t);
+            }
+            for ((tenant, key), rec) in &m.stores[i].keys {
+                core.index_key(tenant, key, rec);
+            }
+        }
+        m
+    }
+}

@@ -1,0 +1,660 @@
+//! Apply for one shard: the rules of the task lifecycle, and the in-memory indexes derived from the shard's
+//! records.
+//!
+//! Every effect of a command on a shard depends only on that shard's records and the command itself (the
+//! proposer decided ids, claims and jitter), so after a crash each shard can replay from its own `last_applied`
+//! and arrive at the same state as every other replica. Apply never reads a clock: time is the command's
+//! `time_ms`, and shard time never moves backwards.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::*;
+
+/// Record access for one shard, inside one write transaction. Implemented over redb in `storage::shard` and
+/// over maps in tests.
+pub trait TaskStore {
+    type Error;
+    fn get(&mut self, id: &TaskId) -> Result<Option<Task>, Self::Error>;
+    fn put(&mut self, task: &Task) -> Result<(), Self::Error>;
+    fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error>;
+    fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error>;
+    fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error>;
+    fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error>;
+}
+
+/// An idempotency key: which task it created and until when it is remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub task_id: TaskId,
+    pub expires_at: TimeMs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub tenant: String,
+    pub queue: String,
+}
+
+impl QueueKey {
+    pub fn of(task: &Task) -> Self {
+        QueueKey { tenant: task.tenant.clone(), queue: task.queue.clone() }
+    }
+}
+
+/// Claim order: higher priority first, then FIFO by sequence.
+pub type ReadyKey = (Reverse<u8>, u64, TaskId);
+
+/// Side effects of applying entries that the node reacts to after commit (waking parked claims, answering
+/// result waiters, webhooks). Derived, never stored.
+#[derive(Debug, Default)]
+pub struct Effects {
+    pub ready: HashSet<QueueKey>,
+    pub ended: Vec<TaskId>,
+}
+
+/// Slots of a response being filled shard by shard; each item belongs to exactly one shard.
+#[derive(Debug)]
+pub enum PartialResponse {
+    None,
+    Enqueued(Vec<Option<ItemResult<Enqueued>>>),
+    Claimed(Vec<Option<ItemResult<Box<Task>>>>),
+    Acked(Vec<Option<ItemResult<AckOutcome>>>),
+    Cancelled(Option<ItemResult<TaskState>>),
+    Redriven(Vec<TaskId>),
+    Purged(Vec<TaskId>),
+    Ticked,
+}
+
+impl PartialResponse {
+    pub fn for_command(cmd: &Command) -> Self {
+        match cmd {
+            Command::Enqueue(v) => PartialResponse::Enqueued(vec![None; v.len()]),
+            Command::Claim(v) => PartialResponse::Claimed(vec![None; v.len()]),
+            Command::Ack(v) => PartialResponse::Acked(vec![None; v.len()]),
+            Command::Cancel { .. } => PartialResponse::Cancelled(None),
+            Command::Redrive { .. } => PartialResponse::Redriven(vec![]),
+            Command::PurgeDeadLetters { .. } => PartialResponse::Purged(vec![]),
+            Command::Tick => PartialResponse::Ticked,
+        }
+    }
+
+    /// The finished response. A slot no shard filled can only come from a shard that skipped the entry during
+    /// crash recovery, where nobody waits for the answer; it reads as `NotFound`.
+    pub fn finish(self) -> Response {
+        fn fill<T>(v: Vec<Option<ItemResult<T>>>) -> Vec<ItemResult<T>> {
+            v.into_iter().map(|s| s.unwrap_or(Err(Rejected::NotFound))).collect()
+        }
+        match self {
+            PartialResponse::None => Response::None,
+            PartialResponse::Enqueued(v) => Response::Enqueued(fill(v)),
+            PartialResponse::Claimed(v) => Response::Claimed(fill(v)),
+            PartialResponse::Acked(v) => Response::Acked(fill(v)),
+            PartialResponse::Cancelled(v) => Response::Cancelled(v.unwrap_or(Err(Rejected::NotFound))),
+            PartialResponse::Redriven(v) => Response::Redriven(v),
+            PartialResponse::Purged(v) => Response::Purged(v),
+            PartialResponse::Ticked => Response::Ticked,
+        }
+    }
+}
+
+/// One shard's derived state: its time and its indexes. Rebuilt from the records at start and after a snapshot
+/// is installed (`index_task`, `index_key`).
+#[derive(Debug, Default)]
+pub struct ShardCore {
+    pub shard_no: usize,
+    pub shards: usize,
+    /// State-machine time of this shard: the max `time_ms` of every entry applied.
+    pub now: TimeMs,
+    ready: HashMap<QueueKey, BTreeSet<ReadyKey>>,
+    delayed: BTreeMap<(TimeMs, TaskId), (QueueKey, u8, u64)>,
+    leases: BTreeSet<(TimeMs, TaskId)>,
+    retention: BTreeSet<(TimeMs, TaskId)>,
+    dead: HashMap<QueueKey, BTreeSet<(TimeMs, TaskId)>>,
+    keys: BTreeSet<(TimeMs, String, String)>,
+    counts: HashMap<QueueKey, StateCounts>,
+}
+
+/// Tasks per state in one queue.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    pub pending: u64,
+    pub delayed: u64,
+    pub in_progress: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub dead_lettered: u64,
+}
+
+impl StateCounts {
+    fn slot(&mut self, state: TaskState, delayed: bool) -> &mut u64 {
+        match state {
+            TaskState::Pending if delayed => &mut self.delayed,
+            TaskState::Pending => &mut self.pending,
+            TaskState::InProgress => &mut self.in_progress,
+            TaskState::Completed => &mut self.completed,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Cancelled => &mut self.cancelled,
+            TaskState::DeadLettered => &mut self.dead_lettered,
+        }
+    }
+    pub fn add(&mut self, other: &StateCounts) {
+        self.pending += other.pending;
+        self.delayed += other.delayed;
+        self.in_progress += other.in_progress;
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.cancelled += other.cancelled;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
+/// A deterministic mix of the proposer's seed with a task id, for per-task jitter.
+fn jitter(seed: u64, id: &TaskId) -> u64 {
+    let mut z = seed ^ u64::from_be_bytes(id.0[8..16].try_into().expect("8 bytes"));
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl ShardCore {
+    pub fn new(shard_no: usize, shards: usize) -> Self {
+        ShardCore { shard_no, shards, ..Default::default() }
+    }
+
+    fn mine(&self, id: &TaskId) -> bool {
+        id.shard(self.shards) == self.shard_no
+    }
+
+    // ---- indexes -------------------------------------------------------------------------------------------
+
+    /// Adds a record to the indexes matching its state. Used by apply and by the rebuild at start.
+    pub fn index_task(&mut self, t: &Task) {
+        let qk = QueueKey::of(t);
+        let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
+        *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
+        match t.state {
+            TaskState::Pending if delayed => {
+                self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
+            }
+            TaskState::Pending => {
+                self.ready.entry(qk).or_default().insert((Reverse(t.priority), t.seq, t.id));
+            }
+            TaskState::InProgress => {
+                if let Some(l) = &t.lease {
+                    self.leases.insert((l.deadline, t.id));
+                }
+            }
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+                if let Some(d) = t.retention_deadline() {
+                    self.retention.insert((d, t.id));
+                }
+            }
+            TaskState::DeadLettered => {
+                self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
+            }
+        }
+    }
+
+    /// Removes a record (as it is before a change) from the indexes.
+    fn unindex_task(&mut self, t: &Task) {
+        let qk = QueueKey::of(t);
+        let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        if let Some(c) = self.counts.get_mut(&qk) {
+            let slot = c.slot(t.state, in_delayed);
+            *slot = slot.saturating_sub(1);
+        }
+        match t.state {
+            TaskState::Pending => {
+                if !in_delayed {
+                    if let Some(set) = self.ready.get_mut(&qk) {
+                        set.remove(&(Reverse(t.priority), t.seq, t.id));
+                        if set.is_empty() {
+                            self.ready.remove(&qk);
+                        }
+                    }
+                }
+            }
+            TaskState::InProgress => {
+                if let Some(l) = &t.lease {
+                    self.leases.remove(&(l.deadline, t.id));
+                }
+            }
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+                if let Some(d) = t.retention_deadline() {
+                    self.retention.remove(&(d, t.id));
+                }
+            }
+            TaskState::DeadLettered => {
+                if let Some(set) = self.dead.get_mut(&qk) {
+                    set.remove(&(t.dead_at.unwrap_or(0), t.id));
+                    if set.is_empty() {
+                        self.dead.remove(&qk);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn index_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
+        self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
+    }
+
+    /// Writes a changed record and moves it between indexes.
+    fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
+        self.unindex_task(before);
+        self.index_task(after);
+        store.put(after)
+    }
+
+    // ---- reads (used by the leader to choose claims, and by the API) -----------------------------------------
+
+    /// Up to `limit` ready tasks of one queue in claim order, skipping `skip`.
+    pub fn ready_head(&self, qk: &QueueKey, limit: usize, skip: &HashSet<TaskId>) -> Vec<ReadyKey> {
+        match self.ready.get(qk) {
+            None => vec![],
+            Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
+        }
+    }
+
+    /// Dead-lettered tasks of one queue, oldest first.
+    pub fn dead_letters(&self, qk: &QueueKey) -> Vec<(TimeMs, TaskId)> {
+        self.dead.get(qk).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    pub fn counts(&self) -> &HashMap<QueueKey, StateCounts> {
+        &self.counts
+    }
+
+    /// The earliest time at which something in this shard falls due (a lease, a delayed task, a retention or key
+    /// expiry), so the leader knows when a tick is worth proposing.
+    pub fn next_due(&self) -> Option<TimeMs> {
+        [
+            self.delayed.keys().next().map(|k| k.0),
+            self.leases.iter().next().map(|k| k.0),
+            self.retention.iter().next().map(|k| k.0),
+            self.keys.iter().next().map(|k| k.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Counts of index entries, for consistency checks against the records.
+    pub fn index_sizes(&self) -> IndexSizes {
+        IndexSizes {
+            ready: self.ready.values().map(|s| s.len()).sum(),
+            delayed: self.delayed.len(),
+            leases: self.leases.len(),
+            retention: self.retention.len(),
+            dead: self.dead.values().map(|s| s.len()).sum(),
+            keys: self.keys.len(),
+        }
+    }
+
+    // ---- apply -----------------------------------------------------------------------------------------------
+
+    /// Applies one log entry to this shard.
+    pub fn apply<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        log_index: u64,
+        req: &Request,
+        out: &mut PartialResponse,
+        fx: &mut Effects,
+    ) -> Result<(), S::Error> {
+        self.advance(store, log_index, req.time_ms, req.seed, fx)?;
+        let now = self.now;
+        let base_seq = log_index.saturating_mul(MAX_ITEMS_PER_COMMAND);
+        match (&req.command, out) {
+            (Command::Enqueue(items), PartialResponse::Enqueued(slots)) => {
+                for (pos, (item, slot)) in items.iter().zip(slots.iter_mut()).enumerate() {
+                    if self.mine(&item.id) {
+                        *slot = Some(self.enqueue(store, item, base_seq + pos as u64, fx)?);
+                    }
+                }
+            }
+            (Command::Claim(items), PartialResponse::Claimed(slots)) => {
+                for (pos, (item, slot)) in items.iter().zip(slots.iter_mut()).enumerate() {
+                    if self.mine(&item.task_id) {
+                        *slot = Some(self.claim(store, item, base_seq + pos as u64)?);
+                    }
+                }
+            }
+            (Command::Ack(items), PartialResponse::Acked(slots)) => {
+                for (item, slot) in items.iter().zip(slots.iter_mut()) {
+                    if self.mine(&item.task_id) {
+                        *slot = Some(self.ack(store, item, base_seq, req.seed, fx)?);
+                    }
+                }
+            }
+            (Command::Cancel { tenant, task_id }, PartialResponse::Cancelled(slot)) => {
+                if self.mine(task_id) {
+                    *slot = Some(self.cancel(store, tenant, task_id, fx)?);
+                }
+            }
+            (Command::Redrive { tenant, queue, select }, PartialResponse::Redriven(done)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+                for id in self.select_dead(&qk, select) {
+                    let Some(before) = store.get(&id)? else { continue };
+                    let mut t = before.clone();
+                    t.state = TaskState::Pending;
+                    t.attempts = 0;
+                    t.dead_at = None;
+                    t.visible_at = now;
+                    t.seq = base_seq;
+                    t.updated_at = now;
+                    self.update(store, &before, &t)?;
+                    fx.ready.insert(qk.clone());
+                    done.push(id);
+                }
+            }
+            (Command::PurgeDeadLetters { tenant, queue, select }, PartialResponse::Purged(done)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+                for id in self.select_dead(&qk, select) {
+                    let Some(t) = store.get(&id)? else { continue };
+                    self.unindex_task(&t);
+                    store.remove(&id)?;
+                    done.push(id);
+                }
+            }
+            (Command::Tick, PartialResponse::Ticked) => {}
+            (_, out) => unreachable!("response slots built for another command: {out:?}"),
+        }
+        Ok(())
+    }
+
+    fn select_dead(&self, qk: &QueueKey, select: &DlqSelector) -> Vec<TaskId> {
+        let Some(set) = self.dead.get(qk) else { return vec![] };
+        match select {
+            DlqSelector::All => set.iter().map(|k| k.1).collect(),
+            DlqSelector::Ids(ids) => {
+                let wanted: HashSet<&TaskId> = ids.iter().filter(|id| self.mine(id)).collect();
+                set.iter().filter(|k| wanted.contains(&k.1)).map(|k| k.1).collect()
+            }
+        }
+    }
+
+    /// Moves time to `time_ms` (never backwards) and does everything that fell due: delayed tasks become ready,
+    /// expired leases are retried or dead-lettered, ended tasks past retention and stale idempotency keys go.
+    fn advance<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        log_index: u64,
+        time_ms: TimeMs,
+        seed: u64,
+        fx: &mut Effects,
+    ) -> Result<(), S::Error> {
+        self.now = self.now.max(time_ms);
+        let now = self.now;
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, id), (qk, prio, seq)) = entry.remove_entry();
+            if let Some(c) = self.counts.get_mut(&qk) {
+                c.delayed = c.delayed.saturating_sub(1);
+                c.pending += 1;
+            }
+            self.ready.entry(qk.clone()).or_default().insert((Reverse(prio), seq, id));
+            fx.ready.insert(qk);
+        }
+        while let Some(&(deadline, id)) = self.leases.first() {
+            if deadline > now {
+                break;
+            }
+            let before = match store.get(&id)? {
+                Some(t) if t.state == TaskState::InProgress && t.lease.as_ref().map(|l| l.deadline) == Some(deadline) => t,
+                _ => {
+                    self.leases.remove(&(deadline, id));
+                    continue;
+                }
+            };
+            let mut t = before.clone();
+            let delay = t.retry.delay_ms(t.attempts, jitter(seed, &id));
+            t.last_error = Some("lease expired".to_string());
+            self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
+            self.update(store, &before, &t)?;
+            self.note_pending(&t, fx);
+        }
+        while let Some(&(due, id)) = self.retention.first() {
+            if due > now {
+                break;
+            }
+            self.retention.remove(&(due, id));
+            if let Some(t) = store.get(&id)? {
+                if let Some(c) = self.counts.get_mut(&QueueKey::of(&t)) {
+                    let slot = c.slot(t.state, false);
+                    *slot = slot.saturating_sub(1);
+                }
+                store.remove(&id)?;
+            }
+        }
+        while let Some(first) = self.keys.first() {
+            if first.0 > now {
+                break;
+            }
+            let (expires_at, tenant, key) = self.keys.pop_first().expect("checked first");
+            if let Some(rec) = store.get_key(&tenant, &key)? {
+                if rec.expires_at == expires_at {
+                    store.remove_key(&tenant, &key)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn note_pending(&self, t: &Task, fx: &mut Effects) {
+        if t.state == TaskState::Pending && t.visible_at <= self.now {
+            fx.ready.insert(QueueKey::of(t));
+        }
+    }
+
+    /// Back to pending after `delay` while attempts remain, else to the dead-letter queue.
+    fn retry_or_dead(&self, t: &mut Task, now: TimeMs, delay: u64, seq: u64) {
+        t.lease = None;
+        t.updated_at = now;
+        if t.attempts >= t.max_attempts {
+            t.state = TaskState::DeadLettered;
+            t.dead_at = Some(now);
+        } else {
+            t.state = TaskState::Pending;
+            t.visible_at = now.saturating_add(delay);
+            t.seq = seq;
+        }
+    }
+
+    fn enqueue<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        n: &NewTask,
+        seq: u64,
+        fx: &mut Effects,
+    ) -> Result<ItemResult<Enqueued>, S::Error> {
+        let now = self.now;
+        if let Some(key) = &n.idempotency_key {
+            if let Some(rec) = store.get_key(&n.tenant, key)? {
+                if rec.expires_at > now {
+                    return Ok(Ok(Enqueued { task_id: rec.task_id, duplicate: true }));
+                }
+            }
+        }
+        if store.get(&n.id)?.is_some() {
+            return Ok(Err(Rejected::IdExists));
+        }
+        let t = Task {
+            id: n.id,
+            tenant: n.tenant.clone(),
+            queue: n.queue.clone(),
+            payload: n.payload.clone(),
+            priority: n.priority.min(9),
+            state: TaskState::Pending,
+            seq,
+            created_at: now,
+            updated_at: now,
+            visible_at: n.visible_at,
+            attempts: 0,
+            max_attempts: n.max_attempts.max(1),
+            idempotency_key: n.idempotency_key.clone(),
+            webhook_url: n.webhook_url.clone(),
+            traceparent: n.traceparent.clone(),
+            tracestate: n.tracestate.clone(),
+            retry: n.retry,
+            retention_ms: n.retention_ms,
+            lease: None,
+            result: None,
+            last_error: None,
+            ended_at: None,
+            dead_at: None,
+        };
+        store.put(&t)?;
+        self.index_task(&t);
+        self.note_pending(&t, fx);
+        if let Some(key) = &n.idempotency_key {
+            let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
+            // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
+            store.put_key(&n.tenant, key, &rec)?;
+            self.index_key(&n.tenant, key, &rec);
+        }
+        Ok(Ok(Enqueued { task_id: n.id, duplicate: false }))
+    }
+
+    fn claim<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        item: &ClaimItem,
+        token: LeaseToken,
+    ) -> Result<ItemResult<Box<Task>>, S::Error> {
+        let now = self.now;
+        let Some(before) = store.get(&item.task_id)? else { return Ok(Err(Rejected::NotFound)) };
+        if before.tenant != item.tenant {
+            return Ok(Err(Rejected::NotFound));
+        }
+        if before.state != TaskState::Pending || before.visible_at > now || before.attempts >= before.max_attempts
+        {
+            return Ok(Err(Rejected::NotClaimable));
+        }
+        let mut t = before.clone();
+        t.state = TaskState::InProgress;
+        t.attempts += 1;
+        t.updated_at = now;
+        t.lease = Some(Lease {
+            worker_id: item.worker_id.clone(),
+            token,
+            claimed_at: now,
+            deadline: now.saturating_add(item.lease_ms),
+        });
+        self.update(store, &before, &t)?;
+        Ok(Ok(Box::new(t)))
+    }
+
+    fn ack<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        item: &AckItem,
+        seq: u64,
+        seed: u64,
+        fx: &mut Effects,
+    ) -> Result<ItemResult<AckOutcome>, S::Error> {
+        let now = self.now;
+        let Some(before) = store.get(&item.task_id)? else { return Ok(Err(Rejected::NotFound)) };
+        if before.tenant != item.tenant {
+            return Ok(Err(Rejected::NotFound));
+        }
+        if before.state != TaskState::InProgress {
+            return Ok(Err(Rejected::NotInProgress));
+        }
+        if before.lease.as_ref().map(|l| l.token) != Some(item.token) {
+            return Ok(Err(Rejected::LeaseLost));
+        }
+        let mut t = before.clone();
+        t.updated_at = now;
+        let mut ended = false;
+        match &item.action {
+            AckAction::Complete { result } => {
+                t.state = TaskState::Completed;
+                t.result = Some(result.clone());
+                t.lease = None;
+                t.ended_at = Some(now);
+                ended = true;
+            }
+            AckAction::Fail { error, retryable: false } => {
+                t.state = TaskState::Failed;
+                t.last_error = Some(error.clone());
+                t.lease = None;
+                t.ended_at = Some(now);
+                ended = true;
+            }
+            AckAction::Fail { error, retryable: true } => {
+                t.last_error = Some(error.clone());
+                let delay = t.retry.delay_ms(t.attempts, jitter(seed, &t.id));
+                self.retry_or_dead(&mut t, now, delay, seq);
+            }
+            AckAction::Nack { delay_ms, reason } => {
+                t.last_error = Some(reason.clone());
+                let delay = delay_ms.unwrap_or_else(|| t.retry.delay_ms(t.attempts, jitter(seed, &t.id)));
+                self.retry_or_dead(&mut t, now, delay, seq);
+            }
+            AckAction::Abandon => {
+                t.attempts = t.attempts.saturating_sub(1);
+                self.retry_or_dead(&mut t, now, 0, seq);
+            }
+            AckAction::Heartbeat { extend_ms } => {
+                if let Some(l) = t.lease.as_mut() {
+                    l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
+                }
+            }
+        }
+        self.update(store, &before, &t)?;
+        self.note_pending(&t, fx);
+        if ended {
+            fx.ended.push(t.id);
+        }
+        let at = match t.state {
+            TaskState::InProgress => t.lease.as_ref().map(|l| l.deadline).unwrap_or(now),
+            TaskState::Pending => t.visible_at,
+            _ => now,
+        };
+        Ok(Ok(AckOutcome { state: t.state, at }))
+    }
+
+    fn cancel<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        tenant: &str,
+        id: &TaskId,
+        fx: &mut Effects,
+    ) -> Result<ItemResult<TaskState>, S::Error> {
+        let Some(before) = store.get(id)? else { return Ok(Err(Rejected::NotFound)) };
+        if before.tenant != tenant {
+            return Ok(Err(Rejected::NotFound));
+        }
+        if before.state.is_terminal() {
+            return Ok(Err(Rejected::AlreadyEnded));
+        }
+        let mut t = before.clone();
+        t.state = TaskState::Cancelled;
+        t.lease = None;
+        t.dead_at = None;
+        t.ended_at = Some(self.now);
+        t.updated_at = self.now;
+        self.update(store, &before, &t)?;
+        fx.ended.push(t.id);
+        Ok(Ok(TaskState::Cancelled))
+    }
+}
+
+/// Sizes of a shard's indexes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IndexSizes {
+    pub ready: usize,
+    pub delayed: usize,
+    pub leases: usize,
+    pub retention: usize,
+    pub dead: usize,
+    pub keys: usize,
+}

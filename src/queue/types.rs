@@ -1,0 +1,340 @@
+//! Domain types of the task state machine: ids, task records, commands and their responses.
+//!
+//! Everything here is serialised with serde (bincode) into the Raft log and into redb, so the shape of these
+//! types is a storage format: add fields at the end of structs, never reorder enum variants.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Milliseconds since the Unix epoch, as stamped by the leader.
+pub type TimeMs = u64;
+
+/// A task id: 16 bytes chosen by the proposer.
+///
+/// Layout: bytes 0..6 are the leader's clock in ms (so ids sort roughly by creation), bytes 6..8 are the
+/// *placement*, bytes 8..16 are random. The shard that stores a task is `placement % shard_count`, so tasks that
+/// must live together (same idempotency key, same concurrency key) are given the same placement by the proposer,
+/// and that holds for any shard count.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskId(pub [u8; 16]);
+
+impl TaskId {
+    pub fn new(time_ms: TimeMs, placement: u16, random: u64) -> Self {
+        let mut b = [0u8; 16];
+        b[0..6].copy_from_slice(&time_ms.to_be_bytes()[2..8]);
+        b[6..8].copy_from_slice(&placement.to_be_bytes());
+        b[8..16].copy_from_slice(&random.to_be_bytes());
+        TaskId(b)
+    }
+
+    pub fn placement(&self) -> u16 {
+        u16::from_be_bytes([self.0[6], self.0[7]])
+    }
+
+    /// The shard this task lives in, for a state machine with `shards` shard stores.
+    pub fn shard(&self, shards: usize) -> usize {
+        self.placement() as usize % shards.max(1)
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TaskId({self})")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("task id must be 32 hex characters")]
+pub struct BadTaskId;
+
+impl FromStr for TaskId {
+    type Err = BadTaskId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.as_bytes();
+        if s.len() != 32 {
+            return Err(BadTaskId);
+        }
+        let mut out = [0u8; 16];
+        for (i, chunk) in s.chunks(2).enumerate() {
+            let hex = |c: u8| match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                b'A'..=b'F' => Some(c - b'A' + 10),
+                _ => None,
+            };
+            let hi = hex(chunk[0]).ok_or(BadTaskId)?;
+            let lo = hex(chunk[1]).ok_or(BadTaskId)?;
+            out[i] = hi << 4 | lo;
+        }
+        Ok(TaskId(out))
+    }
+}
+
+/// A fencing token, unique to one delivery of one task. Derived from the log index of the claim entry and the
+/// item's position in it, so tokens only ever grow.
+pub type LeaseToken = u64;
+
+/// How many items one command may carry: claim tokens are `log_index * MAX_ITEMS_PER_COMMAND + position`.
+pub const MAX_ITEMS_PER_COMMAND: u64 = 1 << 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskState {
+    Pending,
+    InProgress,
+    Completed,
+    Failed,
+    Cancelled,
+    DeadLettered,
+}
+
+impl TaskState {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "PENDING",
+            TaskState::InProgress => "IN_PROGRESS",
+            TaskState::Completed => "COMPLETED",
+            TaskState::Failed => "FAILED",
+            TaskState::Cancelled => "CANCELLED",
+            TaskState::DeadLettered => "DEAD_LETTERED",
+        }
+    }
+}
+
+/// Retry backoff, stamped into each task at enqueue from the leader's config so apply never reads local config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    pub base_ms: u64,
+    pub max_ms: u64,
+    /// false: fixed `base_ms`; true: `base_ms * 2^(attempts-1)` capped at `max_ms`, with up to 50 % jitter.
+    pub exponential: bool,
+}
+
+impl RetryPolicy {
+    /// The delay before attempt `attempts + 1`, jitter taken from `jitter` (a proposer-chosen random value).
+    pub fn delay_ms(&self, attempts: u32, jitter: u64) -> u64 {
+        if !self.exponential {
+            return self.base_ms;
+        }
+        let shift = attempts.saturating_sub(1).min(40);
+        let full = self.base_ms.saturating_mul(1u64 << shift).min(self.max_ms);
+        // Equal jitter: half fixed, half random, so a retry never comes sooner than half the backoff.
+        let half = full / 2;
+        half + if half == 0 { 0 } else { jitter % (half + 1) }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub worker_id: String,
+    pub token: LeaseToken,
+    pub claimed_at: TimeMs,
+    pub deadline: TimeMs,
+}
+
+/// The stored task record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub tenant: String,
+    pub queue: String,
+    pub payload: Vec<u8>,
+    pub priority: u8,
+    pub state: TaskState,
+    /// FIFO order within a priority: assigned from the log position each time the task becomes pending.
+    pub seq: u64,
+    pub created_at: TimeMs,
+    pub updated_at: TimeMs,
+    /// A pending task is claimable once state-machine time reaches this.
+    pub visible_at: TimeMs,
+    pub attempts: u32,
+    pub max_attempts: u32,
+    pub idempotency_key: Option<String>,
+    pub webhook_url: Option<String>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    pub retry: RetryPolicy,
+    pub retention_ms: u64,
+    pub lease: Option<Lease>,
+    pub result: Option<Vec<u8>>,
+    pub last_error: Option<String>,
+    pub ended_at: Option<TimeMs>,
+    pub dead_at: Option<TimeMs>,
+}
+
+impl Task {
+    /// When a terminal task is removed: retention counts from the end, never from creation.
+    pub fn retention_deadline(&self) -> Option<TimeMs> {
+        match (self.state.is_terminal(), self.ended_at) {
+            (true, Some(end)) => Some(end.saturating_add(self.retention_ms)),
+            _ => None,
+        }
+    }
+}
+
+/// A task to create, fully decided by the proposer (id, visible time, defaults from config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewTask {
+    pub id: TaskId,
+    pub tenant: String,
+    pub queue: String,
+    pub payload: Vec<u8>,
+    pub priority: u8,
+    pub visible_at: TimeMs,
+    pub max_attempts: u32,
+    pub idempotency_key: Option<String>,
+    /// How long the idempotency key is remembered, from the enqueue.
+    pub idempotency_window_ms: u64,
+    pub webhook_url: Option<String>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    pub retry: RetryPolicy,
+    pub retention_ms: u64,
+}
+
+/// One claim: the proposer chose which task goes to which worker; apply checks it is still claimable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimItem {
+    pub task_id: TaskId,
+    pub tenant: String,
+    pub worker_id: String,
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AckAction {
+    Complete { result: Vec<u8> },
+    Fail { error: String, retryable: bool },
+    /// Back to pending after `delay_ms` (or the task's backoff when `None`), consuming the attempt.
+    Nack { delay_ms: Option<u64>, reason: String },
+    /// Back to pending at once; the attempt is given back.
+    Abandon,
+    /// Extend the lease to `now + extend_ms`.
+    Heartbeat { extend_ms: u64 },
+}
+
+/// An ack names the task and the fencing token of the delivery it reports on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckItem {
+    pub task_id: TaskId,
+    pub tenant: String,
+    pub token: LeaseToken,
+    pub action: AckAction,
+}
+
+/// Which dead-lettered tasks a redrive or purge takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DlqSelector {
+    All,
+    Ids(Vec<TaskId>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Enqueue(Vec<NewTask>),
+    Claim(Vec<ClaimItem>),
+    Ack(Vec<AckItem>),
+    Cancel { tenant: String, task_id: TaskId },
+    Redrive { tenant: String, queue: String, select: DlqSelector },
+    PurgeDeadLetters { tenant: String, queue: String, select: DlqSelector },
+    /// Moves state-machine time forward: expiries and promotions happen on every entry, a tick just makes sure
+    /// time advances while the cluster is otherwise idle.
+    Tick,
+}
+
+/// The Raft log payload: a command with the leader's clock and randomness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub time_ms: TimeMs,
+    /// Randomness for retry jitter, chosen by the proposer.
+    pub seed: u64,
+    pub command: Command,
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (name, n) = match &self.command {
+            Command::Enqueue(v) => ("enqueue", v.len()),
+            Command::Claim(v) => ("claim", v.len()),
+            Command::Ack(v) => ("ack", v.len()),
+            Command::Cancel { .. } => ("cancel", 1),
+            Command::Redrive { .. } => ("redrive", 1),
+            Command::PurgeDeadLetters { .. } => ("purge", 1),
+            Command::Tick => ("tick", 0),
+        };
+        write!(f, "{name}[{n}]@{}", self.time_ms)
+    }
+}
+
+/// A business rejection: a value in the response, never an error of the state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejected {
+    #[error("task not found")]
+    NotFound,
+    #[error("the lease token is not the current one")]
+    LeaseLost,
+    #[error("the task is not in progress")]
+    NotInProgress,
+    #[error("the task is not claimable")]
+    NotClaimable,
+    #[error("the task has already ended")]
+    AlreadyEnded,
+    #[error("a task with this id already exists")]
+    IdExists,
+}
+
+impl Rejected {
+    /// Stable reason strings, shared by gRPC and REST.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Rejected::NotFound => "NOT_FOUND",
+            Rejected::LeaseLost => "LEASE_LOST",
+            Rejected::NotInProgress => "NOT_IN_PROGRESS",
+            Rejected::NotClaimable => "NOT_CLAIMABLE",
+            Rejected::AlreadyEnded => "ALREADY_ENDED",
+            Rejected::IdExists => "ALREADY_EXISTS",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enqueued {
+    pub task_id: TaskId,
+    /// The idempotency key was seen before: `task_id` is the original task and nothing was created.
+    pub duplicate: bool,
+}
+
+/// What an ack did to its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckOutcome {
+    pub state: TaskState,
+    /// For a heartbeat: the new lease deadline; for a retry: when the task is visible again.
+    pub at: TimeMs,
+}
+
+pub type ItemResult<T> = Result<T, Rejected>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Blank and membership entries.
+    None,
+    Enqueued(Vec<ItemResult<Enqueued>>),
+    Claimed(Vec<ItemResult<Box<Task>>>),
+    Acked(Vec<ItemResult<AckOutcome>>),
+    Cancelled(ItemResult<TaskState>),
+    Redriven(Vec<TaskId>),
+    Purged(Vec<TaskId>),
+    Ticked,
+}

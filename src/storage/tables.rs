@@ -1,0 +1,21 @@
+//! Every redb table raftq uses. A table's name string never changes: it is the on-disk format.
+
+use redb::TableDefinition;
+
+/// Raft log entries by index, bincode-encoded openraft entries.
+pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// Raft log metadata: `vote`, `committed`, `last_purged`.
+pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_log_meta");
+/// Task records of one shard by 16-byte task id.
+pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
+/// Idempotency keys of one shard: `tenant \0 key` -> key record.
+pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
+/// Shard metadata: `last_applied`, `membership`, `now`.
+pub const SHARD_META: TableDefinition<&str, &[u8]> = TableDefinition::new("shard_meta");
+
+pub const META_VOTE: &str = "vote";
+pub const META_COMMITTED: &str = "committed";
+pub const META_LAST_PURGED: &str = "last_purged";
+pub const META_LAST_APPLIED: &str = "last_applied";
+pub const META_MEMBERSHIP: &str = "membership";
+pub const META_NOW: &str = "now";

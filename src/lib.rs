@@ -2,7 +2,13 @@
 //!
 //! - `queue`: the task state machine (pure: commands, lifecycle rules, indexes, claim order).
 //! - `storage`: redb log store and sharded state machine, snapshots; openraft's storage traits.
-//! - `raft`: openraft type config, network and internal service.
+//! - `raft`: openraft type config, network client, internal Raft service, the proposer (group commit, claims).
+//! - `api`: public gRPC task service, HTTP health, conversions and the error mapping.
+//! - `config`: configuration defaults and validation.
+//! - `node`: wires the layers together and runs a node.
+pub mod api;
+pub mod config;
+pub mod node;
 pub mod queue;
 pub mod raft;
 pub mod storage;

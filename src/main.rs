@@ -1,1 +1,597 @@
-fn main(){}
+//! The `raftq` binary: `raftq serve` runs a node; the other subcommands are the operator and user CLI.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use raftq::config::Config;
+use raftq::node::{Listeners, Node};
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::task_service_client::TaskServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(name = "raftq", version, about = "A Raft-replicated task queue")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node (with no flags: a one-node cluster in ./raftq-data).
+    Serve(ServeArgs),
+    /// Enqueue, inspect, cancel and work tasks.
+    Task {
+        #[command(subcommand)]
+        cmd: TaskCmd,
+    },
+    /// Inspect, redrive and purge dead-lettered tasks.
+    Dlq {
+        #[command(subcommand)]
+        cmd: DlqCmd,
+    },
+    /// Measure enqueue throughput (against an embedded node unless --addr is given).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file; flags and RAFTQ_* variables override it.
+    #[arg(long, env = "RAFTQ_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "RAFTQ_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    #[arg(long, env = "RAFTQ_GRPC_ADDR")]
+    grpc_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_RAFT_ADDR")]
+    raft_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_HTTP_ADDR")]
+    http_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_NODE_ID")]
+    node_id: Option<u64>,
+    #[arg(long, env = "RAFTQ_SHARDS")]
+    shards: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+struct ClientArgs {
+    /// The node's public gRPC address.
+    #[arg(long, env = "RAFTQ_ADDR", default_value = "http://127.0.0.1:9091", global = true)]
+    addr: String,
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Output {
+    Json,
+    Table,
+}
+
+#[derive(Subcommand)]
+enum TaskCmd {
+    /// Enqueue a task and print its id.
+    Enqueue {
+        #[arg(long)]
+        queue: String,
+        #[arg(long, default_value = "")]
+        payload: String,
+        #[arg(long, default_value_t = 0)]
+        priority: u32,
+        /// e.g. 5s, 10m
+        #[arg(long, value_parser = humantime::parse_duration)]
+        delay: Option<Duration>,
+        #[arg(long, default_value_t = 0)]
+        max_attempts: u32,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[arg(long)]
+        webhook_url: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a task.
+    Get {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a task's result, optionally waiting for it to end.
+    Result {
+        id: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel a pending or running task.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Claim tasks as a worker (prints them with their lease tokens).
+    Claim {
+        #[arg(long, required = true)]
+        queue: Vec<String>,
+        #[arg(long, default_value = "cli")]
+        worker: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        lease: Option<Duration>,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Complete a claimed task.
+    Complete {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long, default_value = "")]
+        result: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fail a claimed task (retried while attempts remain when --retryable).
+    Fail {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long, default_value = "failed")]
+        error: String,
+        #[arg(long)]
+        retryable: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCmd {
+    List {
+        #[arg(long)]
+        queue: String,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move dead-lettered tasks back to pending with their attempts reset.
+    Redrive {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        all: bool,
+        ids: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete dead-lettered tasks.
+    Purge {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        all: bool,
+        ids: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    duration: Duration,
+    /// Items per EnqueueBatch call; 0 uses unary Enqueue.
+    #[arg(long, default_value_t = 0)]
+    batch: usize,
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// Target a running node instead of an embedded one (the fsync count is only known for embedded runs).
+    #[arg(long)]
+    addr: Option<String>,
+    /// Data directory of the embedded node (default: a fresh temporary directory).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+fn main() -> std::process::ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli.cmd {
+        Cmd::Serve(a) => serve(a).await,
+        Cmd::Task { cmd } => task_cmd(cmd).await,
+        Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
+        Cmd::Bench(a) => bench(a).await,
+    }
+}
+
+fn load_config(a: &ServeArgs) -> Result<Config> {
+    let mut cfg = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str::<Config>(&text).with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => Config::default(),
+    };
+    if let Some(v) = &a.data_dir {
+        cfg.data_dir = v.clone();
+    }
+    if let Some(v) = &a.grpc_addr {
+        cfg.grpc_addr = v.clone();
+    }
+    if let Some(v) = &a.raft_addr {
+        cfg.raft_addr = v.clone();
+    }
+    if let Some(v) = &a.http_addr {
+        cfg.http_addr = v.clone();
+    }
+    if let Some(v) = a.node_id {
+        cfg.node_id = v;
+    }
+    if let Some(v) = a.shards {
+        cfg.shards = v;
+    }
+    if let Err(errs) = cfg.validate() {
+        bail!("invalid configuration:\n  {}", errs.join("\n  "));
+    }
+    Ok(cfg)
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = load_config(&a)?;
+    tracing::info!(config = ?cfg, "effective configuration");
+    let shutdown = CancellationToken::new();
+    let listeners = Listeners::bind(&cfg).await?;
+    let node = Node::start(cfg, listeners, shutdown.clone()).await?;
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+    node.run_until_shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn connect(addr: &str) -> Result<TaskServiceClient<Channel>> {
+    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let ch = tonic::transport::Endpoint::from_shared(url.clone())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    Ok(TaskServiceClient::new(ch).max_decoding_message_size(64 * 1024 * 1024))
+}
+
+fn state_name(s: i32) -> &'static str {
+    pb::TaskState::try_from(s).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").trim_start_matches("TASK_STATE_")
+}
+
+fn print_task(out: Output, t: &pb::Task) {
+    if out == Output::Json {
+        println!("{}", task_json(t));
+        return;
+    }
+    println!("id           {}", t.id);
+    println!("queue        {}", t.queue);
+    println!("state        {}", state_name(t.state));
+    println!("priority     {}", t.priority);
+    println!("attempts     {}/{}", t.attempts, t.max_attempts);
+    println!("payload      {}", String::from_utf8_lossy(&t.payload));
+    if let Some(l) = &t.lease {
+        println!("lease        worker={} token={} deadline_ms={}", l.worker_id, l.token, l.deadline_ms);
+    }
+    if !t.last_error.is_empty() {
+        println!("last_error   {}", t.last_error);
+    }
+}
+
+fn task_json(t: &pb::Task) -> serde_json::Value {
+    serde_json::json!({
+        "id": t.id, "queue": t.queue, "state": state_name(t.state), "priority": t.priority,
+        "attempts": t.attempts, "max_attempts": t.max_attempts, "tenant": t.tenant,
+        "payload": String::from_utf8_lossy(&t.payload),
+        "lease": t.lease.as_ref().map(|l| serde_json::json!({"worker_id": l.worker_id, "token": l.token, "deadline_ms": l.deadline_ms})),
+        "created_at_ms": t.created_at_ms, "visible_at_ms": t.visible_at_ms, "ended_at_ms": t.ended_at_ms,
+        "last_error": t.last_error, "idempotency_key": t.idempotency_key,
+    })
+}
+
+fn status_err(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", s.message())
+}
+
+async fn task_cmd(cmd: TaskCmd) -> Result<()> {
+    match cmd {
+        TaskCmd::Enqueue { queue, payload, priority, delay, max_attempts, idempotency_key, webhook_url, client } => {
+            let mut c = connect(&client.addr).await?;
+            let r = c
+                .enqueue(pb::EnqueueRequest {
+                    queue,
+                    payload: payload.into_bytes().into(),
+                    priority,
+                    delay_ms: delay.map(|d| d.as_millis() as u64).unwrap_or(0),
+                    max_attempts,
+                    idempotency_key: idempotency_key.unwrap_or_default(),
+                    webhook_url: webhook_url.unwrap_or_default(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            match client.output {
+                Output::Json => println!("{}", serde_json::json!({"task_id": r.task_id, "duplicate": r.duplicate})),
+                Output::Table => println!("{}", r.task_id),
+            }
+        }
+        TaskCmd::Get { id, client } => {
+            let t = connect(&client.addr).await?.get_task(pb::GetTaskRequest { id }).await.map_err(status_err)?;
+            print_task(client.output, t.get_ref());
+        }
+        TaskCmd::Result { id, wait, client } => {
+            let wait_ms = wait.map(|d| d.as_millis() as u64).unwrap_or(0);
+            let r = connect(&client.addr)
+                .await?
+                .get_result(pb::GetResultRequest { id, wait_ms })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            match client.output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({"id": r.id, "state": state_name(r.state), "done": r.done,
+                        "result": String::from_utf8_lossy(&r.result), "error": r.error, "attempts": r.attempts,
+                        "created_at_ms": r.created_at_ms, "ended_at_ms": r.ended_at_ms})
+                ),
+                Output::Table => {
+                    println!("state    {}", state_name(r.state));
+                    println!("done     {}", r.done);
+                    println!("result   {}", String::from_utf8_lossy(&r.result));
+                    if !r.error.is_empty() {
+                        println!("error    {}", r.error);
+                    }
+                    println!("attempts {}", r.attempts);
+                }
+            }
+        }
+        TaskCmd::Cancel { id, client } => {
+            let r = connect(&client.addr).await?.cancel(pb::CancelRequest { id }).await.map_err(status_err)?;
+            println!("{}", state_name(r.get_ref().state));
+        }
+        TaskCmd::Claim { queue, worker, count, lease, wait, client } => {
+            let r = connect(&client.addr)
+                .await?
+                .claim(pb::ClaimRequest {
+                    worker_id: worker,
+                    queues: queue,
+                    count,
+                    lease_ms: lease.map(|d| d.as_millis() as u64).unwrap_or(0),
+                    wait_ms: wait.map(|d| d.as_millis() as u64).unwrap_or(0),
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            if client.output == Output::Json {
+                println!("{}", serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
+            } else {
+                for t in &r.tasks {
+                    let token = t.lease.as_ref().map(|l| l.token).unwrap_or(0);
+                    println!("{}\t{}\ttoken={}\t{}", t.id, t.queue, token, String::from_utf8_lossy(&t.payload));
+                }
+            }
+        }
+        TaskCmd::Complete { id, token, result, client } => {
+            let action = pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into() });
+            ack(&client, id, token, action).await?;
+        }
+        TaskCmd::Fail { id, token, error, retryable, client } => {
+            let action = pb::ack_request::Action::Fail(pb::Fail { error, retryable });
+            ack(&client, id, token, action).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_request::Action) -> Result<()> {
+    let r = connect(&client.addr)
+        .await?
+        .ack(pb::AckRequest { task_id, token, action: Some(action) })
+        .await
+        .map_err(status_err)?;
+    println!("{}", state_name(r.get_ref().state));
+    Ok(())
+}
+
+async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
+    match cmd {
+        DlqCmd::List { queue, limit, client } => {
+            let r = connect(&client.addr)
+                .await?
+                .list_dead_letters(pb::ListDeadLettersRequest { queue, limit })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            if client.output == Output::Json {
+                println!("{}", serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
+            } else {
+                for t in &r.tasks {
+                    println!("{}\tattempts={}\t{}\t{}", t.id, t.attempts, t.last_error, String::from_utf8_lossy(&t.payload));
+                }
+            }
+        }
+        DlqCmd::Redrive { queue, all, ids, client } => {
+            let sel = pb::DeadLetterSelection { queue, ids, all };
+            let r = connect(&client.addr).await?.redrive(sel).await.map_err(status_err)?.into_inner();
+            print_ids(client.output, "redriven", &r.ids);
+        }
+        DlqCmd::Purge { queue, all, ids, client } => {
+            let sel = pb::DeadLetterSelection { queue, ids, all };
+            let r = connect(&client.addr).await?.purge_dead_letters(sel).await.map_err(status_err)?.into_inner();
+            print_ids(client.output, "purged", &r.ids);
+        }
+    }
+    Ok(())
+}
+
+fn print_ids(out: Output, what: &str, ids: &[String]) {
+    match out {
+        Output::Json => println!("{}", serde_json::json!({ what: ids })),
+        Output::Table => {
+            for id in ids {
+                println!("{id}");
+            }
+            eprintln!("{} {what}", ids.len());
+        }
+    }
+}
+
+async fn bench(a: BenchArgs) -> Result<()> {
+    let mut embedded = None;
+    let addr = match &a.addr {
+        Some(addr) => addr.clone(),
+        None => {
+            let dir = a
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
+            let cfg = Config {
+                data_dir: dir.clone(),
+                grpc_addr: "127.0.0.1:0".into(),
+                raft_addr: "127.0.0.1:0".into(),
+                http_addr: "127.0.0.1:0".into(),
+                ..Config::default()
+            };
+            let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
+            let addr = format!("http://{}", node.grpc_addr);
+            // Wait until the node leads.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while raftq::raft::metrics(&node.raft).current_leader != Some(cfg.node_id) {
+                if Instant::now() > deadline {
+                    bail!("embedded node did not become leader");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            embedded = Some((node, dir, a.data_dir.is_none()));
+            addr
+        }
+    };
+    let ops = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let payload = bytes::Bytes::from(vec![b'x'; a.payload_bytes]);
+    let (fsyncs0, entries0) = embedded
+        .as_ref()
+        .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)))
+        .unwrap_or((0, 0));
+    let start = Instant::now();
+    let stop_at = start + a.duration;
+    let mut handles = Vec::new();
+    // A few connections shared by the clients, as a real client pool would.
+    let conns = a.clients.div_ceil(16).max(1);
+    let mut pool = Vec::new();
+    for _ in 0..conns {
+        pool.push(connect(&addr).await?);
+    }
+    for i in 0..a.clients {
+        let mut c = pool[i % conns].clone();
+        let (ops, errors, payload, batch) = (ops.clone(), errors.clone(), payload.clone(), a.batch);
+        handles.push(tokio::spawn(async move {
+            let item = pb::EnqueueRequest { queue: "bench".into(), payload, ..Default::default() };
+            while Instant::now() < stop_at {
+                if batch == 0 {
+                    match c.enqueue(item.clone()).await {
+                        Ok(_) => ops.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                } else {
+                    let req = pb::EnqueueBatchRequest { items: vec![item.clone(); batch] };
+                    match c.enqueue_batch(req).await {
+                        Ok(r) => {
+                            let ok = r
+                                .get_ref()
+                                .results
+                                .iter()
+                                .filter(|x| matches!(x.result, Some(pb::enqueue_result::Result::Ok(_))))
+                                .count();
+                            ops.fetch_add(ok as u64, Ordering::Relaxed);
+                            errors.fetch_add((batch - ok) as u64, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(batch as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let n = ops.load(Ordering::Relaxed);
+    let mode = if a.batch == 0 { "unary Enqueue".to_string() } else { format!("EnqueueBatch x{}", a.batch) };
+    println!("mode                {mode}");
+    println!("clients             {}", a.clients);
+    println!("payload bytes       {}", a.payload_bytes);
+    println!("acknowledged        {n}");
+    println!("errors              {}", errors.load(Ordering::Relaxed));
+    println!("seconds             {secs:.2}");
+    println!("enqueues/s          {:.0}", n as f64 / secs);
+    if let Some((node, dir, remove)) = embedded {
+        let fsyncs = node.log_stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
+        let entries = node.log_stats.entries.load(Ordering::Relaxed) - entries0;
+        println!("log fsyncs          {fsyncs}");
+        println!("raft entries        {entries}");
+        println!("enqueues per fsync  {:.1}", n as f64 / fsyncs.max(1) as f64);
+        println!("entries per fsync   {:.1}", entries as f64 / fsyncs.max(1) as f64);
+        node.stop().await;
+        if remove {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    Ok(())
+}

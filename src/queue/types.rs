@@ -28,6 +28,17 @@ impl TaskId {
         TaskId(b)
     }
 
+    /// The placement shared by every task of one tenant's idempotency key, so the key and its task live in the
+    /// same shard. FNV-1a: stable across versions and platforms, which `std`'s hasher is not.
+    pub fn placement_for_key(tenant: &str, key: &str) -> u16 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in tenant.bytes().chain([0u8]).chain(key.bytes()) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h ^ (h >> 32) ^ (h >> 16)) as u16
+    }
+
     pub fn placement(&self) -> u16 {
         u16::from_be_bytes([self.0[6], self.0[7]])
     }

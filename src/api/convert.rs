@@ -1,0 +1,336 @@
+//! Conversions between the protobuf types and the domain, with the validation of everything a client sends.
+//! Conversions destructure every field, so a new proto field breaks the build until it is handled here.
+
+use raftq_proto::v1 as pb;
+
+use super::error::{invalid, ApiError};
+use crate::config::Config;
+use crate::queue::{AckAction, NewTask, Task, TaskId, TaskState, TimeMs};
+
+pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
+    s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
+}
+
+pub fn validate_queue(cfg: &Config, q: &str) -> Result<(), ApiError> {
+    if q.is_empty() || q.len() > cfg.max_queue_name_len {
+        return Err(invalid(format!("queue name must be 1 to {} characters", cfg.max_queue_name_len)));
+    }
+    let ok_first = q.as_bytes()[0].is_ascii_alphanumeric();
+    let ok_rest = q.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if !ok_first || !ok_rest {
+        return Err(invalid(format!(
+            "queue name {q:?} must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// W3C traceparent: `version-traceid-parentid-flags`, lowercase hex, ids not all zero.
+fn validate_traceparent(tp: &str) -> Result<(), ApiError> {
+    let parts: Vec<&str> = tp.split('-').collect();
+    let ok = parts.len() >= 4
+        && is_hex(parts[0], 2)
+        && parts[0] != "ff"
+        && is_hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && is_hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && is_hex(parts[3], 2);
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid("trace.traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"))
+    }
+}
+
+fn validate_webhook(cfg: &Config, url: &str) -> Result<(), ApiError> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    if url.len() > cfg.max_webhook_url_len
+        || host.is_none_or(|h| h.is_empty() || h.starts_with(':'))
+        || url.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(invalid(format!(
+            "webhook_url must be an http:// or https:// URL with a host, at most {} characters",
+            cfg.max_webhook_url_len
+        )));
+    }
+    Ok(())
+}
+
+fn non_empty(s: String) -> Option<String> {
+    if s.is_empty() {
+        None
+    } else {
+        Some(s)
+    }
+}
+
+/// Validates an enqueue request and decides everything the state machine needs: id, visible time, defaults.
+pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs) -> Result<NewTask, ApiError> {
+    let pb::EnqueueRequest {
+        queue,
+        payload,
+        priority,
+        delay_ms,
+        run_at_ms,
+        max_attempts,
+        idempotency_key,
+        webhook_url,
+        trace,
+    } = req;
+    validate_queue(cfg, &queue)?;
+    if payload.len() > cfg.max_payload_bytes {
+        return Err(invalid(format!(
+            "payload is {} bytes, more than the limit of {}",
+            payload.len(),
+            cfg.max_payload_bytes
+        )));
+    }
+    if priority > 9 {
+        return Err(invalid(format!("priority {priority} is outside 0-9")));
+    }
+    if delay_ms > cfg.max_delay_ms {
+        return Err(invalid(format!("delay_ms {delay_ms} is beyond the horizon of {} ms", cfg.max_delay_ms)));
+    }
+    if run_at_ms < 0 || (run_at_ms as u64) > now.saturating_add(cfg.max_delay_ms) {
+        return Err(invalid(format!("run_at_ms {run_at_ms} is negative or beyond the horizon")));
+    }
+    if max_attempts > cfg.max_attempts_limit {
+        return Err(invalid(format!("max_attempts {max_attempts} is above the limit of {}", cfg.max_attempts_limit)));
+    }
+    if idempotency_key.len() > cfg.max_idempotency_key_len || idempotency_key.contains('\0') {
+        return Err(invalid(format!(
+            "idempotency_key must be at most {} characters, without NUL",
+            cfg.max_idempotency_key_len
+        )));
+    }
+    if !webhook_url.is_empty() {
+        validate_webhook(cfg, &webhook_url)?;
+    }
+    let (traceparent, tracestate) = match trace {
+        Some(pb::TraceContext { traceparent, tracestate }) => {
+            if !traceparent.is_empty() {
+                validate_traceparent(&traceparent)?;
+            }
+            if tracestate.len() > 512 {
+                return Err(invalid("trace.tracestate is longer than 512 characters"));
+            }
+            (non_empty(traceparent), non_empty(tracestate))
+        }
+        None => (None, None),
+    };
+    let visible_at = if run_at_ms > 0 { run_at_ms as u64 } else { now.saturating_add(delay_ms) };
+    let idempotency_key = non_empty(idempotency_key);
+    let placement = match &idempotency_key {
+        Some(k) => TaskId::placement_for_key(tenant, k),
+        None => rand::random(),
+    };
+    Ok(NewTask {
+        id: TaskId::new(now, placement, rand::random()),
+        tenant: tenant.to_string(),
+        queue,
+        payload: payload.to_vec(),
+        priority: priority as u8,
+        visible_at,
+        max_attempts: if max_attempts == 0 { cfg.max_attempts_default } else { max_attempts },
+        idempotency_key,
+        idempotency_window_ms: cfg.idempotency_window_ms,
+        webhook_url: non_empty(webhook_url),
+        traceparent,
+        tracestate,
+        retry: cfg.retry_policy(),
+        retention_ms: cfg.retention_ms,
+    })
+}
+
+pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Result<AckAction, ApiError> {
+    use pb::ack_request::Action;
+    Ok(match action {
+        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon or heartbeat")),
+        Some(Action::Complete(pb::Complete { result })) => {
+            if result.len() > cfg.max_payload_bytes {
+                return Err(invalid(format!("result is larger than {} bytes", cfg.max_payload_bytes)));
+            }
+            AckAction::Complete { result: result.to_vec() }
+        }
+        Some(Action::Fail(pb::Fail { error, retryable })) => AckAction::Fail { error: truncate(error), retryable },
+        Some(Action::Nack(pb::Nack { delay_ms, reason })) => {
+            if delay_ms > cfg.max_delay_ms {
+                return Err(invalid("nack delay_ms is beyond the delay horizon"));
+            }
+            AckAction::Nack { delay_ms: if delay_ms == 0 { None } else { Some(delay_ms) }, reason: truncate(reason) }
+        }
+        Some(Action::Abandon(pb::Abandon {})) => AckAction::Abandon,
+        Some(Action::Heartbeat(pb::Heartbeat { extend_ms })) => {
+            AckAction::Heartbeat { extend_ms: lease_ms(cfg, extend_ms)? }
+        }
+    })
+}
+
+/// Error texts are kept, but bounded: they are stored with the task.
+fn truncate(mut s: String) -> String {
+    const MAX_ERROR_BYTES: usize = 4096;
+    if s.len() > MAX_ERROR_BYTES {
+        let mut cut = MAX_ERROR_BYTES;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// A lease length: 0 means the default; otherwise it must lie in the configured range.
+pub fn lease_ms(cfg: &Config, ms: u64) -> Result<u64, ApiError> {
+    if ms == 0 {
+        return Ok(cfg.lease_default_ms);
+    }
+    if ms < cfg.lease_min_ms || ms > cfg.lease_max_ms {
+        return Err(invalid(format!("lease {ms} ms is outside {}..={} ms", cfg.lease_min_ms, cfg.lease_max_ms)));
+    }
+    Ok(ms)
+}
+
+pub fn state(s: TaskState) -> pb::TaskState {
+    match s {
+        TaskState::Pending => pb::TaskState::Pending,
+        TaskState::InProgress => pb::TaskState::InProgress,
+        TaskState::Completed => pb::TaskState::Completed,
+        TaskState::Failed => pb::TaskState::Failed,
+        TaskState::Cancelled => pb::TaskState::Cancelled,
+        TaskState::DeadLettered => pb::TaskState::DeadLettered,
+    }
+}
+
+fn ms(t: TimeMs) -> i64 {
+    t.min(i64::MAX as u64) as i64
+}
+
+pub fn task(t: Task) -> pb::Task {
+    let Task {
+        id,
+        tenant,
+        queue,
+        payload,
+        priority,
+        state: st,
+        seq: _,
+        created_at,
+        updated_at,
+        visible_at,
+        attempts,
+        max_attempts,
+        idempotency_key,
+        webhook_url,
+        traceparent,
+        tracestate,
+        retry: _,
+        retention_ms: _,
+        lease,
+        result: _,
+        last_error,
+        ended_at,
+        dead_at,
+    } = t;
+    pb::Task {
+        id: id.to_string(),
+        queue,
+        payload: payload.into(),
+        priority: priority as u32,
+        state: state(st) as i32,
+        attempts,
+        max_attempts,
+        tenant,
+        trace: if traceparent.is_some() || tracestate.is_some() {
+            Some(pb::TraceContext {
+                traceparent: traceparent.unwrap_or_default(),
+                tracestate: tracestate.unwrap_or_default(),
+            })
+        } else {
+            None
+        },
+        lease: lease.map(|l| pb::Lease {
+            worker_id: l.worker_id,
+            token: l.token,
+            claimed_at_ms: ms(l.claimed_at),
+            deadline_ms: ms(l.deadline),
+        }),
+        created_at_ms: ms(created_at),
+        updated_at_ms: ms(updated_at),
+        visible_at_ms: ms(visible_at),
+        idempotency_key: idempotency_key.unwrap_or_default(),
+        webhook_url: webhook_url.unwrap_or_default(),
+        last_error: last_error.unwrap_or_default(),
+        ended_at_ms: ended_at.map(ms).unwrap_or(0),
+        dead_lettered_at_ms: dead_at.map(ms).unwrap_or(0),
+    }
+}
+
+pub fn result(t: Task) -> pb::TaskResult {
+    pb::TaskResult {
+        id: t.id.to_string(),
+        state: state(t.state) as i32,
+        done: t.state.is_terminal(),
+        result: t.result.unwrap_or_default().into(),
+        error: if t.state == TaskState::Completed { String::new() } else { t.last_error.unwrap_or_default() },
+        attempts: t.attempts,
+        created_at_ms: ms(t.created_at),
+        ended_at_ms: t.ended_at.map(ms).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(queue: &str) -> pb::EnqueueRequest {
+        pb::EnqueueRequest { queue: queue.into(), payload: b"x".to_vec().into(), ..Default::default() }
+    }
+
+    #[test]
+    fn enqueue_validation_rejects_bad_input_with_reasons() {
+        let cfg = Config::default();
+        assert!(new_task(&cfg, "t", req("emails.send"), 1).is_ok());
+        for bad in ["", "-x", "a b", "é", &"q".repeat(200)] {
+            let e = new_task(&cfg, "t", req(bad), 1).expect_err(bad);
+            assert_eq!(e.reason(), "INVALID_ARGUMENT");
+        }
+        let mut r = req("q");
+        r.priority = 10;
+        assert!(new_task(&cfg, "t", r, 1).is_err());
+        let mut r = req("q");
+        r.payload = vec![0u8; cfg.max_payload_bytes + 1].into();
+        assert!(new_task(&cfg, "t", r, 1).is_err());
+        let mut r = req("q");
+        r.webhook_url = "ftp://x".into();
+        assert!(new_task(&cfg, "t", r, 1).is_err());
+        let mut r = req("q");
+        r.delay_ms = cfg.max_delay_ms + 1;
+        assert!(new_task(&cfg, "t", r, 1).is_err());
+        let mut r = req("q");
+        r.trace = Some(pb::TraceContext { traceparent: "00-abc-def-01".into(), tracestate: String::new() });
+        assert!(new_task(&cfg, "t", r, 1).is_err());
+        let mut r = req("q");
+        r.trace = Some(pb::TraceContext {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: String::new(),
+        });
+        assert!(new_task(&cfg, "t", r, 1).is_ok());
+    }
+
+    #[test]
+    fn idempotent_tasks_share_a_placement_per_tenant_and_key() {
+        let cfg = Config::default();
+        let mut a = req("q");
+        a.idempotency_key = "k1".into();
+        let t1 = new_task(&cfg, "t", a.clone(), 1).expect("ok");
+        let t2 = new_task(&cfg, "t", a, 2).expect("ok");
+        assert_ne!(t1.id, t2.id);
+        assert_eq!(t1.id.placement(), t2.id.placement());
+    }
+}

@@ -1,0 +1,200 @@
+//! Server configuration: every default in one `impl Default`, and `validate()` reporting every violated
+//! invariant before any socket is bound. Precedence: defaults < TOML file < flags and `RAFTQ_*` env (in main).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::queue::RetryPolicy;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub node_id: u64,
+    pub data_dir: PathBuf,
+    /// Public gRPC (task API).
+    pub grpc_addr: String,
+    /// Internal Raft gRPC, peers only.
+    pub raft_addr: String,
+    /// HTTP: health now, REST later.
+    pub http_addr: String,
+    /// Addresses peers and clients should use for this node, when they differ from the bind addresses.
+    pub advertise_raft_addr: Option<String>,
+    pub advertise_grpc_addr: Option<String>,
+    /// Number of redb shard files of the state machine. Fixed for a data directory once created.
+    pub shards: usize,
+
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot (and purge the log before it) every this many entries.
+    pub snapshot_every_entries: u64,
+
+    pub max_payload_bytes: usize,
+    pub max_batch_items: usize,
+    pub max_queue_name_len: usize,
+    pub max_idempotency_key_len: usize,
+    pub max_webhook_url_len: usize,
+    pub max_delay_ms: u64,
+    pub lease_min_ms: u64,
+    pub lease_max_ms: u64,
+    pub lease_default_ms: u64,
+    pub max_attempts_default: u32,
+    pub max_attempts_limit: u32,
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    pub retry_exponential: bool,
+    /// How long completed, failed and cancelled tasks are kept after they end.
+    pub retention_ms: u64,
+    pub idempotency_window_ms: u64,
+    /// Longest wait a GetResult or Claim may ask for.
+    pub max_wait_ms: u64,
+    /// Longest a proposal may take before its outcome is reported unknown.
+    pub write_timeout_ms: u64,
+    /// Most items one coalesced Raft entry carries.
+    pub max_items_per_entry: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: 1,
+            data_dir: PathBuf::from("./raftq-data"),
+            grpc_addr: "127.0.0.1:9091".into(),
+            raft_addr: "127.0.0.1:7000".into(),
+            http_addr: "127.0.0.1:8080".into(),
+            advertise_raft_addr: None,
+            advertise_grpc_addr: None,
+            shards: 4,
+            // 100 ms heartbeats with 4-8x election timeouts: quick failover on a LAN, no flapping under load.
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every_entries: 20_000,
+            max_payload_bytes: 1024 * 1024,
+            max_batch_items: 1000,
+            max_queue_name_len: 128,
+            max_idempotency_key_len: 256,
+            max_webhook_url_len: 2048,
+            max_delay_ms: 366 * 24 * 3600 * 1000,
+            lease_min_ms: 1_000,
+            lease_max_ms: 12 * 3600 * 1000,
+            lease_default_ms: 30_000,
+            max_attempts_default: 5,
+            max_attempts_limit: 1000,
+            retry_base_ms: 1_000,
+            retry_max_ms: 300_000,
+            retry_exponential: true,
+            retention_ms: 24 * 3600 * 1000,
+            idempotency_window_ms: 24 * 3600 * 1000,
+            max_wait_ms: 60_000,
+            write_timeout_ms: 10_000,
+            max_items_per_entry: 4096,
+        }
+    }
+}
+
+impl Config {
+    /// Every violated invariant, one line each.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut e = Vec::new();
+        let mut check = |ok: bool, msg: &str| {
+            if !ok {
+                e.push(msg.to_string());
+            }
+        };
+        check(self.node_id > 0, "node_id must be > 0");
+        check(self.shards >= 1 && self.shards <= 256, "shards must be 1..=256");
+        check(self.heartbeat_interval_ms > 0, "heartbeat_interval_ms must be > 0");
+        check(
+            self.heartbeat_interval_ms < self.election_timeout_min_ms,
+            "heartbeat_interval_ms must be < election_timeout_min_ms",
+        );
+        check(
+            self.election_timeout_min_ms < self.election_timeout_max_ms,
+            "election_timeout_min_ms must be < election_timeout_max_ms",
+        );
+        check(self.snapshot_every_entries >= 100, "snapshot_every_entries must be >= 100");
+        check(self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1");
+        check(
+            self.max_payload_bytes <= 32 * 1024 * 1024,
+            "max_payload_bytes must be <= 32 MiB (it travels in one Raft entry)",
+        );
+        check(self.max_batch_items >= 1, "max_batch_items must be >= 1");
+        check(
+            self.max_items_per_entry >= 1 && (self.max_items_per_entry as u64) < crate::queue::MAX_ITEMS_PER_COMMAND,
+            "max_items_per_entry must be 1..65536",
+        );
+        check(self.max_batch_items <= self.max_items_per_entry, "max_batch_items must be <= max_items_per_entry");
+        check((1..=1024).contains(&self.max_queue_name_len), "max_queue_name_len must be 1..=1024");
+        check(self.lease_min_ms >= 1 && self.lease_min_ms <= self.lease_max_ms, "lease_min_ms must be 1..=lease_max_ms");
+        check(
+            (self.lease_min_ms..=self.lease_max_ms).contains(&self.lease_default_ms),
+            "lease_default_ms must be within lease_min_ms..=lease_max_ms",
+        );
+        check(
+            self.max_attempts_default >= 1 && self.max_attempts_default <= self.max_attempts_limit,
+            "max_attempts_default must be 1..=max_attempts_limit",
+        );
+        check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
+        check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
+        if e.is_empty() {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy { base_ms: self.retry_base_ms, max_ms: self.retry_max_ms, exponential: self.retry_exponential }
+    }
+
+    pub fn public_raft_addr(&self) -> String {
+        self.advertise_raft_addr.clone().unwrap_or_else(|| self.raft_addr.clone())
+    }
+
+    pub fn public_grpc_addr(&self) -> String {
+        self.advertise_grpc_addr.clone().unwrap_or_else(|| self.grpc_addr.clone())
+    }
+
+    pub fn openraft(&self) -> Result<openraft::Config, String> {
+        let c = openraft::Config {
+            cluster_name: "raftq".into(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            // Snapshots of a large queue take a while to ship and install.
+            install_snapshot_timeout: 60_000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: 1_000,
+            max_payload_entries: 1_000,
+            ..Default::default()
+        };
+        c.validate().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        assert!(Config::default().openraft().is_ok());
+    }
+
+    #[test]
+    fn validate_reports_every_violation() {
+        let c = Config { heartbeat_interval_ms: 1000, lease_default_ms: 1, shards: 0, ..Config::default() };
+        let errs = c.validate().expect_err("invalid");
+        assert_eq!(errs.len(), 3, "{errs:?}");
+    }
+
+    #[test]
+    fn toml_rejects_unknown_fields() {
+        let ok: Config = toml::from_str("shards = 8\nlease_default_ms = 5000").expect("parse");
+        assert_eq!(ok.shards, 8);
+        assert!(toml::from_str::<Config>("shard = 8").is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! The one place that wires the layers together: storage, Raft, the proposer, the servers, leader-only work.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api;
+use crate::config::Config;
+use crate::queue::Command;
+use crate::raft::network::{Network, MAX_RAFT_MESSAGE_BYTES};
+use crate::raft::proposer::{wall_clock_ms, Proposer};
+use crate::raft::service::RaftServer;
+use crate::raft::types::{NodeInfo, Raft};
+use crate::storage::log_store::LogStats;
+use crate::storage::{LogStore, SmShared, StateMachine};
+
+/// Longest pause of the leader's tick loop: a due lease is expired at most this late.
+const TICK_MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Largest public gRPC message: a batch of max-size payloads.
+const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {}", .0.join("; "))]
+    Config(Vec<String>),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// The node's sockets, bound before start so tests can use port 0 and read the real addresses.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub raft: TcpListener,
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(cfg: &Config) -> io::Result<Listeners> {
+        let bind = |a: &str| {
+            let a = a.to_string();
+            async move {
+                TcpListener::bind(&a).await.map_err(|e| io::Error::new(e.kind(), format!("cannot bind {a}: {e}")))
+            }
+        };
+        Ok(Listeners { grpc: bind(&cfg.grpc_addr).await?, raft: bind(&cfg.raft_addr).await?, http: bind(&cfg.http_addr).await? })
+    }
+}
+
+pub struct Node {
+    pub raft: Raft,
+    pub proposer: Arc<Proposer>,
+    pub shared: Arc<SmShared>,
+    pub log_stats: Arc<LogStats>,
+    pub grpc_addr: SocketAddr,
+    pub raft_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Node {
+    pub async fn start(cfg: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<Node, StartError> {
+        cfg.validate().map_err(StartError::Config)?;
+        let raft_cfg = Arc::new(cfg.openraft().map_err(|e| StartError::Config(vec![e]))?);
+        let grpc_addr = listeners.grpc.local_addr()?;
+        let raft_addr = listeners.raft.local_addr()?;
+        let http_addr = listeners.http.local_addr()?;
+        // With port 0 the configured address is not the real one: advertise what was bound.
+        let mut cfg = cfg;
+        if cfg.advertise_raft_addr.is_none() {
+            cfg.advertise_raft_addr = Some(raft_addr.to_string());
+        }
+        if cfg.advertise_grpc_addr.is_none() {
+            cfg.advertise_grpc_addr = Some(grpc_addr.to_string());
+        }
+        let cfg = Arc::new(cfg);
+
+        std::fs::create_dir_all(&cfg.data_dir)?;
+        let log = LogStore::open(&cfg.data_dir.join("raft-log.redb"))?;
+        let log_stats = log.stats.clone();
+        let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
+        let shared = sm.shared.clone();
+        let raft = Raft::new(cfg.node_id, raft_cfg, Network { node_id: cfg.node_id }, log, sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
+        if !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
+            tracing::info!(node_id = cfg.node_id, "initialising a one-node cluster");
+            let members = BTreeMap::from([(cfg.node_id, me)]);
+            raft.initialize(members).await.map_err(|e| StartError::Raft(e.to_string()))?;
+        }
+
+        let tasks = TaskTracker::new();
+        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks);
+
+        let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
+            raft: raft.clone(),
+            node_id: cfg.node_id,
+            spool_dir: cfg.data_dir.join("snapshots"),
+        })
+        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .add_service(raft_svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.raft), token.cancelled())
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "raft server failed");
+            }
+        });
+
+        let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
+            proposer: proposer.clone(),
+        })
+        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .add_service(task_svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), token.cancelled())
+                .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "grpc server failed");
+            }
+        });
+
+        let router = api::http::router(proposer.clone());
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "http server failed");
+            }
+        });
+
+        tasks.spawn(tick_loop(raft.clone(), proposer.clone(), cfg.node_id, shutdown.clone()));
+
+        tracing::info!(
+            node_id = cfg.node_id,
+            grpc = %grpc_addr,
+            raft = %raft_addr,
+            http = %http_addr,
+            data_dir = %cfg.data_dir.display(),
+            shards = shared.read().count(),
+            "raftq node started"
+        );
+        Ok(Node { raft, proposer, shared, log_stats, grpc_addr, raft_addr, http_addr, shutdown, tasks })
+    }
+
+    /// Waits for the shutdown token, then stops in order: servers and waits end, Raft stops, files close.
+    pub async fn run_until_shutdown(self) {
+        self.shutdown.cancelled().await;
+        self.stop().await;
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await.is_err() {
+            tracing::warn!("some tasks did not stop within 10 s");
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        tracing::info!("raftq node stopped");
+    }
+}
+
+/// Leader-only: proposes a tick when a lease, delayed task or retention deadline falls due, so time moves in
+/// the state machine even when no client writes.
+async fn tick_loop(raft: Raft, proposer: Arc<Proposer>, node_id: u64, shutdown: CancellationToken) {
+    loop {
+        let now = wall_clock_ms();
+        let due = proposer.shared.next_due();
+        let sleep = match due {
+            Some(d) if d > now => Duration::from_millis(d - now).min(TICK_MAX_SLEEP),
+            Some(_) => Duration::ZERO,
+            None => TICK_MAX_SLEEP,
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
+        }
+        let leader = crate::raft::metrics(&raft).current_leader == Some(node_id);
+        if leader && proposer.shared.next_due().is_some_and(|d| d <= wall_clock_ms()) {
+            if let Err(e) = proposer.write(Command::Tick).await {
+                tracing::debug!(error = %e, "tick not applied");
+            }
+        }
+    }
+}

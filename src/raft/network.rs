@@ -1,0 +1,185 @@
+//! The Raft network client: openraft's RPCs to a peer over the internal gRPC service.
+//!
+//! Messages are bincode-encoded openraft types inside `RaftMessage.data`. Every request names the node id it is
+//! meant for, and the peer refuses a message for another id, so a wrong address cannot join two clusters.
+//! Connection failures are `Unreachable`, so openraft backs off instead of spinning.
+
+use std::future::Future;
+use std::time::Duration;
+
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::RaftNetworkV2;
+use raftq_proto::v1::raft_service_client::RaftServiceClient;
+use raftq_proto::v1::{RaftMessage, SnapshotChunk};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+use tonic::transport::{Channel, Endpoint};
+
+use super::types::{NodeId, NodeInfo, Snapshot, TypeConfig, Vote};
+
+/// Largest gRPC message between peers: append batches can be large.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Snapshot chunk size: large enough to keep a transfer fast, small enough to bound memory per transfer.
+const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct Network {
+    pub node_id: NodeId,
+}
+
+pub struct PeerClient {
+    from: NodeId,
+    target: NodeId,
+    client: Option<RaftServiceClient<Channel>>,
+    addr: String,
+}
+
+fn channel(addr: &str) -> Result<Channel, String> {
+    let url = if addr.starts_with("http://") || addr.starts_with("https://") { addr.to_string() } else { format!("http://{addr}") };
+    Ok(Endpoint::from_shared(url)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .connect_lazy())
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
+        let client = channel(&node.raft_addr).ok().map(|c| {
+            RaftServiceClient::new(c)
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        });
+        PeerClient { from: self.node_id, target, client, addr: node.raft_addr.clone() }
+    }
+}
+
+fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, RPCError<TypeConfig>> {
+    bincode::serialize(v).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+fn dec<T: DeserializeOwned>(b: &[u8]) -> Result<T, RPCError<TypeConfig>> {
+    bincode::deserialize(b).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+fn status_err(s: tonic::Status) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(&s))
+}
+
+impl PeerClient {
+    fn client(&self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
+        self.client
+            .clone()
+            .ok_or_else(|| RPCError::Unreachable(Unreachable::from_string(format!("bad address {}", self.addr))))
+    }
+
+    fn message<T: Serialize>(&self, req: &T) -> Result<RaftMessage, RPCError<TypeConfig>> {
+        Ok(RaftMessage { from: self.from, to: self.target, data: enc(req)?.into() })
+    }
+
+    /// Decodes a reply: the remote `Result`, whose error (the peer is shutting down) reads as unreachable.
+    fn reply<T: DeserializeOwned, E: DeserializeOwned + std::fmt::Display>(
+        msg: RaftMessage,
+    ) -> Result<T, RPCError<TypeConfig>> {
+        match dec::<Result<T, E>>(&msg.data)? {
+            Ok(v) => Ok(v),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::from_string(e))),
+        }
+    }
+}
+
+type Fatal = openraft::error::Fatal<TypeConfig>;
+type RaftErr = openraft::error::RaftError<TypeConfig>;
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = tokio::fs::File;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut req = tonic::Request::new(self.message(&rpc)?);
+        req.set_timeout(option.hard_ttl());
+        let resp = self.client()?.append_entries(req).await.map_err(status_err)?;
+        Self::reply::<_, RaftErr>(resp.into_inner())
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut req = tonic::Request::new(self.message(&rpc)?);
+        req.set_timeout(option.hard_ttl());
+        let resp = self.client()?.vote(req).await.map_err(status_err)?;
+        Self::reply::<_, RaftErr>(resp.into_inner())
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut req = tonic::Request::new(self.message(&rpc)?);
+        req.set_timeout(option.hard_ttl());
+        let resp = self.client()?.transfer_leader(req).await.map_err(status_err)?;
+        Self::reply::<_, Fatal>(resp.into_inner())
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let unreachable = |e: String| StreamingError::Unreachable(Unreachable::from_string(e));
+        let meta = bincode::serialize(&(vote, snapshot.meta)).map_err(|e| unreachable(e.to_string()))?;
+        let (from, to) = (self.from, self.target);
+        let mut file = snapshot.snapshot;
+        let (tx, rx) = tokio::sync::mpsc::channel::<SnapshotChunk>(2);
+        // Reads the file into chunks as the transfer drains them.
+        let reader = tokio::spawn(async move {
+            let mut meta = Some(meta);
+            loop {
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+                let n = file.read(&mut buf).await?;
+                buf.truncate(n);
+                let chunk = SnapshotChunk { from, to, meta: meta.take().unwrap_or_default().into(), data: buf.into() };
+                if tx.send(chunk).await.is_err() || n == 0 {
+                    return Ok::<(), std::io::Error>(());
+                }
+            }
+        });
+        let mut client = self.client().map_err(|e| unreachable(e.to_string()))?;
+        let call = client.install_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let resp = tokio::select! {
+            r = call => r.map_err(|s| unreachable(s.to_string()))?,
+            closed = cancel => {
+                reader.abort();
+                return Err(StreamingError::Closed(closed));
+            }
+        };
+        match reader.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(unreachable(format!("reading snapshot: {e}"))),
+            Err(e) => return Err(unreachable(e.to_string())),
+        }
+        let msg = resp.into_inner();
+        match bincode::deserialize::<Result<SnapshotResponse<TypeConfig>, Fatal>>(&msg.data) {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(unreachable(e.to_string())),
+            Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),
+        }
+    }
+}

@@ -302,6 +302,7 @@ async fn connect(addr: &str) -> Result<TaskServiceClient<Channel>> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let ch = tonic::transport::Endpoint::from_shared(url.clone())?
         .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
         .connect()
         .await
         .with_context(|| format!("connecting to {url}"))?;

@@ -101,7 +101,7 @@ impl Node {
         }
 
         let tasks = TaskTracker::new();
-        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks);
+        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks, &shutdown);
 
         let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
             raft: raft.clone(),
@@ -114,7 +114,7 @@ impl Node {
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(raft_svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.raft), token.cancelled())
+                .serve_with_incoming_shutdown(no_delay(listeners.raft), token.cancelled())
                 .await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "raft server failed");
@@ -130,7 +130,7 @@ impl Node {
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(task_svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), token.cancelled())
+                .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())
                 .await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "grpc server failed");
@@ -177,6 +177,17 @@ impl Node {
         }
         tracing::info!("raftq node stopped");
     }
+}
+
+/// Accepted connections with Nagle's algorithm off: a request larger than one segment would otherwise wait
+/// for the peer's delayed ACK (40 ms) before its last segment is sent.
+fn no_delay(l: TcpListener) -> impl futures::Stream<Item = io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    TcpListenerStream::new(l).map(|s| {
+        let s = s?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    })
 }
 
 /// Leader-only: proposes a tick when a lease, delayed task or retention deadline falls due, so time moves in

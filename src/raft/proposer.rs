@@ -55,7 +55,13 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    pub fn new(raft: Raft, shared: Arc<SmShared>, cfg: Arc<Config>, tasks: &tokio_util::task::TaskTracker) -> Arc<Self> {
+    pub fn new(
+        raft: Raft,
+        shared: Arc<SmShared>,
+        cfg: Arc<Config>,
+        tasks: &tokio_util::task::TaskTracker,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> Arc<Self> {
         let (enqueue_tx, enqueue_rx) = mpsc::unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let p = Arc::new(Proposer {
@@ -68,11 +74,11 @@ impl Proposer {
         });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
-        tasks.spawn(coalesce(raft.clone(), enqueue_rx, max, timeout, Command::Enqueue, |r| match r {
+        tasks.spawn(coalesce(raft.clone(), shutdown.clone(), enqueue_rx, max, timeout, Command::Enqueue, |r| match r {
             Response::Enqueued(v) => Some(v),
             _ => None,
         }));
-        tasks.spawn(coalesce(raft, ack_rx, max, timeout, Command::Ack, |r| match r {
+        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, max, timeout, Command::Ack, |r| match r {
             Response::Acked(v) => Some(v),
             _ => None,
         }));
@@ -236,6 +242,7 @@ async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Respo
 /// Drains queued requests into one command per entry, with up to `IN_FLIGHT_ENTRIES` entries in flight.
 async fn coalesce<I: Send + 'static, T: Send + 'static>(
     raft: Raft,
+    shutdown: tokio_util::sync::CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Pending<I, T>>,
     max_items: usize,
     timeout: Duration,
@@ -248,9 +255,12 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let first = match carry.take() {
             Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => return,
+            None => tokio::select! {
+                p = rx.recv() => match p {
+                    Some(p) => p,
+                    None => return,
+                },
+                _ = shutdown.cancelled() => return,
             },
         };
         let mut batch = vec![first];

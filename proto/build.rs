@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
-    tonic_prost_build::configure().bytes(".raftq.v1").compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .bytes(".raftq.v1")
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -104,8 +104,14 @@ impl Config {
             }
         };
         check(self.node_id > 0, "node_id must be > 0");
-        check(self.shards >= 1 && self.shards <= 256, "shards must be 1..=256");
-        check(self.heartbeat_interval_ms > 0, "heartbeat_interval_ms must be > 0");
+        check(
+            self.shards >= 1 && self.shards <= 256,
+            "shards must be 1..=256",
+        );
+        check(
+            self.heartbeat_interval_ms > 0,
+            "heartbeat_interval_ms must be > 0",
+        );
         check(
             self.heartbeat_interval_ms < self.election_timeout_min_ms,
             "heartbeat_interval_ms must be < election_timeout_min_ms",
@@ -114,20 +120,36 @@ impl Config {
             self.election_timeout_min_ms < self.election_timeout_max_ms,
             "election_timeout_min_ms must be < election_timeout_max_ms",
         );
-        check(self.snapshot_every_entries >= 100, "snapshot_every_entries must be >= 100");
-        check(self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1");
+        check(
+            self.snapshot_every_entries >= 100,
+            "snapshot_every_entries must be >= 100",
+        );
+        check(
+            self.max_payload_bytes >= 1,
+            "max_payload_bytes must be >= 1",
+        );
         check(
             self.max_payload_bytes <= 32 * 1024 * 1024,
             "max_payload_bytes must be <= 32 MiB (it travels in one Raft entry)",
         );
         check(self.max_batch_items >= 1, "max_batch_items must be >= 1");
         check(
-            self.max_items_per_entry >= 1 && (self.max_items_per_entry as u64) < crate::queue::MAX_ITEMS_PER_COMMAND,
+            self.max_items_per_entry >= 1
+                && (self.max_items_per_entry as u64) < crate::queue::MAX_ITEMS_PER_COMMAND,
             "max_items_per_entry must be 1..65536",
         );
-        check(self.max_batch_items <= self.max_items_per_entry, "max_batch_items must be <= max_items_per_entry");
-        check((1..=1024).contains(&self.max_queue_name_len), "max_queue_name_len must be 1..=1024");
-        check(self.lease_min_ms >= 1 && self.lease_min_ms <= self.lease_max_ms, "lease_min_ms must be 1..=lease_max_ms");
+        check(
+            self.max_batch_items <= self.max_items_per_entry,
+            "max_batch_items must be <= max_items_per_entry",
+        );
+        check(
+            (1..=1024).contains(&self.max_queue_name_len),
+            "max_queue_name_len must be 1..=1024",
+        );
+        check(
+            self.lease_min_ms >= 1 && self.lease_min_ms <= self.lease_max_ms,
+            "lease_min_ms must be 1..=lease_max_ms",
+        );
         check(
             (self.lease_min_ms..=self.lease_max_ms).contains(&self.lease_default_ms),
             "lease_default_ms must be within lease_min_ms..=lease_max_ms",
@@ -136,8 +158,14 @@ impl Config {
             self.max_attempts_default >= 1 && self.max_attempts_default <= self.max_attempts_limit,
             "max_attempts_default must be 1..=max_attempts_limit",
         );
-        check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
-        check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
+        check(
+            self.retry_base_ms <= self.retry_max_ms,
+            "retry_base_ms must be <= retry_max_ms",
+        );
+        check(
+            self.write_timeout_ms >= 100,
+            "write_timeout_ms must be >= 100",
+        );
         if e.is_empty() {
             Ok(())
         } else {
@@ -146,15 +174,23 @@ impl Config {
     }
 
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy { base_ms: self.retry_base_ms, max_ms: self.retry_max_ms, exponential: self.retry_exponential }
+        RetryPolicy {
+            base_ms: self.retry_base_ms,
+            max_ms: self.retry_max_ms,
+            exponential: self.retry_exponential,
+        }
     }
 
     pub fn public_raft_addr(&self) -> String {
-        self.advertise_raft_addr.clone().unwrap_or_else(|| self.raft_addr.clone())
+        self.advertise_raft_addr
+            .clone()
+            .unwrap_or_else(|| self.raft_addr.clone())
     }
 
     pub fn public_grpc_addr(&self) -> String {
-        self.advertise_grpc_addr.clone().unwrap_or_else(|| self.grpc_addr.clone())
+        self.advertise_grpc_addr
+            .clone()
+            .unwrap_or_else(|| self.grpc_addr.clone())
     }
 
     pub fn openraft(&self) -> Result<openraft::Config, String> {
@@ -186,7 +222,12 @@ mod tests {
 
     #[test]
     fn validate_reports_every_violation() {
-        let c = Config { heartbeat_interval_ms: 1000, lease_default_ms: 1, shards: 0, ..Config::default() };
+        let c = Config {
+            heartbeat_interval_ms: 1000,
+            lease_default_ms: 1,
+            shards: 0,
+            ..Config::default()
+        };
         let errs = c.validate().expect_err("invalid");
         assert_eq!(errs.len(), 3, "{errs:?}");
     }

@@ -48,10 +48,16 @@ impl Listeners {
         let bind = |a: &str| {
             let a = a.to_string();
             async move {
-                TcpListener::bind(&a).await.map_err(|e| io::Error::new(e.kind(), format!("cannot bind {a}: {e}")))
+                TcpListener::bind(&a)
+                    .await
+                    .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {a}: {e}")))
             }
         };
-        Ok(Listeners { grpc: bind(&cfg.grpc_addr).await?, raft: bind(&cfg.raft_addr).await?, http: bind(&cfg.http_addr).await? })
+        Ok(Listeners {
+            grpc: bind(&cfg.grpc_addr).await?,
+            raft: bind(&cfg.raft_addr).await?,
+            http: bind(&cfg.http_addr).await?,
+        })
     }
 }
 
@@ -65,10 +71,16 @@ pub struct Node {
     pub http_addr: SocketAddr,
     pub shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// Dropped once the files are closed: `stop` waits for both, so a restart can reopen them.
+    files: (std::sync::Weak<redb::Database>, std::sync::Weak<SmShared>),
 }
 
 impl Node {
-    pub async fn start(cfg: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<Node, StartError> {
+    pub async fn start(
+        cfg: Config,
+        listeners: Listeners,
+        shutdown: CancellationToken,
+    ) -> Result<Node, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let raft_cfg = Arc::new(cfg.openraft().map_err(|e| StartError::Config(vec![e]))?);
         let grpc_addr = listeners.grpc.local_addr()?;
@@ -87,17 +99,35 @@ impl Node {
         std::fs::create_dir_all(&cfg.data_dir)?;
         let log = LogStore::open(&cfg.data_dir.join("raft-log.redb"))?;
         let log_stats = log.stats.clone();
+        let log_closed = log.closed_watch();
         let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
         let shared = sm.shared.clone();
-        let raft = Raft::new(cfg.node_id, raft_cfg, Network { node_id: cfg.node_id }, log, sm)
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            cfg.node_id,
+            raft_cfg,
+            Network {
+                node_id: cfg.node_id,
+            },
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
 
-        let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
-        if !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
+        let me = NodeInfo {
+            raft_addr: cfg.public_raft_addr(),
+            api_addr: cfg.public_grpc_addr(),
+        };
+        if !raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?
+        {
             tracing::info!(node_id = cfg.node_id, "initialising a one-node cluster");
             let members = BTreeMap::from([(cfg.node_id, me)]);
-            raft.initialize(members).await.map_err(|e| StartError::Raft(e.to_string()))?;
+            raft.initialize(members)
+                .await
+                .map_err(|e| StartError::Raft(e.to_string()))?;
         }
 
         let tasks = TaskTracker::new();
@@ -121,11 +151,12 @@ impl Node {
             }
         });
 
-        let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
-            proposer: proposer.clone(),
-        })
-        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let task_svc =
+            raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
+                proposer: proposer.clone(),
+            })
+            .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
@@ -140,13 +171,20 @@ impl Node {
         let router = api::http::router(proposer.clone());
         let token = shutdown.clone();
         tasks.spawn(async move {
-            let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
+            let r = axum::serve(listeners.http, router)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "http server failed");
             }
         });
 
-        tasks.spawn(tick_loop(raft.clone(), proposer.clone(), cfg.node_id, shutdown.clone()));
+        tasks.spawn(tick_loop(
+            raft.clone(),
+            proposer.clone(),
+            cfg.node_id,
+            shutdown.clone(),
+        ));
 
         tracing::info!(
             node_id = cfg.node_id,
@@ -157,7 +195,19 @@ impl Node {
             shards = shared.read().count(),
             "raftq node started"
         );
-        Ok(Node { raft, proposer, shared, log_stats, grpc_addr, raft_addr, http_addr, shutdown, tasks })
+        let files = (log_closed, Arc::downgrade(&shared));
+        Ok(Node {
+            raft,
+            proposer,
+            shared,
+            log_stats,
+            grpc_addr,
+            raft_addr,
+            http_addr,
+            shutdown,
+            tasks,
+            files,
+        })
     }
 
     /// Waits for the shutdown token, then stops in order: servers and waits end, Raft stops, files close.
@@ -167,13 +217,35 @@ impl Node {
     }
 
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await.is_err() {
+        let Node {
+            raft,
+            proposer,
+            shared,
+            shutdown,
+            tasks,
+            files,
+            ..
+        } = self;
+        shutdown.cancel();
+        tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("some tasks did not stop within 10 s");
         }
-        if let Err(e) = self.raft.shutdown().await {
+        if let Err(e) = raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
+        }
+        drop((raft, proposer, shared));
+        // openraft's workers drop the stores as they wind down: wait for the files to close.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while files.0.strong_count() > 0 || files.1.strong_count() > 0 {
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!("storage still open 10 s after shutdown");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::info!("raftq node stopped");
     }
@@ -206,7 +278,12 @@ async fn tick_loop(raft: Raft, proposer: Arc<Proposer>, node_id: u64, shutdown: 
             _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
         }
         let leader = crate::raft::metrics(&raft).current_leader == Some(node_id);
-        if leader && proposer.shared.next_due().is_some_and(|d| d <= wall_clock_ms()) {
+        if leader
+            && proposer
+                .shared
+                .next_due()
+                .is_some_and(|d| d <= wall_clock_ms())
+        {
             if let Err(e) = proposer.write(Command::Tick).await {
                 tracing::debug!(error = %e, "tick not applied");
             }

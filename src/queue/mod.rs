@@ -12,7 +12,9 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 
-pub use shard::{Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore};
+pub use shard::{
+    Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore,
+};
 pub use types::*;
 
 /// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping
@@ -27,7 +29,10 @@ pub fn pick_ready<'a>(
     let mut heads: Vec<ReadyKey> = Vec::new();
     for shard in shards {
         for q in queues {
-            let qk = QueueKey { tenant: tenant.to_string(), queue: q.clone() };
+            let qk = QueueKey {
+                tenant: tenant.to_string(),
+                queue: q.clone(),
+            };
             heads.extend(shard.ready_head(&qk, count, skip));
         }
     }
@@ -64,10 +69,14 @@ impl TaskStore for MemStore {
         Ok(())
     }
     fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error> {
-        Ok(self.keys.get(&(tenant.to_string(), key.to_string())).copied())
+        Ok(self
+            .keys
+            .get(&(tenant.to_string(), key.to_string()))
+            .copied())
     }
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error> {
-        self.keys.insert((tenant.to_string(), key.to_string()), *rec);
+        self.keys
+            .insert((tenant.to_string(), key.to_string()), *rec);
         Ok(())
     }
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {
@@ -87,7 +96,13 @@ impl MemMachine {
 
     /// Applies the next log entry to every shard.
     pub fn apply(&mut self, req: &Request) -> (Response, Effects) {
-        self.last_index += 1;
+        self.apply_at(self.last_index + 1, req)
+    }
+
+    /// Applies the entry at log index `index` (for replaying a real log, whose blank and membership entries
+    /// take indexes too).
+    pub fn apply_at(&mut self, index: u64, req: &Request) -> (Response, Effects) {
+        self.last_index = index;
         let mut out = PartialResponse::for_command(&req.command);
         let mut fx = Effects::default();
         for (core, store) in self.shards.iter_mut().zip(self.stores.iter_mut()) {

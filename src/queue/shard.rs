@@ -40,7 +40,10 @@ pub struct QueueKey {
 
 impl QueueKey {
     pub fn of(task: &Task) -> Self {
-        QueueKey { tenant: task.tenant.clone(), queue: task.queue.clone() }
+        QueueKey {
+            tenant: task.tenant.clone(),
+            queue: task.queue.clone(),
+        }
     }
 }
 
@@ -85,14 +88,18 @@ impl PartialResponse {
     /// crash recovery, where nobody waits for the answer; it reads as `NotFound`.
     pub fn finish(self) -> Response {
         fn fill<T>(v: Vec<Option<ItemResult<T>>>) -> Vec<ItemResult<T>> {
-            v.into_iter().map(|s| s.unwrap_or(Err(Rejected::NotFound))).collect()
+            v.into_iter()
+                .map(|s| s.unwrap_or(Err(Rejected::NotFound)))
+                .collect()
         }
         match self {
             PartialResponse::None => Response::None,
             PartialResponse::Enqueued(v) => Response::Enqueued(fill(v)),
             PartialResponse::Claimed(v) => Response::Claimed(fill(v)),
             PartialResponse::Acked(v) => Response::Acked(fill(v)),
-            PartialResponse::Cancelled(v) => Response::Cancelled(v.unwrap_or(Err(Rejected::NotFound))),
+            PartialResponse::Cancelled(v) => {
+                Response::Cancelled(v.unwrap_or(Err(Rejected::NotFound)))
+            }
             PartialResponse::Redriven(v) => Response::Redriven(v),
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
@@ -163,7 +170,11 @@ fn jitter(seed: u64, id: &TaskId) -> u64 {
 
 impl ShardCore {
     pub fn new(shard_no: usize, shards: usize) -> Self {
-        ShardCore { shard_no, shards, ..Default::default() }
+        ShardCore {
+            shard_no,
+            shards,
+            ..Default::default()
+        }
     }
 
     fn mine(&self, id: &TaskId) -> bool {
@@ -176,13 +187,21 @@ impl ShardCore {
     pub fn index_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
-        *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
+        *self
+            .counts
+            .entry(qk.clone())
+            .or_default()
+            .slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
-                self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
+                self.delayed
+                    .insert((t.visible_at, t.id), (qk, t.priority, t.seq));
             }
             TaskState::Pending => {
-                self.ready.entry(qk).or_default().insert((Reverse(t.priority), t.seq, t.id));
+                self.ready
+                    .entry(qk)
+                    .or_default()
+                    .insert((Reverse(t.priority), t.seq, t.id));
             }
             TaskState::InProgress => {
                 if let Some(l) = &t.lease {
@@ -195,7 +214,10 @@ impl ShardCore {
                 }
             }
             TaskState::DeadLettered => {
-                self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
+                self.dead
+                    .entry(qk)
+                    .or_default()
+                    .insert((t.dead_at.unwrap_or(0), t.id));
             }
         }
     }
@@ -203,7 +225,8 @@ impl ShardCore {
     /// Removes a record (as it is before a change) from the indexes.
     fn unindex_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
-        let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        let in_delayed =
+            t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
         if let Some(c) = self.counts.get_mut(&qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
@@ -241,11 +264,17 @@ impl ShardCore {
     }
 
     pub fn index_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
-        self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
+        self.keys
+            .insert((rec.expires_at, tenant.to_string(), key.to_string()));
     }
 
     /// Writes a changed record and moves it between indexes.
-    fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
+    fn update<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        before: &Task,
+        after: &Task,
+    ) -> Result<(), S::Error> {
         self.unindex_task(before);
         self.index_task(after);
         store.put(after)
@@ -257,13 +286,21 @@ impl ShardCore {
     pub fn ready_head(&self, qk: &QueueKey, limit: usize, skip: &HashSet<TaskId>) -> Vec<ReadyKey> {
         match self.ready.get(qk) {
             None => vec![],
-            Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
+            Some(set) => set
+                .iter()
+                .filter(|k| !skip.contains(&k.2))
+                .take(limit)
+                .cloned()
+                .collect(),
         }
     }
 
     /// Dead-lettered tasks of one queue, oldest first.
     pub fn dead_letters(&self, qk: &QueueKey) -> Vec<(TimeMs, TaskId)> {
-        self.dead.get(qk).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+        self.dead
+            .get(qk)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn counts(&self) -> &HashMap<QueueKey, StateCounts> {
@@ -337,10 +374,22 @@ impl ShardCore {
                     *slot = Some(self.cancel(store, tenant, task_id, fx)?);
                 }
             }
-            (Command::Redrive { tenant, queue, select }, PartialResponse::Redriven(done)) => {
-                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+            (
+                Command::Redrive {
+                    tenant,
+                    queue,
+                    select,
+                },
+                PartialResponse::Redriven(done),
+            ) => {
+                let qk = QueueKey {
+                    tenant: tenant.clone(),
+                    queue: queue.clone(),
+                };
                 for id in self.select_dead(&qk, select) {
-                    let Some(before) = store.get(&id)? else { continue };
+                    let Some(before) = store.get(&id)? else {
+                        continue;
+                    };
                     let mut t = before.clone();
                     t.state = TaskState::Pending;
                     t.attempts = 0;
@@ -353,8 +402,18 @@ impl ShardCore {
                     done.push(id);
                 }
             }
-            (Command::PurgeDeadLetters { tenant, queue, select }, PartialResponse::Purged(done)) => {
-                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+            (
+                Command::PurgeDeadLetters {
+                    tenant,
+                    queue,
+                    select,
+                },
+                PartialResponse::Purged(done),
+            ) => {
+                let qk = QueueKey {
+                    tenant: tenant.clone(),
+                    queue: queue.clone(),
+                };
                 for id in self.select_dead(&qk, select) {
                     let Some(t) = store.get(&id)? else { continue };
                     self.unindex_task(&t);
@@ -369,12 +428,17 @@ impl ShardCore {
     }
 
     fn select_dead(&self, qk: &QueueKey, select: &DlqSelector) -> Vec<TaskId> {
-        let Some(set) = self.dead.get(qk) else { return vec![] };
+        let Some(set) = self.dead.get(qk) else {
+            return vec![];
+        };
         match select {
             DlqSelector::All => set.iter().map(|k| k.1).collect(),
             DlqSelector::Ids(ids) => {
                 let wanted: HashSet<&TaskId> = ids.iter().filter(|id| self.mine(id)).collect();
-                set.iter().filter(|k| wanted.contains(&k.1)).map(|k| k.1).collect()
+                set.iter()
+                    .filter(|k| wanted.contains(&k.1))
+                    .map(|k| k.1)
+                    .collect()
             }
         }
     }
@@ -400,7 +464,10 @@ impl ShardCore {
                 c.delayed = c.delayed.saturating_sub(1);
                 c.pending += 1;
             }
-            self.ready.entry(qk.clone()).or_default().insert((Reverse(prio), seq, id));
+            self.ready
+                .entry(qk.clone())
+                .or_default()
+                .insert((Reverse(prio), seq, id));
             fx.ready.insert(qk);
         }
         while let Some(&(deadline, id)) = self.leases.first() {
@@ -408,7 +475,12 @@ impl ShardCore {
                 break;
             }
             let before = match store.get(&id)? {
-                Some(t) if t.state == TaskState::InProgress && t.lease.as_ref().map(|l| l.deadline) == Some(deadline) => t,
+                Some(t)
+                    if t.state == TaskState::InProgress
+                        && t.lease.as_ref().map(|l| l.deadline) == Some(deadline) =>
+                {
+                    t
+                }
                 _ => {
                     self.leases.remove(&(deadline, id));
                     continue;
@@ -417,7 +489,12 @@ impl ShardCore {
             let mut t = before.clone();
             let delay = t.retry.delay_ms(t.attempts, jitter(seed, &id));
             t.last_error = Some("lease expired".to_string());
-            self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
+            self.retry_or_dead(
+                &mut t,
+                now,
+                delay,
+                log_index.saturating_mul(MAX_ITEMS_PER_COMMAND),
+            );
             self.update(store, &before, &t)?;
             self.note_pending(&t, fx);
         }
@@ -479,7 +556,10 @@ impl ShardCore {
         if let Some(key) = &n.idempotency_key {
             if let Some(rec) = store.get_key(&n.tenant, key)? {
                 if rec.expires_at > now {
-                    return Ok(Ok(Enqueued { task_id: rec.task_id, duplicate: true }));
+                    return Ok(Ok(Enqueued {
+                        task_id: rec.task_id,
+                        duplicate: true,
+                    }));
                 }
             }
         }
@@ -515,12 +595,18 @@ impl ShardCore {
         self.index_task(&t);
         self.note_pending(&t, fx);
         if let Some(key) = &n.idempotency_key {
-            let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
+            let rec = KeyRecord {
+                task_id: n.id,
+                expires_at: now.saturating_add(n.idempotency_window_ms),
+            };
             // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
             store.put_key(&n.tenant, key, &rec)?;
             self.index_key(&n.tenant, key, &rec);
         }
-        Ok(Ok(Enqueued { task_id: n.id, duplicate: false }))
+        Ok(Ok(Enqueued {
+            task_id: n.id,
+            duplicate: false,
+        }))
     }
 
     fn claim<S: TaskStore>(
@@ -530,11 +616,15 @@ impl ShardCore {
         token: LeaseToken,
     ) -> Result<ItemResult<Box<Task>>, S::Error> {
         let now = self.now;
-        let Some(before) = store.get(&item.task_id)? else { return Ok(Err(Rejected::NotFound)) };
+        let Some(before) = store.get(&item.task_id)? else {
+            return Ok(Err(Rejected::NotFound));
+        };
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        if before.state != TaskState::Pending || before.visible_at > now || before.attempts >= before.max_attempts
+        if before.state != TaskState::Pending
+            || before.visible_at > now
+            || before.attempts >= before.max_attempts
         {
             return Ok(Err(Rejected::NotClaimable));
         }
@@ -561,7 +651,9 @@ impl ShardCore {
         fx: &mut Effects,
     ) -> Result<ItemResult<AckOutcome>, S::Error> {
         let now = self.now;
-        let Some(before) = store.get(&item.task_id)? else { return Ok(Err(Rejected::NotFound)) };
+        let Some(before) = store.get(&item.task_id)? else {
+            return Ok(Err(Rejected::NotFound));
+        };
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
@@ -582,21 +674,28 @@ impl ShardCore {
                 t.ended_at = Some(now);
                 ended = true;
             }
-            AckAction::Fail { error, retryable: false } => {
+            AckAction::Fail {
+                error,
+                retryable: false,
+            } => {
                 t.state = TaskState::Failed;
                 t.last_error = Some(error.clone());
                 t.lease = None;
                 t.ended_at = Some(now);
                 ended = true;
             }
-            AckAction::Fail { error, retryable: true } => {
+            AckAction::Fail {
+                error,
+                retryable: true,
+            } => {
                 t.last_error = Some(error.clone());
                 let delay = t.retry.delay_ms(t.attempts, jitter(seed, &t.id));
                 self.retry_or_dead(&mut t, now, delay, seq);
             }
             AckAction::Nack { delay_ms, reason } => {
                 t.last_error = Some(reason.clone());
-                let delay = delay_ms.unwrap_or_else(|| t.retry.delay_ms(t.attempts, jitter(seed, &t.id)));
+                let delay =
+                    delay_ms.unwrap_or_else(|| t.retry.delay_ms(t.attempts, jitter(seed, &t.id)));
                 self.retry_or_dead(&mut t, now, delay, seq);
             }
             AckAction::Abandon => {
@@ -629,7 +728,9 @@ impl ShardCore {
         id: &TaskId,
         fx: &mut Effects,
     ) -> Result<ItemResult<TaskState>, S::Error> {
-        let Some(before) = store.get(id)? else { return Ok(Err(Rejected::NotFound)) };
+        let Some(before) = store.get(id)? else {
+            return Ok(Err(Rejected::NotFound));
+        };
         if before.tenant != tenant {
             return Ok(Err(Rejected::NotFound));
         }

@@ -110,7 +110,10 @@ pub enum TaskState {
 
 impl TaskState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled
+        )
     }
     pub fn as_str(self) -> &'static str {
         match self {
@@ -226,14 +229,24 @@ pub struct ClaimItem {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AckAction {
-    Complete { result: Vec<u8> },
-    Fail { error: String, retryable: bool },
+    Complete {
+        result: Vec<u8>,
+    },
+    Fail {
+        error: String,
+        retryable: bool,
+    },
     /// Back to pending after `delay_ms` (or the task's backoff when `None`), consuming the attempt.
-    Nack { delay_ms: Option<u64>, reason: String },
+    Nack {
+        delay_ms: Option<u64>,
+        reason: String,
+    },
     /// Back to pending at once; the attempt is given back.
     Abandon,
     /// Extend the lease to `now + extend_ms`.
-    Heartbeat { extend_ms: u64 },
+    Heartbeat {
+        extend_ms: u64,
+    },
 }
 
 /// An ack names the task and the fencing token of the delivery it reports on.
@@ -257,9 +270,20 @@ pub enum Command {
     Enqueue(Vec<NewTask>),
     Claim(Vec<ClaimItem>),
     Ack(Vec<AckItem>),
-    Cancel { tenant: String, task_id: TaskId },
-    Redrive { tenant: String, queue: String, select: DlqSelector },
-    PurgeDeadLetters { tenant: String, queue: String, select: DlqSelector },
+    Cancel {
+        tenant: String,
+        task_id: TaskId,
+    },
+    Redrive {
+        tenant: String,
+        queue: String,
+        select: DlqSelector,
+    },
+    PurgeDeadLetters {
+        tenant: String,
+        queue: String,
+        select: DlqSelector,
+    },
     /// Moves state-machine time forward: expiries and promotions happen on every entry, a tick just makes sure
     /// time advances while the cluster is otherwise idle.
     Tick,

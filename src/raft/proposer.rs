@@ -24,7 +24,10 @@ const IN_FLIGHT_ENTRIES: usize = 8;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     #[error("not the leader")]
-    NotLeader { leader_id: Option<NodeId>, leader_addr: Option<String> },
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader_addr: Option<String>,
+    },
     /// The write may or may not have been applied (timeout, or the entry was dropped in a leader change).
     #[error("outcome unknown: {0}")]
     Unknown(String),
@@ -35,7 +38,10 @@ pub enum ProposeError {
 }
 
 pub fn wall_clock_ms() -> TimeMs {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 type Reply<T> = oneshot::Sender<Result<Vec<ItemResult<T>>, ProposeError>>;
@@ -74,32 +80,65 @@ impl Proposer {
         });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
-        tasks.spawn(coalesce(raft.clone(), shutdown.clone(), enqueue_rx, max, timeout, Command::Enqueue, |r| match r {
-            Response::Enqueued(v) => Some(v),
-            _ => None,
-        }));
-        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, max, timeout, Command::Ack, |r| match r {
-            Response::Acked(v) => Some(v),
-            _ => None,
-        }));
+        tasks.spawn(coalesce(
+            raft.clone(),
+            shutdown.clone(),
+            enqueue_rx,
+            max,
+            timeout,
+            Command::Enqueue,
+            |r| match r {
+                Response::Enqueued(v) => Some(v),
+                _ => None,
+            },
+        ));
+        tasks.spawn(coalesce(
+            raft,
+            shutdown.clone(),
+            ack_rx,
+            max,
+            timeout,
+            Command::Ack,
+            |r| match r {
+                Response::Acked(v) => Some(v),
+                _ => None,
+            },
+        ));
         p
     }
 
     /// Proposes one command and waits for it to be applied.
     pub async fn write(&self, command: Command) -> Result<Response, ProposeError> {
-        write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await
+        write(
+            &self.raft,
+            command,
+            Duration::from_millis(self.cfg.write_timeout_ms),
+        )
+        .await
     }
 
-    pub async fn enqueue(&self, items: Vec<NewTask>) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
+    pub async fn enqueue(
+        &self,
+        items: Vec<NewTask>,
+    ) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        self.enqueue_tx
+            .send(Pending { items, reply })
+            .map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        rx.await
+            .map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
     }
 
-    pub async fn ack(&self, items: Vec<AckItem>) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {
+    pub async fn ack(
+        &self,
+        items: Vec<AckItem>,
+    ) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.ack_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        self.ack_tx
+            .send(Pending { items, reply })
+            .map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        rx.await
+            .map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
     }
 
     /// Claims up to `count` ready tasks of `queues`, waiting up to `wait` for work when none is ready.
@@ -141,8 +180,14 @@ impl Proposer {
                     }
                 }
                 let tasks: Vec<Task> = match res? {
-                    Response::Claimed(v) => v.into_iter().filter_map(|r| r.ok()).map(|b| *b).collect(),
-                    other => return Err(ProposeError::Storage(format!("unexpected response {other:?}"))),
+                    Response::Claimed(v) => {
+                        v.into_iter().filter_map(|r| r.ok()).map(|b| *b).collect()
+                    }
+                    other => {
+                        return Err(ProposeError::Storage(format!(
+                            "unexpected response {other:?}"
+                        )))
+                    }
                 };
                 if !tasks.is_empty() {
                     return Ok(tasks);
@@ -164,13 +209,20 @@ impl Proposer {
 
     /// Waits until this node has applied everything committed before the call (a linearizable read point).
     pub async fn linearize(&self) -> Result<(), ProposeError> {
-        let read_id = self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match e {
-            RaftError::APIError(e) => match e.forward_to_leader() {
-                Some(f) => not_leader(f.leader_id, f.leader_node.as_ref().map(|n| n.api_addr.clone())),
-                None => ProposeError::Unknown(e.to_string()),
-            },
-            RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
-        })?;
+        let read_id = self
+            .raft
+            .ensure_linearizable(ReadPolicy::ReadIndex)
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(e) => match e.forward_to_leader() {
+                    Some(f) => not_leader(
+                        f.leader_id,
+                        f.leader_node.as_ref().map(|n| n.api_addr.clone()),
+                    ),
+                    None => ProposeError::Unknown(e.to_string()),
+                },
+                RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+            })?;
         let want = read_id.log_id().index;
         let mut applied = self.shared.applied.subscribe();
         let wait = applied.wait_for(|a| *a >= want);
@@ -183,11 +235,17 @@ impl Proposer {
 
     pub async fn get_task(&self, id: &TaskId) -> Result<Option<Task>, ProposeError> {
         self.linearize().await?;
-        self.shared.get_task(id).map_err(|e| ProposeError::Storage(e.to_string()))
+        self.shared
+            .get_task(id)
+            .map_err(|e| ProposeError::Storage(e.to_string()))
     }
 
     /// The task once it has ended, or as it is when `wait` runs out.
-    pub async fn wait_result(&self, id: &TaskId, wait: Duration) -> Result<Option<Task>, ProposeError> {
+    pub async fn wait_result(
+        &self,
+        id: &TaskId,
+        wait: Duration,
+    ) -> Result<Option<Task>, ProposeError> {
         let mut ended = self.shared.ended.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -210,15 +268,22 @@ impl Proposer {
 }
 
 fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>) -> ProposeError {
-    ProposeError::NotLeader { leader_id, leader_addr }
+    ProposeError::NotLeader {
+        leader_id,
+        leader_addr,
+    }
 }
 
 trait ForwardInfo {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>>;
+    fn forward_to_leader(
+        &self,
+    ) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>>;
 }
 
 impl ForwardInfo for openraft::error::LinearizableReadError<super::types::TypeConfig> {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>> {
+    fn forward_to_leader(
+        &self,
+    ) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>> {
         match self {
             openraft::error::LinearizableReadError::ForwardToLeader(f) => Some(f),
             _ => None,
@@ -227,9 +292,15 @@ impl ForwardInfo for openraft::error::LinearizableReadError<super::types::TypeCo
 }
 
 async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
-    let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
+    let req = Request {
+        time_ms: wall_clock_ms(),
+        seed: rand::random(),
+        command,
+    };
     match tokio::time::timeout(timeout, raft.client_write(req)).await {
-        Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),
+        Err(_) => Err(ProposeError::Unknown(
+            "timed out waiting for the write to apply".into(),
+        )),
         Ok(Ok(resp)) => Ok(resp.data),
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
             Err(not_leader(f.leader_id, f.leader_node.map(|n| n.api_addr)))
@@ -252,7 +323,9 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES));
     let mut carry: Option<Pending<I, T>> = None;
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let first = match carry.take() {
             Some(p) => p,
             None => tokio::select! {
@@ -299,7 +372,8 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                     }
                     None => {
                         for reply in replies {
-                            let _ = reply.send(Err(ProposeError::Storage("unexpected response".into())));
+                            let _ = reply
+                                .send(Err(ProposeError::Storage("unexpected response".into())));
                         }
                     }
                 },

@@ -1,1 +1,6 @@
+//! Integration tests, one binary: real redb files in temp dirs, real sockets on 127.0.0.1 ephemeral ports, real
+//! `raftq serve` processes where a test is about processes dying.
 
+mod api;
+mod crash;
+mod support;

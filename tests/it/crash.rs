@@ -1,0 +1,256 @@
+//! Crash safety with real processes: `kill -9` a loaded `raftq serve`, restart it, and check that nothing
+//! acknowledged is lost and that the stored state is exactly what replaying the log gives.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::storage::RaftLogReader;
+use raftq::queue::{MemMachine, TaskId, TaskState};
+use raftq_proto::v1 as pb;
+
+use crate::support::*;
+
+struct Server {
+    child: Child,
+    grpc: String,
+}
+
+fn spawn(dir: &Path, ports: (u16, u16, u16), config: &Path) -> Server {
+    let child = Command::new(env!("CARGO_BIN_EXE_raftq"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", ports.0)])
+        .args(["--raft-addr", &format!("127.0.0.1:{}", ports.1)])
+        .args(["--http-addr", &format!("127.0.0.1:{}", ports.2)])
+        .env("RAFTQ_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn raftq serve");
+    Server {
+        child,
+        grpc: format!("127.0.0.1:{}", ports.0),
+    }
+}
+
+impl Server {
+    /// Waits until the server accepts an enqueue-free call (a read of an unknown task answers NOT_FOUND).
+    async fn ready(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc))
+                .expect("url")
+                .connect()
+                .await
+            {
+                let mut c = raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
+                match c.get_task(pb::GetTaskRequest { id: "0".repeat(32) }).await {
+                    Err(e) if reason(&e) == "NOT_FOUND" => return c,
+                    _ => {}
+                }
+            }
+            assert!(Instant::now() < deadline, "server did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(status.success(), "clean shutdown on SIGTERM: {status:?}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "no exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Acked {
+    enqueued: Vec<String>,
+    completed: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_under_load_loses_nothing_acknowledged() {
+    let tmp = tempfile::tempdir().expect("dir");
+    let dir = tmp.path().join("data");
+    let config = tmp.path().join("raftq.toml");
+    // No snapshot during the test, so the whole log is there to replay and compare with.
+    std::fs::write(&config, "snapshot_every_entries = 10000000\nshards = 4\n").expect("config");
+    let ports = (free_port(), free_port(), free_port());
+    let mut server = spawn(&dir, ports, &config);
+    let client = server.ready().await;
+
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut jobs = Vec::new();
+    for p in 0..24 {
+        let (mut c, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        jobs.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                if p % 4 == 0 {
+                    let items = (0..10)
+                        .map(|k| enq("crash", &format!("p{p}-{i}-{k}")))
+                        .collect();
+                    match c.enqueue_batch(pb::EnqueueBatchRequest { items }).await {
+                        Ok(r) => {
+                            let mut a = acked.lock().expect("lock");
+                            for x in r.into_inner().results {
+                                if let Some(pb::enqueue_result::Result::Ok(ok)) = x.result {
+                                    a.enqueued.push(ok.task_id);
+                                }
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                } else {
+                    match c.enqueue(enq("crash", &format!("p{p}-{i}"))).await {
+                        Ok(r) => acked
+                            .lock()
+                            .expect("lock")
+                            .enqueued
+                            .push(r.into_inner().task_id),
+                        Err(_) => break,
+                    }
+                }
+            }
+        }));
+    }
+    for w in 0..4 {
+        let (mut c, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        jobs.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let req = pb::ClaimRequest {
+                    worker_id: format!("w{w}"),
+                    queues: vec!["crash".into()],
+                    count: 8,
+                    lease_ms: 60_000,
+                    wait_ms: 100,
+                };
+                let Ok(r) = c.claim(req).await else { break };
+                for t in r.into_inner().tasks {
+                    let token = t.lease.as_ref().map(|l| l.token).unwrap_or(0);
+                    let action = pb::ack_request::Action::Complete(pb::Complete {
+                        result: b"ok".to_vec().into(),
+                    });
+                    match c
+                        .ack(pb::AckRequest {
+                            task_id: t.id.clone(),
+                            token,
+                            action: Some(action),
+                        })
+                        .await
+                    {
+                        Ok(_) => acked.lock().expect("lock").completed.push(t.id),
+                        Err(_) => return,
+                    }
+                }
+            }
+        }));
+    }
+    // Let the load run, then kill the server in the middle of it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.kill9();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for j in jobs {
+        j.await.expect("join");
+    }
+    let (enqueued, completed) = {
+        let a = acked.lock().expect("lock");
+        (a.enqueued.clone(), a.completed.clone())
+    };
+    assert!(
+        enqueued.len() > 100,
+        "the load ran: {} enqueues acknowledged",
+        enqueued.len()
+    );
+
+    let server = spawn(&dir, ports, &config);
+    let mut c = server.ready().await;
+    let done: HashSet<&String> = completed.iter().collect();
+    for id in &enqueued {
+        let t = c
+            .get_task(pb::GetTaskRequest { id: id.clone() })
+            .await
+            .expect("acknowledged task kept")
+            .into_inner();
+        if done.contains(id) {
+            assert_eq!(
+                t.state,
+                pb::TaskState::Completed as i32,
+                "acknowledged completion kept for {id}"
+            );
+        }
+    }
+    server.terminate();
+
+    // The stored state is exactly what replaying the log gives, and the indexes agree with the records.
+    let log = raftq::storage::LogStore::open(&dir.join("raft-log.redb")).expect("open log");
+    let mut reader = log.clone();
+    let entries = reader
+        .try_get_log_entries(0..u64::MAX)
+        .await
+        .expect("read log");
+    drop(reader);
+    drop(log);
+    let mut model = MemMachine::new(4);
+    for e in &entries {
+        if let openraft::EntryPayload::Normal(req) = &e.payload {
+            model.apply_at(e.log_id.index, req);
+        }
+    }
+    let sm = raftq::storage::StateMachine::open(&dir, 4).expect("open state machine");
+    sm.shared
+        .check_indexes()
+        .expect("indexes agree with records");
+    let mut stored = 0u64;
+    for counts in sm.shared.counts(None).iter().map(|(_, c)| c) {
+        stored +=
+            counts.pending + counts.delayed + counts.in_progress + counts.completed + counts.failed;
+        stored += counts.cancelled + counts.dead_lettered;
+    }
+    let replayed: BTreeMap<TaskId, _> = model.tasks().map(|t| (t.id, t.clone())).collect();
+    assert_eq!(
+        stored as usize,
+        replayed.len(),
+        "same number of tasks as the replayed log"
+    );
+    for (id, t) in &replayed {
+        let s = sm
+            .shared
+            .get_task(id)
+            .expect("read")
+            .expect("replayed task is stored");
+        assert_eq!(&s, t, "stored task equals the replayed one");
+    }
+    for id in &enqueued {
+        let id: TaskId = id.parse().expect("id");
+        assert!(replayed.contains_key(&id));
+    }
+    for id in &completed {
+        let id: TaskId = id.parse().expect("id");
+        assert_eq!(replayed[&id].state, TaskState::Completed);
+    }
+}

@@ -1,13 +1,11 @@
 //! Compiles raftq's protos with protox (pure Rust; no system protoc).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["raftq/v1/task.proto", "raftq/v1/raft.proto"];
+    let protos = ["raftq/v1/task.proto", "raftq/v1/stream.proto", "raftq/v1/raft.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
-    tonic_prost_build::configure()
-        .bytes(".raftq.v1")
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().bytes(".raftq.v1").compile_fds(fds)?;
     Ok(())
 }

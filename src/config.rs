@@ -53,6 +53,12 @@ pub struct Config {
     pub write_timeout_ms: u64,
     /// Most items one coalesced Raft entry carries.
     pub max_items_per_entry: usize,
+    /// How long a worker's Ready waits for work before it is answered with an empty batch.
+    pub ready_hold_ms: u64,
+    /// Server events buffered per stream before a slow client gets backpressure.
+    pub stream_send_buffer: usize,
+    /// Requests of one stream being served at once; more wait (backpressure on the client's sends).
+    pub stream_max_in_flight: usize,
 }
 
 impl Default for Config {
@@ -90,6 +96,9 @@ impl Default for Config {
             max_wait_ms: 60_000,
             write_timeout_ms: 10_000,
             max_items_per_entry: 4096,
+            ready_hold_ms: 30_000,
+            stream_send_buffer: 256,
+            stream_max_in_flight: 1024,
         }
     }
 }
@@ -104,14 +113,8 @@ impl Config {
             }
         };
         check(self.node_id > 0, "node_id must be > 0");
-        check(
-            self.shards >= 1 && self.shards <= 256,
-            "shards must be 1..=256",
-        );
-        check(
-            self.heartbeat_interval_ms > 0,
-            "heartbeat_interval_ms must be > 0",
-        );
+        check(self.shards >= 1 && self.shards <= 256, "shards must be 1..=256");
+        check(self.heartbeat_interval_ms > 0, "heartbeat_interval_ms must be > 0");
         check(
             self.heartbeat_interval_ms < self.election_timeout_min_ms,
             "heartbeat_interval_ms must be < election_timeout_min_ms",
@@ -120,32 +123,19 @@ impl Config {
             self.election_timeout_min_ms < self.election_timeout_max_ms,
             "election_timeout_min_ms must be < election_timeout_max_ms",
         );
-        check(
-            self.snapshot_every_entries >= 100,
-            "snapshot_every_entries must be >= 100",
-        );
-        check(
-            self.max_payload_bytes >= 1,
-            "max_payload_bytes must be >= 1",
-        );
+        check(self.snapshot_every_entries >= 100, "snapshot_every_entries must be >= 100");
+        check(self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1");
         check(
             self.max_payload_bytes <= 32 * 1024 * 1024,
             "max_payload_bytes must be <= 32 MiB (it travels in one Raft entry)",
         );
         check(self.max_batch_items >= 1, "max_batch_items must be >= 1");
         check(
-            self.max_items_per_entry >= 1
-                && (self.max_items_per_entry as u64) < crate::queue::MAX_ITEMS_PER_COMMAND,
+            self.max_items_per_entry >= 1 && (self.max_items_per_entry as u64) < crate::queue::MAX_ITEMS_PER_COMMAND,
             "max_items_per_entry must be 1..65536",
         );
-        check(
-            self.max_batch_items <= self.max_items_per_entry,
-            "max_batch_items must be <= max_items_per_entry",
-        );
-        check(
-            (1..=1024).contains(&self.max_queue_name_len),
-            "max_queue_name_len must be 1..=1024",
-        );
+        check(self.max_batch_items <= self.max_items_per_entry, "max_batch_items must be <= max_items_per_entry");
+        check((1..=1024).contains(&self.max_queue_name_len), "max_queue_name_len must be 1..=1024");
         check(
             self.lease_min_ms >= 1 && self.lease_min_ms <= self.lease_max_ms,
             "lease_min_ms must be 1..=lease_max_ms",
@@ -158,14 +148,8 @@ impl Config {
             self.max_attempts_default >= 1 && self.max_attempts_default <= self.max_attempts_limit,
             "max_attempts_default must be 1..=max_attempts_limit",
         );
-        check(
-            self.retry_base_ms <= self.retry_max_ms,
-            "retry_base_ms must be <= retry_max_ms",
-        );
-        check(
-            self.write_timeout_ms >= 100,
-            "write_timeout_ms must be >= 100",
-        );
+        check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
+        check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
         if e.is_empty() {
             Ok(())
         } else {
@@ -174,23 +158,15 @@ impl Config {
     }
 
     pub fn retry_policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            base_ms: self.retry_base_ms,
-            max_ms: self.retry_max_ms,
-            exponential: self.retry_exponential,
-        }
+        RetryPolicy { base_ms: self.retry_base_ms, max_ms: self.retry_max_ms, exponential: self.retry_exponential }
     }
 
     pub fn public_raft_addr(&self) -> String {
-        self.advertise_raft_addr
-            .clone()
-            .unwrap_or_else(|| self.raft_addr.clone())
+        self.advertise_raft_addr.clone().unwrap_or_else(|| self.raft_addr.clone())
     }
 
     pub fn public_grpc_addr(&self) -> String {
-        self.advertise_grpc_addr
-            .clone()
-            .unwrap_or_else(|| self.grpc_addr.clone())
+        self.advertise_grpc_addr.clone().unwrap_or_else(|| self.grpc_addr.clone())
     }
 
     pub fn openraft(&self) -> Result<openraft::Config, String> {
@@ -222,12 +198,7 @@ mod tests {
 
     #[test]
     fn validate_reports_every_violation() {
-        let c = Config {
-            heartbeat_interval_ms: 1000,
-            lease_default_ms: 1,
-            shards: 0,
-            ..Config::default()
-        };
+        let c = Config { heartbeat_interval_ms: 1000, lease_default_ms: 1, shards: 0, ..Config::default() };
         let errs = c.validate().expect_err("invalid");
         assert_eq!(errs.len(), 3, "{errs:?}");
     }

@@ -61,12 +61,7 @@ struct ServeArgs {
 #[derive(Args, Clone)]
 struct ClientArgs {
     /// The node's public gRPC address.
-    #[arg(
-        long,
-        env = "RAFTQ_ADDR",
-        default_value = "http://127.0.0.1:9091",
-        global = true
-    )]
+    #[arg(long, env = "RAFTQ_ADDR", default_value = "http://127.0.0.1:9091", global = true)]
     addr: String,
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -212,10 +207,7 @@ struct BenchArgs {
 }
 
 fn main() -> std::process::ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -235,10 +227,7 @@ async fn run() -> Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match cli.cmd {
         Cmd::Serve(a) => serve(a).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
@@ -250,8 +239,7 @@ async fn run() -> Result<()> {
 fn load_config(a: &ServeArgs) -> Result<Config> {
     let mut cfg = match &a.config {
         Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             toml::from_str::<Config>(&text).with_context(|| format!("parsing {}", p.display()))?
         }
         None => Config::default(),
@@ -311,11 +299,7 @@ async fn wait_for_signal() {
 }
 
 async fn connect(addr: &str) -> Result<TaskServiceClient<Channel>> {
-    let url = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
+    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     let ch = tonic::transport::Endpoint::from_shared(url.clone())?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
@@ -326,10 +310,7 @@ async fn connect(addr: &str) -> Result<TaskServiceClient<Channel>> {
 }
 
 fn state_name(s: i32) -> &'static str {
-    pb::TaskState::try_from(s)
-        .map(|s| s.as_str_name())
-        .unwrap_or("UNKNOWN")
-        .trim_start_matches("TASK_STATE_")
+    pb::TaskState::try_from(s).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").trim_start_matches("TASK_STATE_")
 }
 
 fn print_task(out: Output, t: &pb::Task) {
@@ -344,10 +325,7 @@ fn print_task(out: Output, t: &pb::Task) {
     println!("attempts     {}/{}", t.attempts, t.max_attempts);
     println!("payload      {}", String::from_utf8_lossy(&t.payload));
     if let Some(l) = &t.lease {
-        println!(
-            "lease        worker={} token={} deadline_ms={}",
-            l.worker_id, l.token, l.deadline_ms
-        );
+        println!("lease        worker={} token={} deadline_ms={}", l.worker_id, l.token, l.deadline_ms);
     }
     if !t.last_error.is_empty() {
         println!("last_error   {}", t.last_error);
@@ -371,16 +349,7 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 
 async fn task_cmd(cmd: TaskCmd) -> Result<()> {
     match cmd {
-        TaskCmd::Enqueue {
-            queue,
-            payload,
-            priority,
-            delay,
-            max_attempts,
-            idempotency_key,
-            webhook_url,
-            client,
-        } => {
+        TaskCmd::Enqueue { queue, payload, priority, delay, max_attempts, idempotency_key, webhook_url, client } => {
             let mut c = connect(&client.addr).await?;
             let r = c
                 .enqueue(pb::EnqueueRequest {
@@ -397,19 +366,12 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                 .map_err(status_err)?
                 .into_inner();
             match client.output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::json!({"task_id": r.task_id, "duplicate": r.duplicate})
-                ),
+                Output::Json => println!("{}", serde_json::json!({"task_id": r.task_id, "duplicate": r.duplicate})),
                 Output::Table => println!("{}", r.task_id),
             }
         }
         TaskCmd::Get { id, client } => {
-            let t = connect(&client.addr)
-                .await?
-                .get_task(pb::GetTaskRequest { id })
-                .await
-                .map_err(status_err)?;
+            let t = connect(&client.addr).await?.get_task(pb::GetTaskRequest { id }).await.map_err(status_err)?;
             print_task(client.output, t.get_ref());
         }
         TaskCmd::Result { id, wait, client } => {
@@ -439,21 +401,10 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
             }
         }
         TaskCmd::Cancel { id, client } => {
-            let r = connect(&client.addr)
-                .await?
-                .cancel(pb::CancelRequest { id })
-                .await
-                .map_err(status_err)?;
+            let r = connect(&client.addr).await?.cancel(pb::CancelRequest { id }).await.map_err(status_err)?;
             println!("{}", state_name(r.get_ref().state));
         }
-        TaskCmd::Claim {
-            queue,
-            worker,
-            count,
-            lease,
-            wait,
-            client,
-        } => {
+        TaskCmd::Claim { queue, worker, count, lease, wait, client } => {
             let r = connect(&client.addr)
                 .await?
                 .claim(pb::ClaimRequest {
@@ -467,41 +418,19 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                 .map_err(status_err)?
                 .into_inner();
             if client.output == Output::Json {
-                println!(
-                    "{}",
-                    serde_json::Value::Array(r.tasks.iter().map(task_json).collect())
-                );
+                println!("{}", serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
             } else {
                 for t in &r.tasks {
                     let token = t.lease.as_ref().map(|l| l.token).unwrap_or(0);
-                    println!(
-                        "{}\t{}\ttoken={}\t{}",
-                        t.id,
-                        t.queue,
-                        token,
-                        String::from_utf8_lossy(&t.payload)
-                    );
+                    println!("{}\t{}\ttoken={}\t{}", t.id, t.queue, token, String::from_utf8_lossy(&t.payload));
                 }
             }
         }
-        TaskCmd::Complete {
-            id,
-            token,
-            result,
-            client,
-        } => {
-            let action = pb::ack_request::Action::Complete(pb::Complete {
-                result: result.into_bytes().into(),
-            });
+        TaskCmd::Complete { id, token, result, client } => {
+            let action = pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into() });
             ack(&client, id, token, action).await?;
         }
-        TaskCmd::Fail {
-            id,
-            token,
-            error,
-            retryable,
-            client,
-        } => {
+        TaskCmd::Fail { id, token, error, retryable, client } => {
             let action = pb::ack_request::Action::Fail(pb::Fail { error, retryable });
             ack(&client, id, token, action).await?;
         }
@@ -509,19 +438,10 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
     Ok(())
 }
 
-async fn ack(
-    client: &ClientArgs,
-    task_id: String,
-    token: u64,
-    action: pb::ack_request::Action,
-) -> Result<()> {
+async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_request::Action) -> Result<()> {
     let r = connect(&client.addr)
         .await?
-        .ack(pb::AckRequest {
-            task_id,
-            token,
-            action: Some(action),
-        })
+        .ack(pb::AckRequest { task_id, token, action: Some(action) })
         .await
         .map_err(status_err)?;
     println!("{}", state_name(r.get_ref().state));
@@ -530,11 +450,7 @@ async fn ack(
 
 async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
     match cmd {
-        DlqCmd::List {
-            queue,
-            limit,
-            client,
-        } => {
+        DlqCmd::List { queue, limit, client } => {
             let r = connect(&client.addr)
                 .await?
                 .list_dead_letters(pb::ListDeadLettersRequest { queue, limit })
@@ -542,10 +458,7 @@ async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
                 .map_err(status_err)?
                 .into_inner();
             if client.output == Output::Json {
-                println!(
-                    "{}",
-                    serde_json::Value::Array(r.tasks.iter().map(task_json).collect())
-                );
+                println!("{}", serde_json::Value::Array(r.tasks.iter().map(task_json).collect()));
             } else {
                 for t in &r.tasks {
                     println!(
@@ -558,34 +471,14 @@ async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
                 }
             }
         }
-        DlqCmd::Redrive {
-            queue,
-            all,
-            ids,
-            client,
-        } => {
+        DlqCmd::Redrive { queue, all, ids, client } => {
             let sel = pb::DeadLetterSelection { queue, ids, all };
-            let r = connect(&client.addr)
-                .await?
-                .redrive(sel)
-                .await
-                .map_err(status_err)?
-                .into_inner();
+            let r = connect(&client.addr).await?.redrive(sel).await.map_err(status_err)?.into_inner();
             print_ids(client.output, "redriven", &r.ids);
         }
-        DlqCmd::Purge {
-            queue,
-            all,
-            ids,
-            client,
-        } => {
+        DlqCmd::Purge { queue, all, ids, client } => {
             let sel = pb::DeadLetterSelection { queue, ids, all };
-            let r = connect(&client.addr)
-                .await?
-                .purge_dead_letters(sel)
-                .await
-                .map_err(status_err)?
-                .into_inner();
+            let r = connect(&client.addr).await?.purge_dead_letters(sel).await.map_err(status_err)?.into_inner();
             print_ids(client.output, "purged", &r.ids);
         }
     }
@@ -609,9 +502,10 @@ async fn bench(a: BenchArgs) -> Result<()> {
     let addr = match &a.addr {
         Some(addr) => addr.clone(),
         None => {
-            let dir = a.data_dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>()))
-            });
+            let dir = a
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
             let cfg = Config {
                 data_dir: dir.clone(),
                 grpc_addr: "127.0.0.1:0".into(),
@@ -619,12 +513,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
                 http_addr: "127.0.0.1:0".into(),
                 ..Config::default()
             };
-            let node = Node::start(
-                cfg.clone(),
-                Listeners::bind(&cfg).await?,
-                CancellationToken::new(),
-            )
-            .await?;
+            let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
             let addr = format!("http://{}", node.grpc_addr);
             // Wait until the node leads.
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -643,12 +532,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
     let payload = bytes::Bytes::from(vec![b'x'; a.payload_bytes]);
     let (fsyncs0, entries0) = embedded
         .as_ref()
-        .map(|(n, _, _)| {
-            (
-                n.log_stats.fsyncs.load(Ordering::Relaxed),
-                n.log_stats.entries.load(Ordering::Relaxed),
-            )
-        })
+        .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)))
         .unwrap_or((0, 0));
     let start = Instant::now();
     let stop_at = start + a.duration;
@@ -663,11 +547,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
         let mut c = pool[i % conns].clone();
         let (ops, errors, payload, batch) = (ops.clone(), errors.clone(), payload.clone(), a.batch);
         handles.push(tokio::spawn(async move {
-            let item = pb::EnqueueRequest {
-                queue: "bench".into(),
-                payload,
-                ..Default::default()
-            };
+            let item = pb::EnqueueRequest { queue: "bench".into(), payload, ..Default::default() };
             while Instant::now() < stop_at {
                 if batch == 0 {
                     match c.enqueue(item.clone()).await {
@@ -675,18 +555,14 @@ async fn bench(a: BenchArgs) -> Result<()> {
                         Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                     };
                 } else {
-                    let req = pb::EnqueueBatchRequest {
-                        items: vec![item.clone(); batch],
-                    };
+                    let req = pb::EnqueueBatchRequest { items: vec![item.clone(); batch] };
                     match c.enqueue_batch(req).await {
                         Ok(r) => {
                             let ok = r
                                 .get_ref()
                                 .results
                                 .iter()
-                                .filter(|x| {
-                                    matches!(x.result, Some(pb::enqueue_result::Result::Ok(_)))
-                                })
+                                .filter(|x| matches!(x.result, Some(pb::enqueue_result::Result::Ok(_))))
                                 .count();
                             ops.fetch_add(ok as u64, Ordering::Relaxed);
                             errors.fetch_add((batch - ok) as u64, Ordering::Relaxed);
@@ -704,11 +580,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     let n = ops.load(Ordering::Relaxed);
-    let mode = if a.batch == 0 {
-        "unary Enqueue".to_string()
-    } else {
-        format!("EnqueueBatch x{}", a.batch)
-    };
+    let mode = if a.batch == 0 { "unary Enqueue".to_string() } else { format!("EnqueueBatch x{}", a.batch) };
     println!("mode                {mode}");
     println!("clients             {}", a.clients);
     println!("payload bytes       {}", a.payload_bytes);
@@ -722,10 +594,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
         println!("log fsyncs          {fsyncs}");
         println!("raft entries        {entries}");
         println!("enqueues per fsync  {:.1}", n as f64 / fsyncs.max(1) as f64);
-        println!(
-            "entries per fsync   {:.1}",
-            entries as f64 / fsyncs.max(1) as f64
-        );
+        println!("entries per fsync   {:.1}", entries as f64 / fsyncs.max(1) as f64);
         node.stop().await;
         if remove {
             let _ = std::fs::remove_dir_all(dir);

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::api;
 use crate::config::Config;
 use crate::queue::Command;
+use crate::raft::dispatcher::Dispatcher;
 use crate::raft::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::proposer::{wall_clock_ms, Proposer};
 use crate::raft::service::RaftServer;
@@ -47,11 +48,7 @@ impl Listeners {
     pub async fn bind(cfg: &Config) -> io::Result<Listeners> {
         let bind = |a: &str| {
             let a = a.to_string();
-            async move {
-                TcpListener::bind(&a)
-                    .await
-                    .map_err(|e| io::Error::new(e.kind(), format!("cannot bind {a}: {e}")))
-            }
+            async move { TcpListener::bind(&a).await.map_err(|e| io::Error::new(e.kind(), format!("cannot bind {a}: {e}"))) }
         };
         Ok(Listeners {
             grpc: bind(&cfg.grpc_addr).await?,
@@ -76,11 +73,7 @@ pub struct Node {
 }
 
 impl Node {
-    pub async fn start(
-        cfg: Config,
-        listeners: Listeners,
-        shutdown: CancellationToken,
-    ) -> Result<Node, StartError> {
+    pub async fn start(cfg: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<Node, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let raft_cfg = Arc::new(cfg.openraft().map_err(|e| StartError::Config(vec![e]))?);
         let grpc_addr = listeners.grpc.local_addr()?;
@@ -102,32 +95,15 @@ impl Node {
         let log_closed = log.closed_watch();
         let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
         let shared = sm.shared.clone();
-        let raft = Raft::new(
-            cfg.node_id,
-            raft_cfg,
-            Network {
-                node_id: cfg.node_id,
-            },
-            log,
-            sm,
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
-
-        let me = NodeInfo {
-            raft_addr: cfg.public_raft_addr(),
-            api_addr: cfg.public_grpc_addr(),
-        };
-        if !raft
-            .is_initialized()
+        let raft = Raft::new(cfg.node_id, raft_cfg, Network { node_id: cfg.node_id }, log, sm)
             .await
-            .map_err(|e| StartError::Raft(e.to_string()))?
-        {
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
+        if !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
             tracing::info!(node_id = cfg.node_id, "initialising a one-node cluster");
             let members = BTreeMap::from([(cfg.node_id, me)]);
-            raft.initialize(members)
-                .await
-                .map_err(|e| StartError::Raft(e.to_string()))?;
+            raft.initialize(members).await.map_err(|e| StartError::Raft(e.to_string()))?;
         }
 
         let tasks = TaskTracker::new();
@@ -151,16 +127,35 @@ impl Node {
             }
         });
 
-        let task_svc =
-            raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
-                proposer: proposer.clone(),
-            })
+        let dispatcher = Dispatcher::spawn(
+            raft.clone(),
+            shared.clone(),
+            cfg.node_id,
+            cfg.max_items_per_entry,
+            Duration::from_millis(cfg.write_timeout_ms),
+            &tasks,
+            shutdown.clone(),
+        );
+        let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
+            proposer: proposer.clone(),
+            dispatcher: dispatcher.clone(),
+        })
+        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let streams =
+            api::stream::StreamApi { proposer: proposer.clone(), dispatcher: dispatcher.clone(), shutdown: shutdown.clone() };
+        let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
+            .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let producer_svc = raftq_proto::v1::producer_stream_server::ProducerStreamServer::new(streams)
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(task_svc)
+                .add_service(worker_svc)
+                .add_service(producer_svc)
                 .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())
                 .await;
             if let Err(e) = r {
@@ -171,20 +166,13 @@ impl Node {
         let router = api::http::router(proposer.clone());
         let token = shutdown.clone();
         tasks.spawn(async move {
-            let r = axum::serve(listeners.http, router)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await;
+            let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "http server failed");
             }
         });
 
-        tasks.spawn(tick_loop(
-            raft.clone(),
-            proposer.clone(),
-            cfg.node_id,
-            shutdown.clone(),
-        ));
+        tasks.spawn(tick_loop(raft.clone(), proposer.clone(), cfg.node_id, shutdown.clone()));
 
         tracing::info!(
             node_id = cfg.node_id,
@@ -196,18 +184,7 @@ impl Node {
             "raftq node started"
         );
         let files = (log_closed, Arc::downgrade(&shared));
-        Ok(Node {
-            raft,
-            proposer,
-            shared,
-            log_stats,
-            grpc_addr,
-            raft_addr,
-            http_addr,
-            shutdown,
-            tasks,
-            files,
-        })
+        Ok(Node { raft, proposer, shared, log_stats, grpc_addr, raft_addr, http_addr, shutdown, tasks, files })
     }
 
     /// Waits for the shutdown token, then stops in order: servers and waits end, Raft stops, files close.
@@ -217,21 +194,10 @@ impl Node {
     }
 
     pub async fn stop(self) {
-        let Node {
-            raft,
-            proposer,
-            shared,
-            shutdown,
-            tasks,
-            files,
-            ..
-        } = self;
+        let Node { raft, proposer, shared, shutdown, tasks, files, .. } = self;
         shutdown.cancel();
         tasks.close();
-        if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
             tracing::warn!("some tasks did not stop within 10 s");
         }
         if let Err(e) = raft.shutdown().await {
@@ -278,12 +244,7 @@ async fn tick_loop(raft: Raft, proposer: Arc<Proposer>, node_id: u64, shutdown: 
             _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
         }
         let leader = crate::raft::metrics(&raft).current_leader == Some(node_id);
-        if leader
-            && proposer
-                .shared
-                .next_due()
-                .is_some_and(|d| d <= wall_clock_ms())
-        {
+        if leader && proposer.shared.next_due().is_some_and(|d| d <= wall_clock_ms()) {
             if let Err(e) = proposer.write(Command::Tick).await {
                 tracing::debug!(error = %e, "tick not applied");
             }

@@ -8,21 +8,15 @@ use crate::config::Config;
 use crate::queue::{AckAction, NewTask, Task, TaskId, TaskState, TimeMs};
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
-    s.parse()
-        .map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
+    s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
 }
 
 pub fn validate_queue(cfg: &Config, q: &str) -> Result<(), ApiError> {
     if q.is_empty() || q.len() > cfg.max_queue_name_len {
-        return Err(invalid(format!(
-            "queue name must be 1 to {} characters",
-            cfg.max_queue_name_len
-        )));
+        return Err(invalid(format!("queue name must be 1 to {} characters", cfg.max_queue_name_len)));
     }
     let ok_first = q.as_bytes()[0].is_ascii_alphanumeric();
-    let ok_rest = q
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    let ok_rest = q.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
     if !ok_first || !ok_rest {
         return Err(invalid(format!(
             "queue name {q:?} must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"
@@ -32,9 +26,7 @@ pub fn validate_queue(cfg: &Config, q: &str) -> Result<(), ApiError> {
 }
 
 fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// W3C traceparent: `version-traceid-parentid-flags`, lowercase hex, ids not all zero.
@@ -51,22 +43,16 @@ fn validate_traceparent(tp: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "trace.traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
-        ))
+        Err(invalid("trace.traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"))
     }
 }
 
 fn validate_webhook(cfg: &Config, url: &str) -> Result<(), ApiError> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"));
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
     let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
     if url.len() > cfg.max_webhook_url_len
         || host.is_none_or(|h| h.is_empty() || h.starts_with(':'))
-        || url
-            .bytes()
-            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        || url.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
     {
         return Err(invalid(format!(
             "webhook_url must be an http:// or https:// URL with a host, at most {} characters",
@@ -85,12 +71,7 @@ fn non_empty(s: String) -> Option<String> {
 }
 
 /// Validates an enqueue request and decides everything the state machine needs: id, visible time, defaults.
-pub fn new_task(
-    cfg: &Config,
-    tenant: &str,
-    req: pb::EnqueueRequest,
-    now: TimeMs,
-) -> Result<NewTask, ApiError> {
+pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs) -> Result<NewTask, ApiError> {
     let pb::EnqueueRequest {
         queue,
         payload,
@@ -114,21 +95,13 @@ pub fn new_task(
         return Err(invalid(format!("priority {priority} is outside 0-9")));
     }
     if delay_ms > cfg.max_delay_ms {
-        return Err(invalid(format!(
-            "delay_ms {delay_ms} is beyond the horizon of {} ms",
-            cfg.max_delay_ms
-        )));
+        return Err(invalid(format!("delay_ms {delay_ms} is beyond the horizon of {} ms", cfg.max_delay_ms)));
     }
     if run_at_ms < 0 || (run_at_ms as u64) > now.saturating_add(cfg.max_delay_ms) {
-        return Err(invalid(format!(
-            "run_at_ms {run_at_ms} is negative or beyond the horizon"
-        )));
+        return Err(invalid(format!("run_at_ms {run_at_ms} is negative or beyond the horizon")));
     }
     if max_attempts > cfg.max_attempts_limit {
-        return Err(invalid(format!(
-            "max_attempts {max_attempts} is above the limit of {}",
-            cfg.max_attempts_limit
-        )));
+        return Err(invalid(format!("max_attempts {max_attempts} is above the limit of {}", cfg.max_attempts_limit)));
     }
     if idempotency_key.len() > cfg.max_idempotency_key_len || idempotency_key.contains('\0') {
         return Err(invalid(format!(
@@ -140,10 +113,7 @@ pub fn new_task(
         validate_webhook(cfg, &webhook_url)?;
     }
     let (traceparent, tracestate) = match trace {
-        Some(pb::TraceContext {
-            traceparent,
-            tracestate,
-        }) => {
+        Some(pb::TraceContext { traceparent, tracestate }) => {
             if !traceparent.is_empty() {
                 validate_traceparent(&traceparent)?;
             }
@@ -154,11 +124,7 @@ pub fn new_task(
         }
         None => (None, None),
     };
-    let visible_at = if run_at_ms > 0 {
-        run_at_ms as u64
-    } else {
-        now.saturating_add(delay_ms)
-    };
+    let visible_at = if run_at_ms > 0 { run_at_ms as u64 } else { now.saturating_add(delay_ms) };
     let idempotency_key = non_empty(idempotency_key);
     let placement = match &idempotency_key {
         Some(k) => TaskId::placement_for_key(tenant, k),
@@ -171,11 +137,7 @@ pub fn new_task(
         payload: payload.to_vec(),
         priority: priority as u8,
         visible_at,
-        max_attempts: if max_attempts == 0 {
-            cfg.max_attempts_default
-        } else {
-            max_attempts
-        },
+        max_attempts: if max_attempts == 0 { cfg.max_attempts_default } else { max_attempts },
         idempotency_key,
         idempotency_window_ms: cfg.idempotency_window_ms,
         webhook_url: non_empty(webhook_url),
@@ -186,45 +148,27 @@ pub fn new_task(
     })
 }
 
-pub fn ack_action(
-    cfg: &Config,
-    action: Option<pb::ack_request::Action>,
-) -> Result<AckAction, ApiError> {
+pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Result<AckAction, ApiError> {
     use pb::ack_request::Action;
     Ok(match action {
-        None => {
-            return Err(invalid(
-                "ack needs an action: complete, fail, nack, abandon or heartbeat",
-            ))
-        }
+        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon or heartbeat")),
         Some(Action::Complete(pb::Complete { result })) => {
             if result.len() > cfg.max_payload_bytes {
-                return Err(invalid(format!(
-                    "result is larger than {} bytes",
-                    cfg.max_payload_bytes
-                )));
+                return Err(invalid(format!("result is larger than {} bytes", cfg.max_payload_bytes)));
             }
-            AckAction::Complete {
-                result: result.to_vec(),
-            }
+            AckAction::Complete { result: result.to_vec() }
         }
-        Some(Action::Fail(pb::Fail { error, retryable })) => AckAction::Fail {
-            error: truncate(error),
-            retryable,
-        },
+        Some(Action::Fail(pb::Fail { error, retryable })) => AckAction::Fail { error: truncate(error), retryable },
         Some(Action::Nack(pb::Nack { delay_ms, reason })) => {
             if delay_ms > cfg.max_delay_ms {
                 return Err(invalid("nack delay_ms is beyond the delay horizon"));
             }
-            AckAction::Nack {
-                delay_ms: if delay_ms == 0 { None } else { Some(delay_ms) },
-                reason: truncate(reason),
-            }
+            AckAction::Nack { delay_ms: if delay_ms == 0 { None } else { Some(delay_ms) }, reason: truncate(reason) }
         }
         Some(Action::Abandon(pb::Abandon {})) => AckAction::Abandon,
-        Some(Action::Heartbeat(pb::Heartbeat { extend_ms })) => AckAction::Heartbeat {
-            extend_ms: lease_ms(cfg, extend_ms)?,
-        },
+        Some(Action::Heartbeat(pb::Heartbeat { extend_ms })) => {
+            AckAction::Heartbeat { extend_ms: lease_ms(cfg, extend_ms)? }
+        }
     })
 }
 
@@ -247,10 +191,7 @@ pub fn lease_ms(cfg: &Config, ms: u64) -> Result<u64, ApiError> {
         return Ok(cfg.lease_default_ms);
     }
     if ms < cfg.lease_min_ms || ms > cfg.lease_max_ms {
-        return Err(invalid(format!(
-            "lease {ms} ms is outside {}..={} ms",
-            cfg.lease_min_ms, cfg.lease_max_ms
-        )));
+        return Err(invalid(format!("lease {ms} ms is outside {}..={} ms", cfg.lease_min_ms, cfg.lease_max_ms)));
     }
     Ok(ms)
 }
@@ -336,11 +277,7 @@ pub fn result(t: Task) -> pb::TaskResult {
         state: state(t.state) as i32,
         done: t.state.is_terminal(),
         result: t.result.unwrap_or_default().into(),
-        error: if t.state == TaskState::Completed {
-            String::new()
-        } else {
-            t.last_error.unwrap_or_default()
-        },
+        error: if t.state == TaskState::Completed { String::new() } else { t.last_error.unwrap_or_default() },
         attempts: t.attempts,
         created_at_ms: ms(t.created_at),
         ended_at_ms: t.ended_at.map(ms).unwrap_or(0),
@@ -352,11 +289,7 @@ mod tests {
     use super::*;
 
     fn req(queue: &str) -> pb::EnqueueRequest {
-        pb::EnqueueRequest {
-            queue: queue.into(),
-            payload: b"x".to_vec().into(),
-            ..Default::default()
-        }
+        pb::EnqueueRequest { queue: queue.into(), payload: b"x".to_vec().into(), ..Default::default() }
     }
 
     #[test]
@@ -380,10 +313,7 @@ mod tests {
         r.delay_ms = cfg.max_delay_ms + 1;
         assert!(new_task(&cfg, "t", r, 1).is_err());
         let mut r = req("q");
-        r.trace = Some(pb::TraceContext {
-            traceparent: "00-abc-def-01".into(),
-            tracestate: String::new(),
-        });
+        r.trace = Some(pb::TraceContext { traceparent: "00-abc-def-01".into(), tracestate: String::new() });
         assert!(new_task(&cfg, "t", r, 1).is_err());
         let mut r = req("q");
         r.trace = Some(pb::TraceContext {

@@ -83,14 +83,8 @@ impl From<ApiError> for Status {
         let reason = e.reason();
         let mut status = Status::new(e.code(), format!("{reason}: {e}"));
         let md = status.metadata_mut();
-        md.insert(
-            REASON_HEADER,
-            reason.parse().expect("reason codes are ascii"),
-        );
-        if let ApiError::NotLeader {
-            leader_addr: Some(addr),
-        } = &e
-        {
+        md.insert(REASON_HEADER, reason.parse().expect("reason codes are ascii"));
+        if let ApiError::NotLeader { leader_addr: Some(addr) } = &e {
             if let Ok(v) = addr.parse() {
                 md.insert(LEADER_HEADER, v);
             }

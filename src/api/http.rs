@@ -15,10 +15,7 @@ use crate::raft::proposer::Proposer;
 const READY_MAX_LAG_ENTRIES: u64 = 1_000;
 
 pub fn router(proposer: Arc<Proposer>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(proposer)
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(proposer)
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -29,8 +26,7 @@ async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json:
     let m = crate::raft::metrics(&p.raft);
     let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
     let committed = m.last_log_index.unwrap_or(0);
-    let ready =
-        m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES;
+    let ready = m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES;
     let body = json!({
         "ready": ready,
         "node_id": m.id,
@@ -39,10 +35,6 @@ async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json:
         "last_log_index": m.last_log_index,
         "applied_index": applied,
     });
-    let code = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
+    let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(body))
 }

@@ -1,6 +1,7 @@
-//! Public surfaces: the gRPC task service, HTTP health, proto <-> domain conversions, the error mapping.
+//! Public surfaces: the gRPC task service, worker and producer streams, HTTP health, proto <-> domain conversions, the error mapping.
 
 pub mod convert;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod stream;

@@ -12,9 +12,7 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 
-pub use shard::{
-    Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore,
-};
+pub use shard::{Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore};
 pub use types::*;
 
 /// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping
@@ -29,10 +27,7 @@ pub fn pick_ready<'a>(
     let mut heads: Vec<ReadyKey> = Vec::new();
     for shard in shards {
         for q in queues {
-            let qk = QueueKey {
-                tenant: tenant.to_string(),
-                queue: q.clone(),
-            };
+            let qk = QueueKey { tenant: tenant.to_string(), queue: q.clone() };
             heads.extend(shard.ready_head(&qk, count, skip));
         }
     }
@@ -69,14 +64,10 @@ impl TaskStore for MemStore {
         Ok(())
     }
     fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error> {
-        Ok(self
-            .keys
-            .get(&(tenant.to_string(), key.to_string()))
-            .copied())
+        Ok(self.keys.get(&(tenant.to_string(), key.to_string())).copied())
     }
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error> {
-        self.keys
-            .insert((tenant.to_string(), key.to_string()), *rec);
+        self.keys.insert((tenant.to_string(), key.to_string()), *rec);
         Ok(())
     }
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {

@@ -40,10 +40,7 @@ pub struct QueueKey {
 
 impl QueueKey {
     pub fn of(task: &Task) -> Self {
-        QueueKey {
-            tenant: task.tenant.clone(),
-            queue: task.queue.clone(),
-        }
+        QueueKey { tenant: task.tenant.clone(), queue: task.queue.clone() }
     }
 }
 
@@ -88,18 +85,14 @@ impl PartialResponse {
     /// crash recovery, where nobody waits for the answer; it reads as `NotFound`.
     pub fn finish(self) -> Response {
         fn fill<T>(v: Vec<Option<ItemResult<T>>>) -> Vec<ItemResult<T>> {
-            v.into_iter()
-                .map(|s| s.unwrap_or(Err(Rejected::NotFound)))
-                .collect()
+            v.into_iter().map(|s| s.unwrap_or(Err(Rejected::NotFound))).collect()
         }
         match self {
             PartialResponse::None => Response::None,
             PartialResponse::Enqueued(v) => Response::Enqueued(fill(v)),
             PartialResponse::Claimed(v) => Response::Claimed(fill(v)),
             PartialResponse::Acked(v) => Response::Acked(fill(v)),
-            PartialResponse::Cancelled(v) => {
-                Response::Cancelled(v.unwrap_or(Err(Rejected::NotFound)))
-            }
+            PartialResponse::Cancelled(v) => Response::Cancelled(v.unwrap_or(Err(Rejected::NotFound))),
             PartialResponse::Redriven(v) => Response::Redriven(v),
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
@@ -170,11 +163,7 @@ fn jitter(seed: u64, id: &TaskId) -> u64 {
 
 impl ShardCore {
     pub fn new(shard_no: usize, shards: usize) -> Self {
-        ShardCore {
-            shard_no,
-            shards,
-            ..Default::default()
-        }
+        ShardCore { shard_no, shards, ..Default::default() }
     }
 
     fn mine(&self, id: &TaskId) -> bool {
@@ -187,21 +176,13 @@ impl ShardCore {
     pub fn index_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
-        *self
-            .counts
-            .entry(qk.clone())
-            .or_default()
-            .slot(t.state, delayed) += 1;
+        *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
-                self.delayed
-                    .insert((t.visible_at, t.id), (qk, t.priority, t.seq));
+                self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
             }
             TaskState::Pending => {
-                self.ready
-                    .entry(qk)
-                    .or_default()
-                    .insert((Reverse(t.priority), t.seq, t.id));
+                self.ready.entry(qk).or_default().insert((Reverse(t.priority), t.seq, t.id));
             }
             TaskState::InProgress => {
                 if let Some(l) = &t.lease {
@@ -214,10 +195,7 @@ impl ShardCore {
                 }
             }
             TaskState::DeadLettered => {
-                self.dead
-                    .entry(qk)
-                    .or_default()
-                    .insert((t.dead_at.unwrap_or(0), t.id));
+                self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
             }
         }
     }
@@ -225,8 +203,7 @@ impl ShardCore {
     /// Removes a record (as it is before a change) from the indexes.
     fn unindex_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
-        let in_delayed =
-            t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
         if let Some(c) = self.counts.get_mut(&qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
@@ -264,17 +241,11 @@ impl ShardCore {
     }
 
     pub fn index_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
-        self.keys
-            .insert((rec.expires_at, tenant.to_string(), key.to_string()));
+        self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
     }
 
     /// Writes a changed record and moves it between indexes.
-    fn update<S: TaskStore>(
-        &mut self,
-        store: &mut S,
-        before: &Task,
-        after: &Task,
-    ) -> Result<(), S::Error> {
+    fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
         self.unindex_task(before);
         self.index_task(after);
         store.put(after)
@@ -286,21 +257,13 @@ impl ShardCore {
     pub fn ready_head(&self, qk: &QueueKey, limit: usize, skip: &HashSet<TaskId>) -> Vec<ReadyKey> {
         match self.ready.get(qk) {
             None => vec![],
-            Some(set) => set
-                .iter()
-                .filter(|k| !skip.contains(&k.2))
-                .take(limit)
-                .cloned()
-                .collect(),
+            Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
         }
     }
 
     /// Dead-lettered tasks of one queue, oldest first.
     pub fn dead_letters(&self, qk: &QueueKey) -> Vec<(TimeMs, TaskId)> {
-        self.dead
-            .get(qk)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
+        self.dead.get(qk).map(|s| s.iter().cloned().collect()).unwrap_or_default()
     }
 
     pub fn counts(&self) -> &HashMap<QueueKey, StateCounts> {
@@ -374,18 +337,8 @@ impl ShardCore {
                     *slot = Some(self.cancel(store, tenant, task_id, fx)?);
                 }
             }
-            (
-                Command::Redrive {
-                    tenant,
-                    queue,
-                    select,
-                },
-                PartialResponse::Redriven(done),
-            ) => {
-                let qk = QueueKey {
-                    tenant: tenant.clone(),
-                    queue: queue.clone(),
-                };
+            (Command::Redrive { tenant, queue, select }, PartialResponse::Redriven(done)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
                 for id in self.select_dead(&qk, select) {
                     let Some(before) = store.get(&id)? else {
                         continue;
@@ -402,18 +355,8 @@ impl ShardCore {
                     done.push(id);
                 }
             }
-            (
-                Command::PurgeDeadLetters {
-                    tenant,
-                    queue,
-                    select,
-                },
-                PartialResponse::Purged(done),
-            ) => {
-                let qk = QueueKey {
-                    tenant: tenant.clone(),
-                    queue: queue.clone(),
-                };
+            (Command::PurgeDeadLetters { tenant, queue, select }, PartialResponse::Purged(done)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
                 for id in self.select_dead(&qk, select) {
                     let Some(t) = store.get(&id)? else { continue };
                     self.unindex_task(&t);
@@ -435,10 +378,7 @@ impl ShardCore {
             DlqSelector::All => set.iter().map(|k| k.1).collect(),
             DlqSelector::Ids(ids) => {
                 let wanted: HashSet<&TaskId> = ids.iter().filter(|id| self.mine(id)).collect();
-                set.iter()
-                    .filter(|k| wanted.contains(&k.1))
-                    .map(|k| k.1)
-                    .collect()
+                set.iter().filter(|k| wanted.contains(&k.1)).map(|k| k.1).collect()
             }
         }
     }
@@ -464,10 +404,7 @@ impl ShardCore {
                 c.delayed = c.delayed.saturating_sub(1);
                 c.pending += 1;
             }
-            self.ready
-                .entry(qk.clone())
-                .or_default()
-                .insert((Reverse(prio), seq, id));
+            self.ready.entry(qk.clone()).or_default().insert((Reverse(prio), seq, id));
             fx.ready.insert(qk);
         }
         while let Some(&(deadline, id)) = self.leases.first() {
@@ -476,8 +413,7 @@ impl ShardCore {
             }
             let before = match store.get(&id)? {
                 Some(t)
-                    if t.state == TaskState::InProgress
-                        && t.lease.as_ref().map(|l| l.deadline) == Some(deadline) =>
+                    if t.state == TaskState::InProgress && t.lease.as_ref().map(|l| l.deadline) == Some(deadline) =>
                 {
                     t
                 }
@@ -489,12 +425,7 @@ impl ShardCore {
             let mut t = before.clone();
             let delay = t.retry.delay_ms(t.attempts, jitter(seed, &id));
             t.last_error = Some("lease expired".to_string());
-            self.retry_or_dead(
-                &mut t,
-                now,
-                delay,
-                log_index.saturating_mul(MAX_ITEMS_PER_COMMAND),
-            );
+            self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
             self.update(store, &before, &t)?;
             self.note_pending(&t, fx);
         }
@@ -556,10 +487,7 @@ impl ShardCore {
         if let Some(key) = &n.idempotency_key {
             if let Some(rec) = store.get_key(&n.tenant, key)? {
                 if rec.expires_at > now {
-                    return Ok(Ok(Enqueued {
-                        task_id: rec.task_id,
-                        duplicate: true,
-                    }));
+                    return Ok(Ok(Enqueued { task_id: rec.task_id, duplicate: true }));
                 }
             }
         }
@@ -595,18 +523,12 @@ impl ShardCore {
         self.index_task(&t);
         self.note_pending(&t, fx);
         if let Some(key) = &n.idempotency_key {
-            let rec = KeyRecord {
-                task_id: n.id,
-                expires_at: now.saturating_add(n.idempotency_window_ms),
-            };
+            let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
             // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
             store.put_key(&n.tenant, key, &rec)?;
             self.index_key(&n.tenant, key, &rec);
         }
-        Ok(Ok(Enqueued {
-            task_id: n.id,
-            duplicate: false,
-        }))
+        Ok(Ok(Enqueued { task_id: n.id, duplicate: false }))
     }
 
     fn claim<S: TaskStore>(
@@ -622,10 +544,7 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        if before.state != TaskState::Pending
-            || before.visible_at > now
-            || before.attempts >= before.max_attempts
-        {
+        if before.state != TaskState::Pending || before.visible_at > now || before.attempts >= before.max_attempts {
             return Ok(Err(Rejected::NotClaimable));
         }
         let mut t = before.clone();
@@ -674,28 +593,21 @@ impl ShardCore {
                 t.ended_at = Some(now);
                 ended = true;
             }
-            AckAction::Fail {
-                error,
-                retryable: false,
-            } => {
+            AckAction::Fail { error, retryable: false } => {
                 t.state = TaskState::Failed;
                 t.last_error = Some(error.clone());
                 t.lease = None;
                 t.ended_at = Some(now);
                 ended = true;
             }
-            AckAction::Fail {
-                error,
-                retryable: true,
-            } => {
+            AckAction::Fail { error, retryable: true } => {
                 t.last_error = Some(error.clone());
                 let delay = t.retry.delay_ms(t.attempts, jitter(seed, &t.id));
                 self.retry_or_dead(&mut t, now, delay, seq);
             }
             AckAction::Nack { delay_ms, reason } => {
                 t.last_error = Some(reason.clone());
-                let delay =
-                    delay_ms.unwrap_or_else(|| t.retry.delay_ms(t.attempts, jitter(seed, &t.id)));
+                let delay = delay_ms.unwrap_or_else(|| t.retry.delay_ms(t.attempts, jitter(seed, &t.id)));
                 self.retry_or_dead(&mut t, now, delay, seq);
             }
             AckAction::Abandon => {

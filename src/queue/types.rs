@@ -110,10 +110,7 @@ pub enum TaskState {
 
 impl TaskState {
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskState::Completed | TaskState::Failed | TaskState::Cancelled
-        )
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
     }
     pub fn as_str(self) -> &'static str {
         match self {

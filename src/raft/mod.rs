@@ -1,6 +1,7 @@
 //! openraft glue: the type configuration, the network client, the internal Raft gRPC service.
 //! Every openraft type the API uses is named here.
 
+pub mod dispatcher;
 pub mod network;
 pub mod proposer;
 pub mod service;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::RaftNetworkV2;
 use raftq_proto::v1::raft_service_client::RaftServiceClient;
@@ -63,12 +63,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
-        PeerClient {
-            from: self.node_id,
-            target,
-            client,
-            addr: node.raft_addr.clone(),
-        }
+        PeerClient { from: self.node_id, target, client, addr: node.raft_addr.clone() }
     }
 }
 
@@ -86,20 +81,13 @@ fn status_err(s: tonic::Status) -> RPCError<TypeConfig> {
 
 impl PeerClient {
     fn client(&self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
-        self.client.clone().ok_or_else(|| {
-            RPCError::Unreachable(Unreachable::from_string(format!(
-                "bad address {}",
-                self.addr
-            )))
-        })
+        self.client
+            .clone()
+            .ok_or_else(|| RPCError::Unreachable(Unreachable::from_string(format!("bad address {}", self.addr))))
     }
 
     fn message<T: Serialize>(&self, req: &T) -> Result<RaftMessage, RPCError<TypeConfig>> {
-        Ok(RaftMessage {
-            from: self.from,
-            to: self.target,
-            data: enc(req)?.into(),
-        })
+        Ok(RaftMessage { from: self.from, to: self.target, data: enc(req)?.into() })
     }
 
     /// Decodes a reply: the remote `Result`, whose error (the peer is shutting down) reads as unreachable.
@@ -126,11 +114,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let mut req = tonic::Request::new(self.message(&rpc)?);
         req.set_timeout(option.hard_ttl());
-        let resp = self
-            .client()?
-            .append_entries(req)
-            .await
-            .map_err(status_err)?;
+        let resp = self.client()?.append_entries(req).await.map_err(status_err)?;
         Self::reply::<_, RaftErr>(resp.into_inner())
     }
 
@@ -152,11 +136,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         let mut req = tonic::Request::new(self.message(&rpc)?);
         req.set_timeout(option.hard_ttl());
-        let resp = self
-            .client()?
-            .transfer_leader(req)
-            .await
-            .map_err(status_err)?;
+        let resp = self.client()?.transfer_leader(req).await.map_err(status_err)?;
         Self::reply::<_, Fatal>(resp.into_inner())
     }
 
@@ -168,8 +148,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let unreachable = |e: String| StreamingError::Unreachable(Unreachable::from_string(e));
-        let meta =
-            bincode::serialize(&(vote, snapshot.meta)).map_err(|e| unreachable(e.to_string()))?;
+        let meta = bincode::serialize(&(vote, snapshot.meta)).map_err(|e| unreachable(e.to_string()))?;
         let (from, to) = (self.from, self.target);
         let mut file = snapshot.snapshot;
         let (tx, rx) = tokio::sync::mpsc::channel::<SnapshotChunk>(2);
@@ -180,12 +159,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
                 let n = file.read(&mut buf).await?;
                 buf.truncate(n);
-                let chunk = SnapshotChunk {
-                    from,
-                    to,
-                    meta: meta.take().unwrap_or_default().into(),
-                    data: buf.into(),
-                };
+                let chunk = SnapshotChunk { from, to, meta: meta.take().unwrap_or_default().into(), data: buf.into() };
                 if tx.send(chunk).await.is_err() || n == 0 {
                     return Ok::<(), std::io::Error>(());
                 }

@@ -2,11 +2,9 @@
 //!
 //! Concurrent enqueues and acks are coalesced into few Raft entries (group commit end to end): a coalescer
 //! takes every request queued while earlier entries are in flight and proposes them as one command, with
-//! several entries in flight at once. Claims are chosen here, on the leader, from the replicated indexes, and
-//! reserved until their entry is applied so that two concurrent claims never pick the same task.
+//! several entries in flight at once. Claims go through the dispatcher (`dispatcher.rs`).
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -24,10 +22,7 @@ const IN_FLIGHT_ENTRIES: usize = 8;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     #[error("not the leader")]
-    NotLeader {
-        leader_id: Option<NodeId>,
-        leader_addr: Option<String>,
-    },
+    NotLeader { leader_id: Option<NodeId>, leader_addr: Option<String> },
     /// The write may or may not have been applied (timeout, or the entry was dropped in a leader change).
     #[error("outcome unknown: {0}")]
     Unknown(String),
@@ -38,10 +33,7 @@ pub enum ProposeError {
 }
 
 pub fn wall_clock_ms() -> TimeMs {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 type Reply<T> = oneshot::Sender<Result<Vec<ItemResult<T>>, ProposeError>>;
@@ -57,7 +49,6 @@ pub struct Proposer {
     pub cfg: Arc<Config>,
     enqueue_tx: mpsc::UnboundedSender<Pending<NewTask, Enqueued>>,
     ack_tx: mpsc::UnboundedSender<Pending<AckItem, AckOutcome>>,
-    reserved: Mutex<HashSet<TaskId>>,
 }
 
 impl Proposer {
@@ -70,14 +61,7 @@ impl Proposer {
     ) -> Arc<Self> {
         let (enqueue_tx, enqueue_rx) = mpsc::unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-        let p = Arc::new(Proposer {
-            raft: raft.clone(),
-            shared,
-            cfg: cfg.clone(),
-            enqueue_tx,
-            ack_tx,
-            reserved: Mutex::new(HashSet::new()),
-        });
+        let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
         tasks.spawn(coalesce(
@@ -92,137 +76,39 @@ impl Proposer {
                 _ => None,
             },
         ));
-        tasks.spawn(coalesce(
-            raft,
-            shutdown.clone(),
-            ack_rx,
-            max,
-            timeout,
-            Command::Ack,
-            |r| match r {
-                Response::Acked(v) => Some(v),
-                _ => None,
-            },
-        ));
+        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, max, timeout, Command::Ack, |r| match r {
+            Response::Acked(v) => Some(v),
+            _ => None,
+        }));
         p
     }
 
     /// Proposes one command and waits for it to be applied.
     pub async fn write(&self, command: Command) -> Result<Response, ProposeError> {
-        write(
-            &self.raft,
-            command,
-            Duration::from_millis(self.cfg.write_timeout_ms),
-        )
-        .await
+        write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await
     }
 
-    pub async fn enqueue(
-        &self,
-        items: Vec<NewTask>,
-    ) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
+    pub async fn enqueue(&self, items: Vec<NewTask>) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.enqueue_tx
-            .send(Pending { items, reply })
-            .map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await
-            .map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
     }
 
-    pub async fn ack(
-        &self,
-        items: Vec<AckItem>,
-    ) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {
+    pub async fn ack(&self, items: Vec<AckItem>) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.ack_tx
-            .send(Pending { items, reply })
-            .map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await
-            .map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
-    }
-
-    /// Claims up to `count` ready tasks of `queues`, waiting up to `wait` for work when none is ready.
-    pub async fn claim(
-        &self,
-        tenant: &str,
-        worker_id: &str,
-        queues: &[String],
-        count: usize,
-        lease_ms: u64,
-        wait: Duration,
-    ) -> Result<Vec<Task>, ProposeError> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let notified = self.shared.work.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let picked = {
-                let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-                let ids = self.shared.pick_ready(tenant, queues, count, &reserved);
-                reserved.extend(ids.iter().copied());
-                ids
-            };
-            if !picked.is_empty() {
-                let items = picked
-                    .iter()
-                    .map(|id| ClaimItem {
-                        task_id: *id,
-                        tenant: tenant.to_string(),
-                        worker_id: worker_id.to_string(),
-                        lease_ms,
-                    })
-                    .collect();
-                let res = self.write(Command::Claim(items)).await;
-                {
-                    let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-                    for id in &picked {
-                        reserved.remove(id);
-                    }
-                }
-                let tasks: Vec<Task> = match res? {
-                    Response::Claimed(v) => {
-                        v.into_iter().filter_map(|r| r.ok()).map(|b| *b).collect()
-                    }
-                    other => {
-                        return Err(ProposeError::Storage(format!(
-                            "unexpected response {other:?}"
-                        )))
-                    }
-                };
-                if !tasks.is_empty() {
-                    return Ok(tasks);
-                }
-                // Every pick lost a race with an entry applied meanwhile: pick again.
-                continue;
-            }
-            // Nothing ready: make sure this node still leads before parking, so a follower answers at once.
-            self.ensure_leader().await?;
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Ok(vec![]);
-            }
-        }
-    }
-
-    async fn ensure_leader(&self) -> Result<(), ProposeError> {
-        self.linearize().await
+        self.ack_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
     }
 
     /// Waits until this node has applied everything committed before the call (a linearizable read point).
     pub async fn linearize(&self) -> Result<(), ProposeError> {
-        let read_id = self
-            .raft
-            .ensure_linearizable(ReadPolicy::ReadIndex)
-            .await
-            .map_err(|e| match e {
-                RaftError::APIError(e) => match e.forward_to_leader() {
-                    Some(f) => not_leader(
-                        f.leader_id,
-                        f.leader_node.as_ref().map(|n| n.api_addr.clone()),
-                    ),
-                    None => ProposeError::Unknown(e.to_string()),
-                },
-                RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
-            })?;
+        let read_id = self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match e {
+            RaftError::APIError(e) => match e.forward_to_leader() {
+                Some(f) => not_leader(f.leader_id, f.leader_node.as_ref().map(|n| n.api_addr.clone())),
+                None => ProposeError::Unknown(e.to_string()),
+            },
+            RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+        })?;
         let want = read_id.log_id().index;
         let mut applied = self.shared.applied.subscribe();
         let wait = applied.wait_for(|a| *a >= want);
@@ -235,17 +121,11 @@ impl Proposer {
 
     pub async fn get_task(&self, id: &TaskId) -> Result<Option<Task>, ProposeError> {
         self.linearize().await?;
-        self.shared
-            .get_task(id)
-            .map_err(|e| ProposeError::Storage(e.to_string()))
+        self.shared.get_task(id).map_err(|e| ProposeError::Storage(e.to_string()))
     }
 
     /// The task once it has ended, or as it is when `wait` runs out.
-    pub async fn wait_result(
-        &self,
-        id: &TaskId,
-        wait: Duration,
-    ) -> Result<Option<Task>, ProposeError> {
+    pub async fn wait_result(&self, id: &TaskId, wait: Duration) -> Result<Option<Task>, ProposeError> {
         let mut ended = self.shared.ended.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -267,23 +147,16 @@ impl Proposer {
     }
 }
 
-fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>) -> ProposeError {
-    ProposeError::NotLeader {
-        leader_id,
-        leader_addr,
-    }
+pub(crate) fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>) -> ProposeError {
+    ProposeError::NotLeader { leader_id, leader_addr }
 }
 
 trait ForwardInfo {
-    fn forward_to_leader(
-        &self,
-    ) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>>;
+    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>>;
 }
 
 impl ForwardInfo for openraft::error::LinearizableReadError<super::types::TypeConfig> {
-    fn forward_to_leader(
-        &self,
-    ) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>> {
+    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>> {
         match self {
             openraft::error::LinearizableReadError::ForwardToLeader(f) => Some(f),
             _ => None,
@@ -291,16 +164,10 @@ impl ForwardInfo for openraft::error::LinearizableReadError<super::types::TypeCo
     }
 }
 
-async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
-    let req = Request {
-        time_ms: wall_clock_ms(),
-        seed: rand::random(),
-        command,
-    };
+pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
+    let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
     match tokio::time::timeout(timeout, raft.client_write(req)).await {
-        Err(_) => Err(ProposeError::Unknown(
-            "timed out waiting for the write to apply".into(),
-        )),
+        Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),
         Ok(Ok(resp)) => Ok(resp.data),
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
             Err(not_leader(f.leader_id, f.leader_node.map(|n| n.api_addr)))
@@ -372,8 +239,7 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                     }
                     None => {
                         for reply in replies {
-                            let _ = reply
-                                .send(Err(ProposeError::Storage("unexpected response".into())));
+                            let _ = reply.send(Err(ProposeError::Storage("unexpected response".into())));
                         }
                     }
                 },

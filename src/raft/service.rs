@@ -21,12 +21,7 @@ pub struct RaftServer {
 impl RaftServer {
     fn check(&self, from: u64, to: u64) -> Result<(), Status> {
         if to != self.node_id {
-            tracing::warn!(
-                from,
-                to,
-                me = self.node_id,
-                "refusing a raft message meant for another node"
-            );
+            tracing::warn!(from, to, me = self.node_id, "refusing a raft message meant for another node");
             return Err(Status::failed_precondition(format!(
                 "WRONG_NODE: this is node {}, not node {to}",
                 self.node_id
@@ -37,17 +32,12 @@ impl RaftServer {
 
     fn decode<T: serde::de::DeserializeOwned>(&self, m: &RaftMessage) -> Result<T, Status> {
         self.check(m.from, m.to)?;
-        bincode::deserialize(&m.data)
-            .map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))
+        bincode::deserialize(&m.data).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))
     }
 
     fn reply<T: Serialize>(&self, v: &T) -> Result<Response<RaftMessage>, Status> {
         let data = bincode::serialize(v).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(RaftMessage {
-            from: self.node_id,
-            to: 0,
-            data: data.into(),
-        }))
+        Ok(Response::new(RaftMessage { from: self.node_id, to: 0, data: data.into() }))
     }
 }
 
@@ -58,34 +48,21 @@ impl RaftService for RaftServer {
         self.reply(&self.raft.vote(rpc).await)
     }
 
-    async fn append_entries(
-        &self,
-        req: Request<RaftMessage>,
-    ) -> Result<Response<RaftMessage>, Status> {
+    async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.decode(req.get_ref())?;
         self.reply(&self.raft.append_entries(rpc).await)
     }
 
-    async fn transfer_leader(
-        &self,
-        req: Request<RaftMessage>,
-    ) -> Result<Response<RaftMessage>, Status> {
+    async fn transfer_leader(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.decode(req.get_ref())?;
         self.reply(&self.raft.handle_transfer_leader(rpc).await)
     }
 
-    async fn install_snapshot(
-        &self,
-        req: Request<Streaming<SnapshotChunk>>,
-    ) -> Result<Response<RaftMessage>, Status> {
+    async fn install_snapshot(&self, req: Request<Streaming<SnapshotChunk>>) -> Result<Response<RaftMessage>, Status> {
         let mut stream = req.into_inner();
         let io = |e: std::io::Error| Status::internal(e.to_string());
-        tokio::fs::create_dir_all(&self.spool_dir)
-            .await
-            .map_err(io)?;
-        let path = self
-            .spool_dir
-            .join(format!("incoming-{}.snap", rand::random::<u64>()));
+        tokio::fs::create_dir_all(&self.spool_dir).await.map_err(io)?;
+        let path = self.spool_dir.join(format!("incoming-{}.snap", rand::random::<u64>()));
         let mut file = tokio::fs::File::create(&path).await.map_err(io)?;
         let mut head: Option<(Vote, SnapshotMeta)> = None;
         let result = async {
@@ -93,22 +70,17 @@ impl RaftService for RaftServer {
                 let chunk = chunk?;
                 self.check(chunk.from, chunk.to)?;
                 if head.is_none() {
-                    head =
-                        Some(bincode::deserialize(&chunk.meta).map_err(|e| {
-                            Status::invalid_argument(format!("INVALID_ARGUMENT: {e}"))
-                        })?);
+                    head = Some(
+                        bincode::deserialize(&chunk.meta)
+                            .map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?,
+                    );
                 }
                 file.write_all(&chunk.data).await.map_err(io)?;
             }
             file.flush().await.map_err(io)?;
-            let (vote, meta) =
-                head.ok_or_else(|| Status::invalid_argument("INVALID_ARGUMENT: empty snapshot"))?;
+            let (vote, meta) = head.ok_or_else(|| Status::invalid_argument("INVALID_ARGUMENT: empty snapshot"))?;
             let f = tokio::fs::File::open(&path).await.map_err(io)?;
-            Ok::<_, Status>(
-                self.raft
-                    .install_full_snapshot(vote, Snapshot { meta, snapshot: f })
-                    .await,
-            )
+            Ok::<_, Status>(self.raft.install_full_snapshot(vote, Snapshot { meta, snapshot: f }).await)
         }
         .await;
         let _ = tokio::fs::remove_file(&path).await;

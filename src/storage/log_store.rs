@@ -28,26 +28,10 @@ use crate::raft::types::{Entry, LogId, TypeConfig, Vote};
 const MAX_OPS_PER_TURN: usize = 4096;
 
 enum Op {
-    Append {
-        entries: Vec<(u64, Vec<u8>)>,
-        visible: oneshot::Sender<io::Result<()>>,
-        flushed: IOFlushed<TypeConfig>,
-    },
-    Meta {
-        key: &'static str,
-        value: Vec<u8>,
-        durable: bool,
-        done: oneshot::Sender<io::Result<()>>,
-    },
-    TruncateAfter {
-        index: Option<u64>,
-        done: oneshot::Sender<io::Result<()>>,
-    },
-    Purge {
-        log_id: Vec<u8>,
-        upto: u64,
-        done: oneshot::Sender<io::Result<()>>,
-    },
+    Append { entries: Vec<(u64, Vec<u8>)>, visible: oneshot::Sender<io::Result<()>>, flushed: IOFlushed<TypeConfig> },
+    Meta { key: &'static str, value: Vec<u8>, durable: bool, done: oneshot::Sender<io::Result<()>> },
+    TruncateAfter { index: Option<u64>, done: oneshot::Sender<io::Result<()>> },
+    Purge { log_id: Vec<u8>, upto: u64, done: oneshot::Sender<io::Result<()>> },
 }
 
 /// Group-commit statistics, for metrics and the benchmark.
@@ -100,17 +84,9 @@ impl LogStore {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(LogStats::default());
         let (wdb, wstats) = (db.clone(), stats.clone());
-        let thread = std::thread::Builder::new()
-            .name("raftq-log-writer".into())
-            .spawn(move || writer_loop(wdb, rx, wstats))?;
-        Ok(LogStore {
-            db,
-            writer: Arc::new(Writer {
-                tx: Some(tx),
-                thread: Some(thread),
-            }),
-            stats,
-        })
+        let thread =
+            std::thread::Builder::new().name("raftq-log-writer".into()).spawn(move || writer_loop(wdb, rx, wstats))?;
+        Ok(LogStore { db, writer: Arc::new(Writer { tx: Some(tx), thread: Some(thread) }), stats })
     }
 
     /// A handle that tells when the log file has been closed (every clone and reader dropped).
@@ -120,27 +96,17 @@ impl LogStore {
 
     fn send(&self, op: Op) -> io::Result<()> {
         let tx = self.writer.tx.as_ref().expect("sender lives until drop");
-        tx.send(op)
-            .map_err(|_| io::Error::other("log writer stopped"))
+        tx.send(op).map_err(|_| io::Error::other("log writer stopped"))
     }
 
     async fn meta(&self, key: &'static str, value: Vec<u8>, durable: bool) -> io::Result<()> {
         let (done, rx) = oneshot::channel();
-        self.send(Op::Meta {
-            key,
-            value,
-            durable,
-            done,
-        })?;
-        rx.await
-            .map_err(|_| io::Error::other("log writer stopped"))?
+        self.send(Op::Meta { key, value, durable, done })?;
+        rx.await.map_err(|_| io::Error::other("log writer stopped"))?
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
-        LogReader {
-            db: self.db.clone(),
-        }
-        .read_meta(key)
+        LogReader { db: self.db.clone() }.read_meta(key)
     }
 }
 
@@ -164,20 +130,12 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>) 
         let mut after_sync = Vec::new();
         for op in ops {
             match op {
-                Op::Append {
-                    entries,
-                    visible,
-                    flushed,
-                } => {
+                Op::Append { entries, visible, flushed } => {
                     n_entries += entries.len() as u64;
                     let _ = visible.send(clone_result(&result));
                     after_sync.push(Sync::Flushed(flushed));
                 }
-                Op::Meta {
-                    durable: true,
-                    done,
-                    ..
-                } => after_sync.push(Sync::Done(done)),
+                Op::Meta { durable: true, done, .. } => after_sync.push(Sync::Done(done)),
                 Op::Meta { done, .. } | Op::TruncateAfter { done, .. } | Op::Purge { done, .. } => {
                     let _ = done.send(clone_result(&result));
                 }
@@ -242,8 +200,7 @@ fn write_ops(db: &Database, ops: &[Op]) -> io::Result<()> {
                     log.retain_in(from.., |_, _| false).map_err(io_err)?;
                 }
                 Op::Purge { log_id, upto, .. } => {
-                    meta.insert(META_LAST_PURGED, log_id.as_slice())
-                        .map_err(io_err)?;
+                    meta.insert(META_LAST_PURGED, log_id.as_slice()).map_err(io_err)?;
                     log.retain_in(..=*upto, |_, _| false).map_err(io_err)?;
                 }
             }
@@ -283,10 +240,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
         let txn = self.db.begin_read().map_err(io_err)?;
         let log = txn.open_table(LOG).map_err(io_err)?;
         let mut out = Vec::new();
-        for item in log
-            .range::<u64>((Bound::Included(start), end))
-            .map_err(io_err)?
-        {
+        for item in log.range::<u64>((Bound::Included(start), end)).map_err(io_err)? {
             let (_, v) = item.map_err(io_err)?;
             out.push(decode(v.value())?);
         }
@@ -303,11 +257,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        LogReader {
-            db: self.db.clone(),
-        }
-        .try_get_log_entries(range)
-        .await
+        LogReader { db: self.db.clone() }.try_get_log_entries(range).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -326,16 +276,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some((_, v)) => Some(decode::<Entry>(v.value())?.log_id()),
             None => last_purged,
         };
-        Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last,
-        })
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        LogReader {
-            db: self.db.clone(),
-        }
+        LogReader { db: self.db.clone() }
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
@@ -351,11 +296,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.read_meta::<Option<LogId>>(META_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -365,33 +306,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             encoded.push((e.log_id().index, encode(&e)?));
         }
         let (visible, rx) = oneshot::channel();
-        self.send(Op::Append {
-            entries: encoded,
-            visible,
-            flushed: callback,
-        })?;
-        rx.await
-            .map_err(|_| io::Error::other("log writer stopped"))?
+        self.send(Op::Append { entries: encoded, visible, flushed: callback })?;
+        rx.await.map_err(|_| io::Error::other("log writer stopped"))?
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let (done, rx) = oneshot::channel();
-        self.send(Op::TruncateAfter {
-            index: last_log_id.map(|l| l.index),
-            done,
-        })?;
-        rx.await
-            .map_err(|_| io::Error::other("log writer stopped"))?
+        self.send(Op::TruncateAfter { index: last_log_id.map(|l| l.index), done })?;
+        rx.await.map_err(|_| io::Error::other("log writer stopped"))?
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         let (done, rx) = oneshot::channel();
-        self.send(Op::Purge {
-            upto: log_id.index,
-            log_id: encode(&log_id)?,
-            done,
-        })?;
-        rx.await
-            .map_err(|_| io::Error::other("log writer stopped"))?
+        self.send(Op::Purge { upto: log_id.index, log_id: encode(&log_id)?, done })?;
+        rx.await.map_err(|_| io::Error::other("log writer stopped"))?
     }
 }

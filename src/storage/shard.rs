@@ -46,22 +46,14 @@ pub fn read_meta(db: &Database) -> io::Result<ShardMeta> {
 }
 
 pub fn write_meta(t: &mut Table<&str, &[u8]>, m: &ShardMeta) -> io::Result<()> {
-    t.insert(META_LAST_APPLIED, encode(&m.last_applied)?.as_slice())
-        .map_err(io_err)?;
-    t.insert(META_MEMBERSHIP, encode(&m.membership)?.as_slice())
-        .map_err(io_err)?;
-    t.insert(META_NOW, encode(&m.now)?.as_slice())
-        .map_err(io_err)?;
+    t.insert(META_LAST_APPLIED, encode(&m.last_applied)?.as_slice()).map_err(io_err)?;
+    t.insert(META_MEMBERSHIP, encode(&m.membership)?.as_slice()).map_err(io_err)?;
+    t.insert(META_NOW, encode(&m.now)?.as_slice()).map_err(io_err)?;
     Ok(())
 }
 
 /// Rebuilds a shard's in-memory indexes from its records.
-pub fn load_core(
-    db: &Database,
-    shard_no: usize,
-    shards: usize,
-    now: TimeMs,
-) -> io::Result<ShardCore> {
+pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> io::Result<ShardCore> {
     let mut core = ShardCore::new(shard_no, shards);
     core.now = now;
     let txn = db.begin_read().map_err(io_err)?;
@@ -110,9 +102,7 @@ impl TaskStore for RedbTaskStore<'_> {
     }
 
     fn put(&mut self, task: &Task) -> io::Result<()> {
-        self.tasks
-            .insert(task.id.0.as_slice(), encode(task)?.as_slice())
-            .map_err(io_err)?;
+        self.tasks.insert(task.id.0.as_slice(), encode(task)?.as_slice()).map_err(io_err)?;
         Ok(())
     }
 
@@ -122,27 +112,19 @@ impl TaskStore for RedbTaskStore<'_> {
     }
 
     fn get_key(&mut self, tenant: &str, key: &str) -> io::Result<Option<KeyRecord>> {
-        match self
-            .keys
-            .get(key_bytes(tenant, key).as_slice())
-            .map_err(io_err)?
-        {
+        match self.keys.get(key_bytes(tenant, key).as_slice()).map_err(io_err)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> io::Result<()> {
-        self.keys
-            .insert(key_bytes(tenant, key).as_slice(), encode(rec)?.as_slice())
-            .map_err(io_err)?;
+        self.keys.insert(key_bytes(tenant, key).as_slice(), encode(rec)?.as_slice()).map_err(io_err)?;
         Ok(())
     }
 
     fn remove_key(&mut self, tenant: &str, key: &str) -> io::Result<()> {
-        self.keys
-            .remove(key_bytes(tenant, key).as_slice())
-            .map_err(io_err)?;
+        self.keys.remove(key_bytes(tenant, key).as_slice()).map_err(io_err)?;
         Ok(())
     }
 }

@@ -21,18 +21,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use redb::{
-    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-};
+use redb::{Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, watch};
 
 use super::codec::{decode, encode, io_err};
 use super::shard::{self, RedbTaskStore, ShardMeta};
 use super::tables::*;
-use crate::queue::{
-    self, Effects, PartialResponse, Response, ShardCore, StateCounts, Task, TaskId, TimeMs,
-};
+use crate::queue::{self, Effects, PartialResponse, Response, ShardCore, StateCounts, Task, TaskId, TimeMs};
 use crate::raft::types::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// How often apply syncs the shard files. Bounds the log a restart re-applies; the log itself is always synced.
@@ -56,11 +52,7 @@ impl Shards {
         self.dbs.len()
     }
     fn applied(&self) -> (Option<LogId>, StoredMembership) {
-        let m = self
-            .metas
-            .iter()
-            .min_by_key(|m| m.last_applied.as_ref().map(|l| l.index))
-            .expect("at least one shard");
+        let m = self.metas.iter().min_by_key(|m| m.last_applied.as_ref().map(|l| l.index)).expect("at least one shard");
         (m.last_applied, m.membership.clone())
     }
     pub fn now(&self) -> TimeMs {
@@ -73,8 +65,9 @@ pub struct SmShared {
     shards: RwLock<Shards>,
     /// Ids of tasks that reached a terminal state, for result waiters.
     pub ended: broadcast::Sender<TaskId>,
-    /// Woken when a queue gains claimable work.
-    pub work: Notify,
+    /// Bumped whenever a queue gains claimable work (an enqueue, a retry, a lease expiry, a delayed task coming
+    /// due, a redrive); the claim dispatcher watches it.
+    pub work: watch::Sender<u64>,
     /// The last applied log index.
     pub applied: watch::Sender<u64>,
 }
@@ -93,26 +86,16 @@ impl SmShared {
     }
 
     /// Claim choice for the leader: see `queue::pick_ready`.
-    pub fn pick_ready(
-        &self,
-        tenant: &str,
-        queues: &[String],
-        count: usize,
-        skip: &HashSet<TaskId>,
-    ) -> Vec<TaskId> {
+    pub fn pick_ready(&self, tenant: &str, queues: &[String], count: usize, skip: &HashSet<TaskId>) -> Vec<TaskId> {
         queue::pick_ready(&self.read().cores, tenant, queues, count, skip)
     }
 
     /// Dead-lettered tasks of a queue, oldest first, at most `limit`.
     pub fn dead_letters(&self, tenant: &str, queue: &str, limit: usize) -> io::Result<Vec<Task>> {
-        let qk = queue::QueueKey {
-            tenant: tenant.to_string(),
-            queue: queue.to_string(),
-        };
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
         let (mut ids, dbs) = {
             let g = self.read();
-            let ids: Vec<(TimeMs, TaskId)> =
-                g.cores.iter().flat_map(|c| c.dead_letters(&qk)).collect();
+            let ids: Vec<(TimeMs, TaskId)> = g.cores.iter().flat_map(|c| c.dead_letters(&qk)).collect();
             (ids, g.dbs.clone())
         };
         ids.sort();
@@ -160,16 +143,10 @@ impl SmShared {
                 )));
             }
             let txn = db.begin_read().map_err(io_err)?;
-            let n = txn
-                .open_table(TASKS)
-                .map_err(io_err)?
-                .len()
-                .map_err(io_err)? as usize;
+            let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;
             let s = core.index_sizes();
             if s.ready + s.delayed + s.leases + s.retention + s.dead != n {
-                return Err(io::Error::other(format!(
-                    "shard {i}: {n} records but indexes {s:?}"
-                )));
+                return Err(io::Error::other(format!("shard {i}: {n} records but indexes {s:?}")));
             }
         }
         Ok(())
@@ -237,18 +214,9 @@ fn open_shards(sm: &Path, shards: usize) -> io::Result<Shards> {
         Err(e) => return Err(e),
     };
     if count != shards {
-        tracing::warn!(
-            configured = shards,
-            stored = count,
-            "data directory keeps its shard count"
-        );
+        tracing::warn!(configured = shards, stored = count, "data directory keeps its shard count");
     }
-    let mut out = Shards {
-        dbs: vec![],
-        cores: vec![],
-        metas: vec![],
-        last_sync: Instant::now(),
-    };
+    let mut out = Shards { dbs: vec![], cores: vec![], metas: vec![], last_sync: Instant::now() };
     for i in 0..count {
         let db = shard::open_db(&shard_path(sm, i))?;
         let meta = shard::read_meta(&db)?;
@@ -270,13 +238,10 @@ impl StateMachine {
         let shared = Arc::new(SmShared {
             shards: RwLock::new(set),
             ended: broadcast::channel(4096).0,
-            work: Notify::new(),
+            work: watch::channel(0).0,
             applied: watch::channel(applied).0,
         });
-        Ok(StateMachine {
-            shared,
-            dir: dir.to_path_buf(),
-        })
+        Ok(StateMachine { shared, dir: dir.to_path_buf() })
     }
 
     fn apply_batch(shared: &SmShared, entries: &[Entry]) -> io::Result<(Vec<Response>, Effects)> {
@@ -304,11 +269,8 @@ impl StateMachine {
             for entry in entries {
                 let log_id = entry.log_id;
                 let idx = log_id.index;
-                let behind: Vec<bool> = g
-                    .metas
-                    .iter()
-                    .map(|m| m.last_applied.as_ref().is_none_or(|l| l.index < idx))
-                    .collect();
+                let behind: Vec<bool> =
+                    g.metas.iter().map(|m| m.last_applied.as_ref().is_none_or(|l| l.index < idx)).collect();
                 let resp = match &entry.payload {
                     EntryPayload::Blank => Response::None,
                     EntryPayload::Membership(mem) => {
@@ -428,10 +390,7 @@ impl SnapshotBuilder {
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
-        let meta = SnapshotMeta {
-            last_log_id: last,
-            last_membership: self.header.membership.clone(),
-        };
+        let meta = SnapshotMeta { last_log_id: last, last_membership: self.header.membership.clone() };
         publish_current(&self.dir, &meta, &path)?;
         Ok((meta, path))
     }
@@ -439,15 +398,8 @@ impl SnapshotBuilder {
 
 /// Makes `path` the current snapshot and removes older snapshot files.
 fn publish_current(dir: &Path, meta: &SnapshotMeta, path: &Path) -> io::Result<()> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default()
-        .to_string();
-    let cur = CurrentSnapshot {
-        meta: meta.clone(),
-        file: name.clone(),
-    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    let cur = CurrentSnapshot { meta: meta.clone(), file: name.clone() };
     let meta_path = snap_dir(dir).join("current.meta");
     let tmp = meta_path.with_extension("tmp");
     fs::write(&tmp, encode(&cur)?)?;
@@ -478,23 +430,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             },
             dir: self.dir.clone(),
         };
-        let (meta, path) = tokio::task::spawn_blocking(move || me.write())
-            .await
-            .map_err(io_err)??;
+        let (meta, path) = tokio::task::spawn_blocking(move || me.write()).await.map_err(io_err)??;
         let file = tokio::fs::File::open(&path).await?;
-        Ok(Snapshot {
-            meta,
-            snapshot: file,
-        })
+        Ok(Snapshot { meta, snapshot: file })
     }
 }
 
-fn install_blocking(
-    shared: &SmShared,
-    dir: &Path,
-    meta: &SnapshotMeta,
-    mut file: fs::File,
-) -> io::Result<()> {
+fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file: fs::File) -> io::Result<()> {
     use std::io::Seek;
     file.seek(io::SeekFrom::Start(0))?;
     let shards = shared.read().count();
@@ -515,77 +457,47 @@ fn install_blocking(
     let mut magic = vec![0u8; SNAPSHOT_MAGIC.len()];
     r.read_exact(&mut magic)?;
     if magic != SNAPSHOT_MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a raftq snapshot",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a raftq snapshot"));
     }
     let (kind, head) = read_frame(&mut r)?;
     if kind != FRAME_HEADER {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "snapshot without header",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
     }
     let header: SnapHeader = decode(&head)?;
-    let dbs: Vec<Database> = (0..shards)
-        .map(|i| shard::open_db(&shard_path(&new, i)))
-        .collect::<io::Result<_>>()?;
-    let txns: Vec<redb::WriteTransaction> = dbs
-        .iter()
-        .map(|d| d.begin_write().map_err(io_err))
-        .collect::<io::Result<_>>()?;
+    let dbs: Vec<Database> = (0..shards).map(|i| shard::open_db(&shard_path(&new, i))).collect::<io::Result<_>>()?;
+    let txns: Vec<redb::WriteTransaction> =
+        dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<_>>()?;
     {
-        let mut tasks: Vec<_> = txns
-            .iter()
-            .map(|t| t.open_table(TASKS).map_err(io_err))
-            .collect::<io::Result<_>>()?;
-        let mut keys: Vec<_> = txns
-            .iter()
-            .map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err))
-            .collect::<io::Result<_>>()?;
+        let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut keys: Vec<_> =
+            txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut records = 0u64;
         loop {
             let (kind, body) = read_frame(&mut r)?;
             match kind {
                 FRAME_TASK => {
                     let t: Task = decode(&body)?;
-                    tasks[t.id.shard(shards)]
-                        .insert(t.id.0.as_slice(), body.as_slice())
-                        .map_err(io_err)?;
+                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), body.as_slice()).map_err(io_err)?;
                 }
                 FRAME_KEY => {
                     let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
                     let rec: queue::KeyRecord = decode(&v)?;
-                    keys[rec.task_id.shard(shards)]
-                        .insert(k.as_slice(), v.as_slice())
-                        .map_err(io_err)?;
+                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
                 }
                 FRAME_END => {
                     let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
                     if want != records {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "snapshot record count mismatch",
-                        ));
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
                     }
                     break;
                 }
-                _ => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "unknown snapshot frame",
-                    ))
-                }
+                _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
             }
             records += 1;
         }
     }
-    let sm_meta = ShardMeta {
-        last_applied: meta.last_log_id,
-        membership: meta.last_membership.clone(),
-        now: header.now,
-    };
+    let sm_meta =
+        ShardMeta { last_applied: meta.last_log_id, membership: meta.last_membership.clone(), now: header.now };
     for txn in txns {
         {
             let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
@@ -617,9 +529,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
     where
-        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
-            + Unpin
-            + OptionalSend,
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         let mut batch = Vec::new();
         let mut responders = Vec::new();
@@ -634,9 +544,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let last = batch.last().map(|e| e.log_id.index).unwrap_or(0);
         let shared = self.shared.clone();
         let (responses, fx) =
-            tokio::task::spawn_blocking(move || Self::apply_batch(&shared, &batch))
-                .await
-                .map_err(io_err)??;
+            tokio::task::spawn_blocking(move || Self::apply_batch(&shared, &batch)).await.map_err(io_err)??;
         for (responder, resp) in responders.into_iter().zip(responses) {
             if let Some(r) = responder {
                 r.send(resp);
@@ -646,7 +554,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let _ = self.shared.ended.send(id);
         }
         if !fx.ready.is_empty() {
-            self.shared.work.notify_waiters();
+            self.shared.work.send_modify(|v| *v += 1);
         }
         self.shared.applied.send_replace(last);
         Ok(())
@@ -658,21 +566,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let built = tokio::task::spawn_blocking(move || -> io::Result<SnapshotBuilder> {
             let mut g = shared.shards.write().unwrap_or_else(|p| p.into_inner());
             Self::sync_all(&mut g)?;
-            let txns = g
-                .dbs
-                .iter()
-                .map(|d| d.begin_read().map_err(io_err))
-                .collect::<io::Result<Vec<_>>>()?;
+            let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
             let (last_applied, membership) = g.applied();
-            Ok(SnapshotBuilder {
-                txns,
-                header: SnapHeader {
-                    last_applied,
-                    membership,
-                    now: g.now(),
-                },
-                dir,
-            })
+            Ok(SnapshotBuilder { txns, header: SnapHeader { last_applied, membership, now: g.now() }, dir })
         })
         .await;
         match built {
@@ -682,11 +578,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 tracing::error!(error = %e, "cannot start a snapshot");
                 SnapshotBuilder {
                     txns: vec![],
-                    header: SnapHeader {
-                        last_applied: None,
-                        membership: Default::default(),
-                        now: 0,
-                    },
+                    header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
                     dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
                 }
             }
@@ -694,21 +586,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: tokio::fs::File,
-    ) -> Result<(), io::Error> {
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: tokio::fs::File) -> Result<(), io::Error> {
         let shared = self.shared.clone();
         let dir = self.dir.clone();
         let meta2 = meta.clone();
         let file = snapshot.into_std().await;
-        tokio::task::spawn_blocking(move || install_blocking(&shared, &dir, &meta2, file))
-            .await
-            .map_err(io_err)??;
+        tokio::task::spawn_blocking(move || install_blocking(&shared, &dir, &meta2, file)).await.map_err(io_err)??;
         let idx = meta.last_log_id.as_ref().map(|l| l.index).unwrap_or(0);
         self.shared.applied.send_replace(idx);
-        self.shared.work.notify_waiters();
+        self.shared.work.send_modify(|v| *v += 1);
         Ok(())
     }
 
@@ -720,9 +606,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let cur: CurrentSnapshot = decode(&bytes)?;
         let file = tokio::fs::File::open(snap_dir(&self.dir).join(&cur.file)).await?;
-        Ok(Some(Snapshot {
-            meta: cur.meta,
-            snapshot: file,
-        }))
+        Ok(Some(Snapshot { meta: cur.meta, snapshot: file }))
     }
 }

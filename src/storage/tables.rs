@@ -9,8 +9,7 @@ pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_lo
 /// Task records of one shard by 16-byte task id.
 pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
 /// Idempotency keys of one shard: `tenant \0 key` -> key record.
-pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> =
-    TableDefinition::new("idempotency_keys");
+pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
 /// Shard metadata: `last_applied`, `membership`, `now`.
 pub const SHARD_META: TableDefinition<&str, &[u8]> = TableDefinition::new("shard_meta");
 

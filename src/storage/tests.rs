@@ -13,9 +13,7 @@ use crate::raft::types::{Entry, LogId, TypeConfig};
 struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
-    async fn build(
-        &self,
-    ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = LogStore::open(&dir.path().join("raft-log.redb")).expect("open log");
         let sm = StateMachine::open(dir.path(), 4).expect("open state machine");
@@ -25,23 +23,15 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openraft_storage_suite_passes() {
-    Suite::test_all(Builder)
-        .await
-        .expect("openraft storage suite");
+    Suite::test_all(Builder).await.expect("openraft storage suite");
 }
 
 fn log_id(term: u64, index: u64) -> LogId {
-    openraft::LogId::new(
-        openraft::impls::leader_id_adv::LeaderId { term, node_id: 1 },
-        index,
-    )
+    openraft::LogId::new(openraft::impls::leader_id_adv::LeaderId { term, node_id: 1 }, index)
 }
 
 fn entry(index: u64, req: Request) -> Entry {
-    Entry {
-        log_id: log_id(1, index),
-        payload: openraft::EntryPayload::Normal(req),
-    }
+    Entry { log_id: log_id(1, index), payload: openraft::EntryPayload::Normal(req) }
 }
 
 fn new_task(i: u64, key: Option<&str>) -> NewTask {
@@ -58,11 +48,7 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         webhook_url: None,
         traceparent: None,
         tracestate: None,
-        retry: RetryPolicy {
-            base_ms: 100,
-            max_ms: 1_000,
-            exponential: true,
-        },
+        retry: RetryPolicy { base_ms: 100, max_ms: 1_000, exponential: true },
         retention_ms: 1_000_000,
     }
 }
@@ -74,19 +60,13 @@ async fn apply(sm: &mut StateMachine, entries: Vec<Entry>) {
 
 /// All records of a state machine, by id.
 fn dump(sm: &StateMachine) -> BTreeMap<TaskId, Task> {
-    let ids: Vec<TaskId> = (0..40u64)
-        .map(|i| TaskId::new(1_000, i as u16, i))
-        .collect();
-    ids.iter()
-        .filter_map(|id| sm.shared.get_task(id).expect("read").map(|t| (*id, t)))
-        .collect()
+    let ids: Vec<TaskId> = (0..40u64).map(|i| TaskId::new(1_000, i as u16, i)).collect();
+    ids.iter().filter_map(|id| sm.shared.get_task(id).expect("read").map(|t| (*id, t))).collect()
 }
 
 async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
     let mut sm = StateMachine::open(dir, shards).expect("open");
-    let items: Vec<NewTask> = (0..40)
-        .map(|i| new_task(i, if i % 4 == 0 { Some("k") } else { None }))
-        .collect();
+    let items: Vec<NewTask> = (0..40).map(|i| new_task(i, if i % 4 == 0 { Some("k") } else { None })).collect();
     let claim: Vec<ClaimItem> = (1..6)
         .map(|i| ClaimItem {
             task_id: TaskId::new(1_000, i, i as u64),
@@ -98,30 +78,9 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
     apply(
         &mut sm,
         vec![
-            entry(
-                1,
-                Request {
-                    time_ms: 1_000,
-                    seed: 1,
-                    command: Command::Enqueue(items),
-                },
-            ),
-            entry(
-                2,
-                Request {
-                    time_ms: 1_001,
-                    seed: 2,
-                    command: Command::Claim(claim),
-                },
-            ),
-            entry(
-                3,
-                Request {
-                    time_ms: 1_200,
-                    seed: 3,
-                    command: Command::Tick,
-                },
-            ),
+            entry(1, Request { time_ms: 1_000, seed: 1, command: Command::Enqueue(items) }),
+            entry(2, Request { time_ms: 1_001, seed: 2, command: Command::Claim(claim) }),
+            entry(3, Request { time_ms: 1_200, seed: 3, command: Command::Tick }),
         ],
     )
     .await;
@@ -136,44 +95,23 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert!(before.len() > 20);
     assert!(before.values().any(|t| t.state == TaskState::InProgress));
 
-    let snap = leader
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("build");
+    let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
     assert_eq!(snap.meta.last_log_id, Some(log_id(1, 3)));
 
     // A follower with a different shard count installs it and holds the same records and time.
     let b = tempfile::tempdir().expect("dir");
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
-    follower
-        .install_snapshot(&snap.meta, snap.snapshot)
-        .await
-        .expect("install");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
     assert_eq!(dump(&follower), before);
-    assert_eq!(
-        follower.applied_state().await.expect("applied").0,
-        Some(log_id(1, 3))
-    );
+    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 3)));
     assert_eq!(follower.shared.now(), leader.shared.now());
-    follower
-        .shared
-        .check_indexes()
-        .expect("indexes agree with records");
+    follower.shared.check_indexes().expect("indexes agree with records");
     let queues = vec!["q".to_string()];
     let none = Default::default();
-    assert_eq!(
-        follower.shared.pick_ready("t", &queues, 50, &none),
-        leader.shared.pick_ready("t", &queues, 50, &none)
-    );
+    assert_eq!(follower.shared.pick_ready("t", &queues, 50, &none), leader.shared.pick_ready("t", &queues, 50, &none));
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
-    let cur = follower
-        .get_current_snapshot()
-        .await
-        .expect("current")
-        .expect("some");
+    let cur = follower.get_current_snapshot().await.expect("current").expect("some");
     assert_eq!(cur.meta.last_log_id, Some(log_id(1, 3)));
     drop(follower);
     let reopened = StateMachine::open(b.path(), 3).expect("reopen");
@@ -200,29 +138,15 @@ async fn log_store_reopens_with_entries_vote_and_purge() {
     let path = dir.path().join("raft-log.redb");
     {
         let mut log = LogStore::open(&path).expect("open");
-        let entries: Vec<Entry> = (1..=10)
-            .map(|i| {
-                entry(
-                    i,
-                    Request {
-                        time_ms: i,
-                        seed: 0,
-                        command: Command::Tick,
-                    },
-                )
-            })
-            .collect();
+        let entries: Vec<Entry> =
+            (1..=10).map(|i| entry(i, Request { time_ms: i, seed: 0, command: Command::Tick })).collect();
         let (tx, rx) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
-        log.append(entries, openraft::storage::IOFlushed::signal(tx))
-            .await
-            .expect("append");
+        log.append(entries, openraft::storage::IOFlushed::signal(tx)).await.expect("append");
         rx.await.expect("flushed").expect("flush ok");
         let vote = openraft::impls::Vote::new(7, 1);
         log.save_vote(&vote).await.expect("vote");
         log.purge(log_id(1, 3)).await.expect("purge");
-        log.truncate_after(Some(log_id(1, 8)))
-            .await
-            .expect("truncate");
+        log.truncate_after(Some(log_id(1, 8))).await.expect("truncate");
         // One more durable write so the purge and truncate above are on disk.
         log.save_vote(&vote).await.expect("vote");
     }
@@ -232,12 +156,6 @@ async fn log_store_reopens_with_entries_vote_and_purge() {
     assert_eq!(state.last_log_id, Some(log_id(1, 8)));
     use openraft::RaftLogReader;
     let got = log.try_get_log_entries(0..100).await.expect("read");
-    assert_eq!(
-        got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-        vec![4, 5, 6, 7, 8]
-    );
-    assert_eq!(
-        log.read_vote().await.expect("vote"),
-        Some(openraft::impls::Vote::new(7, 1))
-    );
+    assert_eq!(got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), vec![4, 5, 6, 7, 8]);
+    assert_eq!(log.read_vote().await.expect("vote"), Some(openraft::impls::Vote::new(7, 1)));
 }

@@ -14,73 +14,36 @@ fn fast(c: &mut raftq::config::Config) {
     c.retry_exponential = false;
 }
 
-async fn claim(
-    c: &mut Client,
-    queue: &str,
-    count: u32,
-    lease_ms: u64,
-    wait_ms: u64,
-) -> Vec<pb::Task> {
-    c.claim(pb::ClaimRequest {
-        worker_id: "w1".into(),
-        queues: vec![queue.into()],
-        count,
-        lease_ms,
-        wait_ms,
-    })
-    .await
-    .expect("claim")
-    .into_inner()
-    .tasks
+async fn claim(c: &mut Client, queue: &str, count: u32, lease_ms: u64, wait_ms: u64) -> Vec<pb::Task> {
+    c.claim(pb::ClaimRequest { worker_id: "w1".into(), queues: vec![queue.into()], count, lease_ms, wait_ms })
+        .await
+        .expect("claim")
+        .into_inner()
+        .tasks
 }
 
 fn token(t: &pb::Task) -> u64 {
     t.lease.as_ref().expect("claimed task has a lease").token
 }
 
-async fn ack(
-    c: &mut Client,
-    t: &pb::Task,
-    tok: u64,
-    action: Action,
-) -> Result<pb::AckResponse, tonic::Status> {
-    c.ack(pb::AckRequest {
-        task_id: t.id.clone(),
-        token: tok,
-        action: Some(action),
-    })
-    .await
-    .map(|r| r.into_inner())
+async fn ack(c: &mut Client, t: &pb::Task, tok: u64, action: Action) -> Result<pb::AckResponse, tonic::Status> {
+    c.ack(pb::AckRequest { task_id: t.id.clone(), token: tok, action: Some(action) }).await.map(|r| r.into_inner())
 }
 
 fn complete(result: &str) -> Action {
-    Action::Complete(pb::Complete {
-        result: result.as_bytes().to_vec().into(),
-    })
+    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into() })
 }
 
 fn fail(retryable: bool) -> Action {
-    Action::Fail(pb::Fail {
-        error: "boom".into(),
-        retryable,
-    })
+    Action::Fail(pb::Fail { error: "boom".into(), retryable })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_claim_complete_and_read_the_result() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
-    let id = c
-        .enqueue(enq("emails", "hello"))
-        .await
-        .expect("enqueue")
-        .into_inner()
-        .task_id;
-    let t = c
-        .get_task(pb::GetTaskRequest { id: id.clone() })
-        .await
-        .expect("get")
-        .into_inner();
+    let id = c.enqueue(enq("emails", "hello")).await.expect("enqueue").into_inner().task_id;
+    let t = c.get_task(pb::GetTaskRequest { id: id.clone() }).await.expect("get").into_inner();
     assert_eq!(t.state, pb::TaskState::Pending as i32);
     assert_eq!(&t.payload[..], b"hello");
     assert_eq!(t.tenant, "default");
@@ -90,16 +53,10 @@ async fn enqueue_claim_complete_and_read_the_result() {
     assert_eq!(got[0].id, id);
     assert_eq!(got[0].attempts, 1);
     assert_eq!(got[0].state, pb::TaskState::InProgress as i32);
-    let r = ack(&mut c, &got[0], token(&got[0]), complete("done"))
-        .await
-        .expect("complete");
+    let r = ack(&mut c, &got[0], token(&got[0]), complete("done")).await.expect("complete");
     assert_eq!(r.state, pb::TaskState::Completed as i32);
 
-    let res = c
-        .get_result(pb::GetResultRequest { id, wait_ms: 0 })
-        .await
-        .expect("result")
-        .into_inner();
+    let res = c.get_result(pb::GetResultRequest { id, wait_ms: 0 }).await.expect("result").into_inner();
     assert!(res.done);
     assert_eq!(res.state, pb::TaskState::Completed as i32);
     assert_eq!(&res.result[..], b"done");
@@ -111,54 +68,26 @@ async fn enqueue_claim_complete_and_read_the_result() {
 async fn get_result_waits_until_the_task_ends() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
-    let id = c
-        .enqueue(enq("q", "x"))
-        .await
-        .expect("enqueue")
-        .into_inner()
-        .task_id;
+    let id = c.enqueue(enq("q", "x")).await.expect("enqueue").into_inner().task_id;
     let mut waiter = c.clone();
     let wid = id.clone();
     let wait = tokio::spawn(async move {
         let start = Instant::now();
-        let r = waiter
-            .get_result(pb::GetResultRequest {
-                id: wid,
-                wait_ms: 10_000,
-            })
-            .await
-            .expect("result");
+        let r = waiter.get_result(pb::GetResultRequest { id: wid, wait_ms: 10_000 }).await.expect("result");
         (r.into_inner(), start.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = claim(&mut c, "q", 1, 30_000, 0).await.remove(0);
-    ack(&mut c, &t, token(&t), complete("r"))
-        .await
-        .expect("complete");
+    ack(&mut c, &t, token(&t), complete("r")).await.expect("complete");
     let (res, took) = wait.await.expect("join");
     assert!(res.done, "the waiter saw the end");
     assert_eq!(&res.result[..], b"r");
-    assert!(
-        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(5), "{took:?}");
 
     // A bounded wait on a task that does not end returns the current state when the wait runs out.
-    let id2 = c
-        .enqueue(enq("q", "y"))
-        .await
-        .expect("enqueue")
-        .into_inner()
-        .task_id;
+    let id2 = c.enqueue(enq("q", "y")).await.expect("enqueue").into_inner().task_id;
     let start = Instant::now();
-    let r = c
-        .get_result(pb::GetResultRequest {
-            id: id2,
-            wait_ms: 200,
-        })
-        .await
-        .expect("result")
-        .into_inner();
+    let r = c.get_result(pb::GetResultRequest { id: id2, wait_ms: 200 }).await.expect("result").into_inner();
     assert!(!r.done);
     assert!(start.elapsed() >= Duration::from_millis(200));
 }
@@ -170,67 +99,30 @@ async fn invalid_input_is_rejected_with_stable_reasons() {
     let bad = [
         enq("", "x"),
         enq("has space", "x"),
-        pb::EnqueueRequest {
-            priority: 10,
-            ..enq("q", "x")
-        },
-        pb::EnqueueRequest {
-            payload: vec![0u8; 1024 * 1024 + 1].into(),
-            ..enq("q", "x")
-        },
-        pb::EnqueueRequest {
-            webhook_url: "not a url".into(),
-            ..enq("q", "x")
-        },
-        pb::EnqueueRequest {
-            idempotency_key: "k".repeat(300),
-            ..enq("q", "x")
-        },
-        pb::EnqueueRequest {
-            delay_ms: u64::MAX,
-            ..enq("q", "x")
-        },
+        pb::EnqueueRequest { priority: 10, ..enq("q", "x") },
+        pb::EnqueueRequest { payload: vec![0u8; 1024 * 1024 + 1].into(), ..enq("q", "x") },
+        pb::EnqueueRequest { webhook_url: "not a url".into(), ..enq("q", "x") },
+        pb::EnqueueRequest { idempotency_key: "k".repeat(300), ..enq("q", "x") },
+        pb::EnqueueRequest { delay_ms: u64::MAX, ..enq("q", "x") },
     ];
     for req in bad {
         let e = c.enqueue(req).await.expect_err("rejected");
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert_eq!(reason(&e), "INVALID_ARGUMENT", "{e:?}");
     }
-    let e = c
-        .get_task(pb::GetTaskRequest { id: "nope".into() })
-        .await
-        .expect_err("bad id");
+    let e = c.get_task(pb::GetTaskRequest { id: "nope".into() }).await.expect_err("bad id");
     assert_eq!(reason(&e), "INVALID_ARGUMENT");
-    let e = c
-        .get_task(pb::GetTaskRequest { id: "0".repeat(32) })
-        .await
-        .expect_err("unknown id");
+    let e = c.get_task(pb::GetTaskRequest { id: "0".repeat(32) }).await.expect_err("unknown id");
     assert_eq!(e.code(), tonic::Code::NotFound);
     assert_eq!(reason(&e), "NOT_FOUND");
     let e = c
-        .claim(pb::ClaimRequest {
-            worker_id: "w".into(),
-            queues: vec!["q".into()],
-            count: 1,
-            lease_ms: 1,
-            wait_ms: 0,
-        })
+        .claim(pb::ClaimRequest { worker_id: "w".into(), queues: vec!["q".into()], count: 1, lease_ms: 1, wait_ms: 0 })
         .await
         .expect_err("lease too short");
     assert_eq!(reason(&e), "INVALID_ARGUMENT");
-    let e = c
-        .ack(pb::AckRequest {
-            task_id: "0".repeat(32),
-            token: 1,
-            action: None,
-        })
-        .await
-        .expect_err("no action");
+    let e = c.ack(pb::AckRequest { task_id: "0".repeat(32), token: 1, action: None }).await.expect_err("no action");
     assert_eq!(reason(&e), "INVALID_ARGUMENT");
-    let e = c
-        .enqueue_batch(pb::EnqueueBatchRequest { items: vec![] })
-        .await
-        .expect_err("empty batch");
+    let e = c.enqueue_batch(pb::EnqueueBatchRequest { items: vec![] }).await.expect_err("empty batch");
     assert_eq!(reason(&e), "INVALID_ARGUMENT");
     // Nothing was stored by any of it.
     assert!(claim(&mut c, "q", 10, 30_000, 0).await.is_empty());
@@ -241,11 +133,7 @@ async fn enqueue_batch_items_succeed_or_fail_one_by_one() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
     let items = vec![enq("q", "a"), enq("bad queue", "b"), enq("q", "c")];
-    let r = c
-        .enqueue_batch(pb::EnqueueBatchRequest { items })
-        .await
-        .expect("batch")
-        .into_inner();
+    let r = c.enqueue_batch(pb::EnqueueBatchRequest { items }).await.expect("batch").into_inner();
     assert_eq!(r.results.len(), 3);
     use pb::enqueue_result::Result as R;
     assert!(matches!(&r.results[0].result, Some(R::Ok(_))));
@@ -253,31 +141,20 @@ async fn enqueue_batch_items_succeed_or_fail_one_by_one() {
     assert!(matches!(&r.results[2].result, Some(R::Ok(_))));
     let got = claim(&mut c, "q", 10, 30_000, 0).await;
     let payloads: Vec<&[u8]> = got.iter().map(|t| &t.payload[..]).collect();
-    assert_eq!(
-        payloads,
-        vec![&b"a"[..], &b"c"[..]],
-        "FIFO within a priority"
-    );
+    assert_eq!(payloads, vec![&b"a"[..], &b"c"[..]], "FIFO within a priority");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_key_returns_the_original_task() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
-    let req = pb::EnqueueRequest {
-        idempotency_key: "order-42".into(),
-        ..enq("q", "x")
-    };
+    let req = pb::EnqueueRequest { idempotency_key: "order-42".into(), ..enq("q", "x") };
     let a = c.enqueue(req.clone()).await.expect("first").into_inner();
     let b = c.enqueue(req).await.expect("repeat").into_inner();
     assert!(!a.duplicate);
     assert!(b.duplicate);
     assert_eq!(a.task_id, b.task_id);
-    assert_eq!(
-        claim(&mut c, "q", 10, 30_000, 0).await.len(),
-        1,
-        "only one task was created"
-    );
+    assert_eq!(claim(&mut c, "q", 10, 30_000, 0).await.len(), 1, "only one task was created");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,18 +162,10 @@ async fn higher_priority_is_claimed_first() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
     for (p, name) in [(1, "low"), (9, "high"), (5, "mid"), (9, "high2")] {
-        c.enqueue(pb::EnqueueRequest {
-            priority: p,
-            ..enq("q", name)
-        })
-        .await
-        .expect("enqueue");
+        c.enqueue(pb::EnqueueRequest { priority: p, ..enq("q", name) }).await.expect("enqueue");
     }
     let got = claim(&mut c, "q", 10, 30_000, 0).await;
-    let order: Vec<String> = got
-        .iter()
-        .map(|t| String::from_utf8_lossy(&t.payload).to_string())
-        .collect();
+    let order: Vec<String> = got.iter().map(|t| String::from_utf8_lossy(&t.payload).to_string()).collect();
     assert_eq!(order, vec!["high", "high2", "mid", "low"]);
 }
 
@@ -313,20 +182,12 @@ async fn stale_token_is_rejected_and_changes_nothing() {
     assert_eq!(again[0].id, t.id);
     assert_eq!(again[0].attempts, 2);
     assert!(token(&again[0]) > token(&t), "fencing tokens grow");
-    let e = ack(&mut c, &t, token(&t), complete("late"))
-        .await
-        .expect_err("stale");
+    let e = ack(&mut c, &t, token(&t), complete("late")).await.expect_err("stale");
     assert_eq!(reason(&e), "LEASE_LOST");
-    let cur = c
-        .get_task(pb::GetTaskRequest { id: t.id.clone() })
-        .await
-        .expect("get")
-        .into_inner();
+    let cur = c.get_task(pb::GetTaskRequest { id: t.id.clone() }).await.expect("get").into_inner();
     assert_eq!(cur.state, pb::TaskState::InProgress as i32);
     assert_eq!(token(&cur), token(&again[0]));
-    ack(&mut c, &again[0], token(&again[0]), complete("ok"))
-        .await
-        .expect("current token works");
+    ack(&mut c, &again[0], token(&again[0]), complete("ok")).await.expect("current token works");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,19 +198,10 @@ async fn heartbeat_keeps_the_lease_alive() {
     let t = claim(&mut c, "q", 1, 300, 0).await.remove(0);
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = ack(
-            &mut c,
-            &t,
-            token(&t),
-            Action::Heartbeat(pb::Heartbeat { extend_ms: 300 }),
-        )
-        .await
-        .expect("hb");
+        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300 })).await.expect("hb");
         assert_eq!(r.state, pb::TaskState::InProgress as i32);
     }
-    ack(&mut c, &t, token(&t), complete("ok"))
-        .await
-        .expect("still ours after 600 ms on a 300 ms lease");
+    ack(&mut c, &t, token(&t), complete("ok")).await.expect("still ours after 600 ms on a 300 ms lease");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,10 +209,7 @@ async fn failed_attempts_dead_letter_then_redrive_and_purge() {
     let n = TestNode::start_with(fast).await;
     let mut c = n.client().await;
     let id = c
-        .enqueue(pb::EnqueueRequest {
-            max_attempts: 2,
-            ..enq("jobs", "payload-1")
-        })
+        .enqueue(pb::EnqueueRequest { max_attempts: 2, ..enq("jobs", "payload-1") })
         .await
         .expect("enqueue")
         .into_inner()
@@ -371,10 +220,7 @@ async fn failed_attempts_dead_letter_then_redrive_and_purge() {
         ack(&mut c, &t, token(&t), fail(true)).await.expect("fail");
     }
     let dl = c
-        .list_dead_letters(pb::ListDeadLettersRequest {
-            queue: "jobs".into(),
-            limit: 0,
-        })
+        .list_dead_letters(pb::ListDeadLettersRequest { queue: "jobs".into(), limit: 0 })
         .await
         .expect("list")
         .into_inner()
@@ -384,73 +230,37 @@ async fn failed_attempts_dead_letter_then_redrive_and_purge() {
     assert_eq!(&dl[0].payload[..], b"payload-1");
     assert_eq!(dl[0].last_error, "boom");
     assert_eq!(dl[0].state, pb::TaskState::DeadLettered as i32);
-    assert!(
-        claim(&mut c, "jobs", 1, 30_000, 0).await.is_empty(),
-        "dead letters are not claimable"
-    );
+    assert!(claim(&mut c, "jobs", 1, 30_000, 0).await.is_empty(), "dead letters are not claimable");
 
     let r = c
-        .redrive(pb::DeadLetterSelection {
-            queue: "jobs".into(),
-            ids: vec![id.clone()],
-            all: false,
-        })
+        .redrive(pb::DeadLetterSelection { queue: "jobs".into(), ids: vec![id.clone()], all: false })
         .await
         .expect("redrive")
         .into_inner();
     assert_eq!(r.ids, vec![id.clone()]);
     let t = claim(&mut c, "jobs", 1, 30_000, 0).await.remove(0);
     assert_eq!(t.attempts, 1, "redrive resets attempts");
-    ack(&mut c, &t, token(&t), fail(false))
-        .await
-        .expect("terminal fail");
-    let res = c
-        .get_result(pb::GetResultRequest {
-            id: id.clone(),
-            wait_ms: 0,
-        })
-        .await
-        .expect("result")
-        .into_inner();
+    ack(&mut c, &t, token(&t), fail(false)).await.expect("terminal fail");
+    let res = c.get_result(pb::GetResultRequest { id: id.clone(), wait_ms: 0 }).await.expect("result").into_inner();
     assert_eq!(res.state, pb::TaskState::Failed as i32);
     assert_eq!(res.error, "boom");
 
     // A second task goes to the dead-letter queue and is purged.
     let id2 = c
-        .enqueue(pb::EnqueueRequest {
-            max_attempts: 1,
-            ..enq("jobs", "p2")
-        })
+        .enqueue(pb::EnqueueRequest { max_attempts: 1, ..enq("jobs", "p2") })
         .await
         .expect("enqueue")
         .into_inner()
         .task_id;
     let t = claim(&mut c, "jobs", 1, 30_000, 0).await.remove(0);
-    ack(
-        &mut c,
-        &t,
-        token(&t),
-        Action::Nack(pb::Nack {
-            delay_ms: 0,
-            reason: "no".into(),
-        }),
-    )
-    .await
-    .expect("nack");
+    ack(&mut c, &t, token(&t), Action::Nack(pb::Nack { delay_ms: 0, reason: "no".into() })).await.expect("nack");
     let r = c
-        .purge_dead_letters(pb::DeadLetterSelection {
-            queue: "jobs".into(),
-            ids: vec![],
-            all: true,
-        })
+        .purge_dead_letters(pb::DeadLetterSelection { queue: "jobs".into(), ids: vec![], all: true })
         .await
         .expect("purge")
         .into_inner();
     assert_eq!(r.ids, vec![id2.clone()]);
-    let e = c
-        .get_task(pb::GetTaskRequest { id: id2 })
-        .await
-        .expect_err("purged");
+    let e = c.get_task(pb::GetTaskRequest { id: id2 }).await.expect_err("purged");
     assert_eq!(reason(&e), "NOT_FOUND");
 }
 
@@ -458,18 +268,11 @@ async fn failed_attempts_dead_letter_then_redrive_and_purge() {
 async fn abandon_returns_the_task_without_using_an_attempt() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
-    c.enqueue(pb::EnqueueRequest {
-        max_attempts: 1,
-        ..enq("q", "x")
-    })
-    .await
-    .expect("enqueue");
+    c.enqueue(pb::EnqueueRequest { max_attempts: 1, ..enq("q", "x") }).await.expect("enqueue");
     for _ in 0..3 {
         let t = claim(&mut c, "q", 1, 30_000, 0).await.remove(0);
         assert_eq!(t.attempts, 1);
-        let r = ack(&mut c, &t, token(&t), Action::Abandon(pb::Abandon {}))
-            .await
-            .expect("abandon");
+        let r = ack(&mut c, &t, token(&t), Action::Abandon(pb::Abandon {})).await.expect("abandon");
         assert_eq!(r.state, pb::TaskState::Pending as i32);
     }
 }
@@ -479,24 +282,12 @@ async fn delayed_task_is_claimable_only_after_its_delay() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
     let start = Instant::now();
-    c.enqueue(pb::EnqueueRequest {
-        delay_ms: 400,
-        ..enq("q", "later")
-    })
-    .await
-    .expect("enqueue");
+    c.enqueue(pb::EnqueueRequest { delay_ms: 400, ..enq("q", "later") }).await.expect("enqueue");
     assert!(claim(&mut c, "q", 1, 30_000, 0).await.is_empty());
     let got = claim(&mut c, "q", 1, 30_000, 5_000).await;
-    assert_eq!(
-        got.len(),
-        1,
-        "a parked claim is woken when the delayed task comes due"
-    );
+    assert_eq!(got.len(), 1, "a parked claim is woken when the delayed task comes due");
     let waited = start.elapsed();
-    assert!(
-        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
-        "{waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(3), "{waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,55 +297,29 @@ async fn parked_claim_is_woken_by_an_enqueue() {
     let mut w = c.clone();
     let parked = tokio::spawn(async move {
         let start = Instant::now();
-        (
-            claim(&mut w, "wake", 1, 30_000, 10_000).await,
-            start.elapsed(),
-        )
+        (claim(&mut w, "wake", 1, 30_000, 10_000).await, start.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     c.enqueue(enq("wake", "now")).await.expect("enqueue");
     let (got, took) = parked.await.expect("join");
     assert_eq!(got.len(), 1);
-    assert!(
-        took < Duration::from_secs(3),
-        "woken by the enqueue, not by the timeout: {took:?}"
-    );
+    assert!(took < Duration::from_secs(3), "woken by the enqueue, not by the timeout: {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_a_running_task_and_its_token() {
     let n = TestNode::start().await;
     let mut c = n.client().await;
-    let pending = c
-        .enqueue(enq("q", "a"))
-        .await
-        .expect("enqueue")
-        .into_inner()
-        .task_id;
-    let r = c
-        .cancel(pb::CancelRequest {
-            id: pending.clone(),
-        })
-        .await
-        .expect("cancel")
-        .into_inner();
+    let pending = c.enqueue(enq("q", "a")).await.expect("enqueue").into_inner().task_id;
+    let r = c.cancel(pb::CancelRequest { id: pending.clone() }).await.expect("cancel").into_inner();
     assert_eq!(r.state, pb::TaskState::Cancelled as i32);
     c.enqueue(enq("q", "b")).await.expect("enqueue");
     let t = claim(&mut c, "q", 5, 30_000, 0).await;
     assert_eq!(t.len(), 1, "the cancelled task is not claimable");
-    c.cancel(pb::CancelRequest {
-        id: t[0].id.clone(),
-    })
-    .await
-    .expect("cancel running");
-    let e = ack(&mut c, &t[0], token(&t[0]), complete("x"))
-        .await
-        .expect_err("token no longer accepted");
+    c.cancel(pb::CancelRequest { id: t[0].id.clone() }).await.expect("cancel running");
+    let e = ack(&mut c, &t[0], token(&t[0]), complete("x")).await.expect_err("token no longer accepted");
     assert_eq!(reason(&e), "NOT_IN_PROGRESS");
-    let e = c
-        .cancel(pb::CancelRequest { id: pending })
-        .await
-        .expect_err("already ended");
+    let e = c.cancel(pb::CancelRequest { id: pending }).await.expect_err("already ended");
     assert_eq!(reason(&e), "ALREADY_ENDED");
 }
 
@@ -563,33 +328,14 @@ async fn ended_tasks_are_removed_after_retention_counted_from_the_end() {
     let n = TestNode::start_with(|c| c.retention_ms = 500).await;
     let mut c = n.client().await;
     // Pending for longer than the retention: it must stay.
-    let id = c
-        .enqueue(pb::EnqueueRequest {
-            delay_ms: 700,
-            ..enq("q", "x")
-        })
-        .await
-        .expect("e")
-        .into_inner()
-        .task_id;
+    let id = c.enqueue(pb::EnqueueRequest { delay_ms: 700, ..enq("q", "x") }).await.expect("e").into_inner().task_id;
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let t = c
-        .get_task(pb::GetTaskRequest { id: id.clone() })
-        .await
-        .expect("still there")
-        .into_inner();
+    let t = c.get_task(pb::GetTaskRequest { id: id.clone() }).await.expect("still there").into_inner();
     assert_eq!(t.state, pb::TaskState::Pending as i32);
     let t = claim(&mut c, "q", 1, 30_000, 0).await.remove(0);
-    ack(&mut c, &t, token(&t), complete("r"))
-        .await
-        .expect("complete");
+    ack(&mut c, &t, token(&t), complete("r")).await.expect("complete");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    c.get_result(pb::GetResultRequest {
-        id: id.clone(),
-        wait_ms: 0,
-    })
-    .await
-    .expect("kept right after the end");
+    c.get_result(pb::GetResultRequest { id: id.clone(), wait_ms: 0 }).await.expect("kept right after the end");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match c.get_task(pb::GetTaskRequest { id: id.clone() }).await {
@@ -606,35 +352,22 @@ async fn restart_keeps_every_task_and_lease() {
     let mut c = n.client().await;
     let mut ids = Vec::new();
     for i in 0..50 {
-        ids.push(
-            c.enqueue(enq("q", &format!("t{i}")))
-                .await
-                .expect("enqueue")
-                .into_inner()
-                .task_id,
-        );
+        ids.push(c.enqueue(enq("q", &format!("t{i}"))).await.expect("enqueue").into_inner().task_id);
     }
     let held = claim(&mut c, "q", 5, 60_000, 0).await;
     n.stop().await;
     n.restart().await;
     let mut c = n.client().await;
     for id in &ids {
-        c.get_task(pb::GetTaskRequest { id: id.clone() })
-            .await
-            .expect("kept");
+        c.get_task(pb::GetTaskRequest { id: id.clone() }).await.expect("kept");
     }
     // The leases survive the restart: the holder can still complete its tasks.
     for t in &held {
-        ack(&mut c, t, token(t), complete("ok"))
-            .await
-            .expect("complete after restart");
+        ack(&mut c, t, token(t), complete("ok")).await.expect("complete after restart");
     }
     let rest = claim(&mut c, "q", 100, 30_000, 0).await;
     assert_eq!(rest.len(), 45);
-    n.node()
-        .shared
-        .check_indexes()
-        .expect("indexes agree with records");
+    n.node().shared.check_indexes().expect("indexes agree with records");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,10 +32,7 @@ fn spawn(dir: &Path, ports: (u16, u16, u16), config: &Path) -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn raftq serve");
-    Server {
-        child,
-        grpc: format!("127.0.0.1:{}", ports.0),
-    }
+    Server { child, grpc: format!("127.0.0.1:{}", ports.0) }
 }
 
 impl Server {
@@ -43,10 +40,8 @@ impl Server {
     async fn ready(&self) -> Client {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc))
-                .expect("url")
-                .connect()
-                .await
+            if let Ok(ch) =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc)).expect("url").connect().await
             {
                 let mut c = raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
                 match c.get_task(pb::GetTaskRequest { id: "0".repeat(32) }).await {
@@ -66,11 +61,7 @@ impl Server {
 
     fn terminate(mut self) {
         let pid = self.child.id().to_string();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success();
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success();
         assert!(ok);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -111,9 +102,7 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 i += 1;
                 if p % 4 == 0 {
-                    let items = (0..10)
-                        .map(|k| enq("crash", &format!("p{p}-{i}-{k}")))
-                        .collect();
+                    let items = (0..10).map(|k| enq("crash", &format!("p{p}-{i}-{k}"))).collect();
                     match c.enqueue_batch(pb::EnqueueBatchRequest { items }).await {
                         Ok(r) => {
                             let mut a = acked.lock().expect("lock");
@@ -127,11 +116,7 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
                     }
                 } else {
                     match c.enqueue(enq("crash", &format!("p{p}-{i}"))).await {
-                        Ok(r) => acked
-                            .lock()
-                            .expect("lock")
-                            .enqueued
-                            .push(r.into_inner().task_id),
+                        Ok(r) => acked.lock().expect("lock").enqueued.push(r.into_inner().task_id),
                         Err(_) => break,
                     }
                 }
@@ -152,17 +137,8 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
                 let Ok(r) = c.claim(req).await else { break };
                 for t in r.into_inner().tasks {
                     let token = t.lease.as_ref().map(|l| l.token).unwrap_or(0);
-                    let action = pb::ack_request::Action::Complete(pb::Complete {
-                        result: b"ok".to_vec().into(),
-                    });
-                    match c
-                        .ack(pb::AckRequest {
-                            task_id: t.id.clone(),
-                            token,
-                            action: Some(action),
-                        })
-                        .await
-                    {
+                    let action = pb::ack_request::Action::Complete(pb::Complete { result: b"ok".to_vec().into() });
+                    match c.ack(pb::AckRequest { task_id: t.id.clone(), token, action: Some(action) }).await {
                         Ok(_) => acked.lock().expect("lock").completed.push(t.id),
                         Err(_) => return,
                     }
@@ -181,27 +157,15 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         let a = acked.lock().expect("lock");
         (a.enqueued.clone(), a.completed.clone())
     };
-    assert!(
-        enqueued.len() > 100,
-        "the load ran: {} enqueues acknowledged",
-        enqueued.len()
-    );
+    assert!(enqueued.len() > 100, "the load ran: {} enqueues acknowledged", enqueued.len());
 
     let server = spawn(&dir, ports, &config);
     let mut c = server.ready().await;
     let done: HashSet<&String> = completed.iter().collect();
     for id in &enqueued {
-        let t = c
-            .get_task(pb::GetTaskRequest { id: id.clone() })
-            .await
-            .expect("acknowledged task kept")
-            .into_inner();
+        let t = c.get_task(pb::GetTaskRequest { id: id.clone() }).await.expect("acknowledged task kept").into_inner();
         if done.contains(id) {
-            assert_eq!(
-                t.state,
-                pb::TaskState::Completed as i32,
-                "acknowledged completion kept for {id}"
-            );
+            assert_eq!(t.state, pb::TaskState::Completed as i32, "acknowledged completion kept for {id}");
         }
     }
     server.terminate();
@@ -209,10 +173,7 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
     // The stored state is exactly what replaying the log gives, and the indexes agree with the records.
     let log = raftq::storage::LogStore::open(&dir.join("raft-log.redb")).expect("open log");
     let mut reader = log.clone();
-    let entries = reader
-        .try_get_log_entries(0..u64::MAX)
-        .await
-        .expect("read log");
+    let entries = reader.try_get_log_entries(0..u64::MAX).await.expect("read log");
     drop(reader);
     drop(log);
     let mut model = MemMachine::new(4);
@@ -222,27 +183,16 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         }
     }
     let sm = raftq::storage::StateMachine::open(&dir, 4).expect("open state machine");
-    sm.shared
-        .check_indexes()
-        .expect("indexes agree with records");
+    sm.shared.check_indexes().expect("indexes agree with records");
     let mut stored = 0u64;
     for counts in sm.shared.counts(None).iter().map(|(_, c)| c) {
-        stored +=
-            counts.pending + counts.delayed + counts.in_progress + counts.completed + counts.failed;
+        stored += counts.pending + counts.delayed + counts.in_progress + counts.completed + counts.failed;
         stored += counts.cancelled + counts.dead_lettered;
     }
     let replayed: BTreeMap<TaskId, _> = model.tasks().map(|t| (t.id, t.clone())).collect();
-    assert_eq!(
-        stored as usize,
-        replayed.len(),
-        "same number of tasks as the replayed log"
-    );
+    assert_eq!(stored as usize, replayed.len(), "same number of tasks as the replayed log");
     for (id, t) in &replayed {
-        let s = sm
-            .shared
-            .get_task(id)
-            .expect("read")
-            .expect("replayed task is stored");
+        let s = sm.shared.get_task(id).expect("read").expect("replayed task is stored");
         assert_eq!(&s, t, "stored task equals the replayed one");
     }
     for id in &enqueued {

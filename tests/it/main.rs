@@ -3,4 +3,5 @@
 
 mod api;
 mod crash;
+mod stream;
 mod support;

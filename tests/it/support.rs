@@ -41,11 +41,7 @@ impl TestNode {
         let tmp = tempfile::tempdir().expect("temp dir");
         let mut cfg = test_config(tmp.path());
         f(&mut cfg);
-        let mut n = TestNode {
-            node: None,
-            cfg,
-            _tmp: Some(tmp),
-        };
+        let mut n = TestNode { node: None, cfg, _tmp: Some(tmp) };
         n.restart().await;
         n
     }
@@ -54,9 +50,7 @@ impl TestNode {
     pub async fn restart(&mut self) {
         assert!(self.node.is_none(), "stop the node first");
         let listeners = Listeners::bind(&self.cfg).await.expect("bind");
-        let node = Node::start(self.cfg.clone(), listeners, CancellationToken::new())
-            .await
-            .expect("start");
+        let node = Node::start(self.cfg.clone(), listeners, CancellationToken::new()).await.expect("start");
         wait_until(Duration::from_secs(10), || {
             raftq::raft::metrics(&node.raft).current_leader == Some(self.cfg.node_id)
         })
@@ -92,35 +86,20 @@ pub async fn connect(addr: &str) -> Client {
 pub async fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "condition not reached within {limit:?}"
-        );
+        assert!(Instant::now() < deadline, "condition not reached within {limit:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 pub fn enq(queue: &str, payload: &str) -> pb::EnqueueRequest {
-    pb::EnqueueRequest {
-        queue: queue.into(),
-        payload: payload.as_bytes().to_vec().into(),
-        ..Default::default()
-    }
+    pb::EnqueueRequest { queue: queue.into(), payload: payload.as_bytes().to_vec().into(), ..Default::default() }
 }
 
 /// The stable reason a status carries.
 pub fn reason(s: &tonic::Status) -> String {
-    s.metadata()
-        .get("x-raftq-reason")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
+    s.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }

@@ -1,0 +1,397 @@
+//! The worker and producer streams.
+//!
+//! A stream opens with Hello (authenticated once, fixing the caller's tenant) and then serves requests
+//! concurrently: each Ready, result or create is handled by its own task and answered with an event carrying the
+//! request's id (or sequence number). At most `stream_max_in_flight` requests of one stream are served at once
+//! and at most `stream_send_buffer` events wait to be sent, so a slow client gets backpressure, not unbounded
+//! memory. Leases belong to the replicated state, not to the stream: a worker that reconnects can still report on
+//! its tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::producer_stream_server::ProducerStream;
+use raftq_proto::v1::worker_stream_server::WorkerStream;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert;
+use super::error::{invalid, ApiError};
+use super::grpc::{authenticate, Caller};
+use crate::queue::{AckAction, AckItem, AckOutcome, ItemResult};
+use crate::raft::dispatcher::Dispatcher;
+use crate::raft::proposer::{wall_clock_ms, ProposeError, Proposer};
+
+/// How long a new stream may take to send its Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct StreamApi {
+    pub proposer: Arc<Proposer>,
+    pub dispatcher: Dispatcher,
+    pub shutdown: CancellationToken,
+}
+
+type Out<T> = mpsc::Sender<Result<T, Status>>;
+
+/// Reads the Hello every stream starts with; anything else first ends the stream.
+async fn hello<T>(
+    inbound: &mut Streaming<T>,
+    take: impl Fn(T) -> Option<pb::Hello>,
+) -> Result<(Caller, String), Status> {
+    let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+        .await
+        .map_err(|_| Status::from(invalid("HELLO_REQUIRED: no Hello within 10 s")))??
+        .ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the stream ended before Hello")))?;
+    let h = take(first).ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the first message must be Hello")))?;
+    let caller = authenticate(&h.token)?;
+    if h.worker_id.len() > 256 {
+        return Err(invalid("worker_id is longer than 256 characters").into());
+    }
+    let id = if h.worker_id.is_empty() { format!("anon-{:016x}", rand::random::<u64>()) } else { h.worker_id };
+    Ok((caller, id))
+}
+
+fn stream_error(request_id: u64, e: ApiError) -> pb::ServerEvent {
+    let leader_addr = match &e {
+        ApiError::NotLeader { leader_addr } => leader_addr.clone().unwrap_or_default(),
+        _ => String::new(),
+    };
+    pb::ServerEvent {
+        event: Some(pb::server_event::Event::Error(pb::StreamError {
+            request_id,
+            reason: e.reason().to_string(),
+            message: e.to_string(),
+            leader_addr,
+        })),
+    }
+}
+
+fn task_ack(request_id: u64, task_id: &str, r: Result<AckOutcome, ApiError>) -> pb::TaskAck {
+    match r {
+        Ok(o) => pb::TaskAck {
+            request_id,
+            task_id: task_id.to_string(),
+            applied: true,
+            reason: String::new(),
+            message: String::new(),
+            state: convert::state(o.state) as i32,
+            at_ms: o.at.min(i64::MAX as u64) as i64,
+        },
+        Err(e) => pb::TaskAck {
+            request_id,
+            task_id: task_id.to_string(),
+            applied: false,
+            reason: e.reason().to_string(),
+            message: e.to_string(),
+            state: 0,
+            at_ms: 0,
+        },
+    }
+}
+
+/// A worker request parsed into acks, keeping what is needed to answer it.
+struct AckRequest {
+    request_id: u64,
+    batch: bool,
+    /// Per item: its task id as sent, and the parsed item or why it was refused before proposing.
+    items: Vec<(String, Result<AckItem, ApiError>)>,
+}
+
+impl StreamApi {
+    fn parse_result(&self, tenant: &str, r: pb::Result) -> (String, Result<AckItem, ApiError>) {
+        let pb::Result { request_id: _, task_id, token, outcome } = r;
+        let action = match outcome {
+            Some(pb::result::Outcome::Completed(c)) => Some(pb::ack_request::Action::Complete(c)),
+            Some(pb::result::Outcome::Failed(f)) => Some(pb::ack_request::Action::Fail(f)),
+            None => None,
+        };
+        let item = self.ack_item(tenant, &task_id, token, action);
+        (task_id, item)
+    }
+
+    fn ack_item(
+        &self,
+        tenant: &str,
+        task_id: &str,
+        token: u64,
+        action: Option<pb::ack_request::Action>,
+    ) -> Result<AckItem, ApiError> {
+        Ok(AckItem {
+            task_id: convert::parse_id(task_id)?,
+            tenant: tenant.to_string(),
+            token,
+            action: convert::ack_action(&self.proposer.cfg, action)?,
+        })
+    }
+
+    async fn serve_acks(&self, req: AckRequest, out: &Out<pb::ServerEvent>) {
+        let valid: Vec<AckItem> = req.items.iter().filter_map(|(_, i)| i.as_ref().ok().cloned()).collect();
+        let applied: Result<Vec<ItemResult<AckOutcome>>, ProposeError> =
+            if valid.is_empty() { Ok(vec![]) } else { self.proposer.ack(valid).await };
+        let event = match applied {
+            Err(e) => stream_error(req.request_id, e.into()),
+            Ok(results) => {
+                let mut it = results.into_iter();
+                let acks: Vec<pb::TaskAck> = req
+                    .items
+                    .into_iter()
+                    .map(|(id, item)| {
+                        let r = match item {
+                            Err(e) => Err(e),
+                            Ok(_) => it.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
+                        };
+                        task_ack(req.request_id, &id, r)
+                    })
+                    .collect();
+                if req.batch {
+                    pb::ServerEvent {
+                        event: Some(pb::server_event::Event::AckBatch(pb::AckBatch {
+                            request_id: req.request_id,
+                            acks,
+                        })),
+                    }
+                } else {
+                    let ack = acks
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| task_ack(req.request_id, "", Err(invalid("empty request"))));
+                    pb::ServerEvent { event: Some(pb::server_event::Event::Ack(ack)) }
+                }
+            }
+        };
+        let _ = out.send(Ok(event)).await;
+    }
+
+    async fn serve_ready(&self, caller: &Caller, worker_id: &str, r: pb::Ready, out: &Out<pb::ServerEvent>) {
+        let pb::Ready { request_id, queues, lease_seconds, count, lease_ms } = r;
+        let cfg = &self.proposer.cfg;
+        let checked = (|| {
+            if queues.is_empty() || queues.len() > 64 {
+                return Err(invalid("Ready names 1 to 64 queues"));
+            }
+            for q in &queues {
+                convert::validate_queue(cfg, q)?;
+            }
+            if count as usize > cfg.max_batch_items {
+                return Err(invalid(format!("count must be at most {}", cfg.max_batch_items)));
+            }
+            let ms = if lease_ms > 0 { lease_ms } else { u64::from(lease_seconds) * 1000 };
+            convert::lease_ms(cfg, ms)
+        })();
+        let lease = match checked {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = out.send(Ok(stream_error(request_id, e))).await;
+                return;
+            }
+        };
+        let hold = Duration::from_millis(cfg.ready_hold_ms);
+        let rx = self.dispatcher.submit(&caller.tenant, worker_id, &queues, count.max(1) as usize, lease, hold);
+        let answer = match rx {
+            Err(e) => Err(e),
+            Ok(rx) => tokio::select! {
+                r = rx => r.unwrap_or_else(|_| Err(ProposeError::Fatal("shutting down".into()))),
+                // The client left: dropping `rx` withdraws the parked claim.
+                _ = out.closed() => return,
+            },
+        };
+        let event = match answer {
+            Ok(tasks) => pb::ServerEvent {
+                event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch {
+                    request_id,
+                    tasks: tasks.into_iter().map(convert::task).collect(),
+                })),
+            },
+            Err(e) => stream_error(request_id, e.into()),
+        };
+        let _ = out.send(Ok(event)).await;
+    }
+}
+
+/// Runs `serve` for each inbound message with at most `limit` at once, until the client closes the stream, it
+/// fails, or the node shuts down.
+async fn serve_inbound<T: Send + 'static>(
+    mut inbound: Streaming<T>,
+    limit: usize,
+    shutdown: CancellationToken,
+    serve: impl Fn(T) -> Option<futures::future::BoxFuture<'static, ()>>,
+) {
+    let permits = Arc::new(Semaphore::new(limit));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let msg = tokio::select! {
+            m = inbound.message() => m,
+            _ = shutdown.cancelled() => break,
+        };
+        let msg = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "stream ended");
+                break;
+            }
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        if let Some(fut) = serve(msg) {
+            tasks.spawn(async move {
+                fut.await;
+                drop(permit);
+            });
+        }
+        // Reap finished requests so the set stays small on long-lived streams.
+        while tasks.try_join_next().is_some() {}
+    }
+    // Requests already received are still answered while the client listens.
+    while tasks.join_next().await.is_some() {}
+}
+
+#[tonic::async_trait]
+impl WorkerStream for StreamApi {
+    type StreamStream = ReceiverStream<Result<pb::ServerEvent, Status>>;
+
+    async fn stream(&self, req: Request<Streaming<pb::WorkerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (caller, worker_id) = hello(&mut inbound, |e: pb::WorkerEvent| match e.event {
+            Some(pb::worker_event::Event::Hello(h)) => Some(h),
+            _ => None,
+        })
+        .await?;
+        let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
+        let ack = pb::HelloAck { worker_id: worker_id.clone(), tenant_id: caller.tenant.clone() };
+        let _ = tx.send(Ok(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(ack)) })).await;
+        tracing::debug!(worker_id, tenant = caller.tenant, "worker stream opened");
+        let api = Arc::new(self.clone());
+        let caller = Arc::new(caller);
+        let worker_id: Arc<str> = worker_id.into();
+        let limit = api.proposer.cfg.stream_max_in_flight;
+        let shutdown = api.shutdown.clone();
+        tokio::spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
+            use pb::worker_event::Event;
+            let (api, caller, worker_id, out) = (api.clone(), caller.clone(), worker_id.clone(), tx.clone());
+            let tenant = caller.tenant.clone();
+            let event = ev.event?;
+            Some(Box::pin(async move {
+                let acks = match event {
+                    Event::Ready(r) => {
+                        api.serve_ready(&caller, &worker_id, r, &out).await;
+                        return;
+                    }
+                    Event::Hello(_) => {
+                        let _ = out.send(Ok(stream_error(0, invalid("Hello was already received")))).await;
+                        return;
+                    }
+                    Event::Result(r) => {
+                        AckRequest { request_id: r.request_id, batch: false, items: vec![api.parse_result(&tenant, r)] }
+                    }
+                    Event::ResultBatch(b) => AckRequest {
+                        request_id: b.request_id,
+                        batch: true,
+                        items: b.results.into_iter().map(|r| api.parse_result(&tenant, r)).collect(),
+                    },
+                    Event::Nack(n) => {
+                        let action = pb::ack_request::Action::Nack(pb::Nack { delay_ms: n.delay_ms, reason: n.reason });
+                        let item = api.ack_item(&tenant, &n.task_id, n.token, Some(action));
+                        AckRequest { request_id: n.request_id, batch: false, items: vec![(n.task_id, item)] }
+                    }
+                    Event::Abandon(a) => {
+                        let item = AckItem::parse(&a.task_id, &tenant, a.token, AckAction::Abandon);
+                        AckRequest { request_id: a.request_id, batch: false, items: vec![(a.task_id, item)] }
+                    }
+                    Event::Heartbeat(h) => {
+                        let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms: h.extend_ms });
+                        let item = api.ack_item(&tenant, &h.task_id, h.token, Some(action));
+                        AckRequest { request_id: h.request_id, batch: false, items: vec![(h.task_id, item)] }
+                    }
+                };
+                if acks.items.len() > api.proposer.cfg.max_batch_items {
+                    let e = invalid(format!("a batch holds at most {} results", api.proposer.cfg.max_batch_items));
+                    let _ = out.send(Ok(stream_error(acks.request_id, e))).await;
+                    return;
+                }
+                api.serve_acks(acks, &out).await;
+            }) as futures::future::BoxFuture<'static, ()>)
+        }));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl AckItem {
+    fn parse(task_id: &str, tenant: &str, token: u64, action: AckAction) -> Result<AckItem, ApiError> {
+        Ok(AckItem { task_id: convert::parse_id(task_id)?, tenant: tenant.to_string(), token, action })
+    }
+}
+
+#[tonic::async_trait]
+impl ProducerStream for StreamApi {
+    type StreamStream = ReceiverStream<Result<pb::ProducerServerEvent, Status>>;
+
+    async fn stream(&self, req: Request<Streaming<pb::ProducerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (caller, id) = hello(&mut inbound, |e: pb::ProducerEvent| match e.event {
+            Some(pb::producer_event::Event::Hello(h)) => Some(h),
+            _ => None,
+        })
+        .await?;
+        let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
+        let ack = pb::HelloAck { worker_id: id, tenant_id: caller.tenant.clone() };
+        let _ =
+            tx.send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) })).await;
+        let api = Arc::new(self.clone());
+        let tenant: Arc<str> = caller.tenant.into();
+        let limit = api.proposer.cfg.stream_max_in_flight;
+        let shutdown = api.shutdown.clone();
+        tokio::spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
+            use pb::producer_event::Event;
+            let (api, tenant, out) = (api.clone(), tenant.clone(), tx.clone());
+            let (seq, items) = match ev.event? {
+                Event::Hello(_) => (0, vec![]),
+                Event::Create(c) => (c.seq, c.task.into_iter().collect()),
+                Event::CreateBatch(b) => (b.seq, b.tasks),
+            };
+            Some(Box::pin(async move {
+                let ack = api.create(&tenant, seq, items).await;
+                let _ = out
+                    .send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) }))
+                    .await;
+            }) as futures::future::BoxFuture<'static, ()>)
+        }));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl StreamApi {
+    async fn create(&self, tenant: &str, seq: u64, items: Vec<pb::EnqueueRequest>) -> pb::CreateAck {
+        let cfg = &self.proposer.cfg;
+        let whole = |e: ApiError| pb::CreateAck {
+            seq,
+            results: vec![],
+            error: Some(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
+        };
+        if items.is_empty() || items.len() > cfg.max_batch_items {
+            return whole(invalid(format!("a create holds 1 to {} tasks", cfg.max_batch_items)));
+        }
+        let now = wall_clock_ms();
+        let checked: Vec<Result<_, ApiError>> =
+            items.into_iter().map(|i| convert::new_task(cfg, tenant, i, now)).collect();
+        let valid: Vec<_> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
+        let mut applied = match self.proposer.enqueue(valid).await {
+            Ok(r) => r.into_iter(),
+            Err(e) => return whole(e.into()),
+        };
+        let results = checked
+            .into_iter()
+            .map(|c| {
+                let r = match c {
+                    Err(e) => Err(e),
+                    Ok(_) => applied.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
+                };
+                super::grpc::enqueue_result(r)
+            })
+            .collect();
+        pb::CreateAck { seq, results, error: None }
+    }
+}

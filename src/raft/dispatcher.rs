@@ -1,0 +1,284 @@
+//! The claim dispatcher: parks claim requests (stream Readys and unary claims) on the leader and serves them
+//! when work becomes claimable, with no polling.
+//!
+//! One task owns every parked request. Whenever the state machine reports new claimable work (its `work`
+//! counter moves), a request arrives, or a proposal finishes, it walks the parked requests in arrival order,
+//! picks tasks for each from the replicated ready index (skipping tasks promised to claims still in flight),
+//! and proposes one `Claim` entry for all of them: claims from many Readys and many streams share a Raft entry.
+//! A request that gets nothing before its hold time ends is answered with no tasks, so its client re-arms.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::proposer::{not_leader, write, ProposeError};
+use super::types::{NodeId, Raft};
+use crate::queue::{ClaimItem, Command, Response, Task, TaskId};
+use crate::storage::SmShared;
+
+/// Claim entries in flight at once: while one is being committed the next one gathers new requests.
+const MAX_IN_FLIGHT: usize = 4;
+
+pub struct ClaimRequest {
+    pub tenant: String,
+    pub worker_id: String,
+    pub queues: Vec<String>,
+    pub count: usize,
+    pub lease_ms: u64,
+    pub deadline: Instant,
+    pub reply: oneshot::Sender<Result<Vec<Task>, ProposeError>>,
+}
+
+#[derive(Clone)]
+pub struct Dispatcher {
+    tx: mpsc::UnboundedSender<ClaimRequest>,
+}
+
+struct Done {
+    groups: Vec<(ClaimRequest, std::ops::Range<usize>)>,
+    ids: Vec<TaskId>,
+    result: Result<Response, ProposeError>,
+}
+
+impl Dispatcher {
+    pub fn spawn(
+        raft: Raft,
+        shared: Arc<SmShared>,
+        node_id: NodeId,
+        max_items: usize,
+        write_timeout: Duration,
+        tasks: &tokio_util::task::TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Dispatcher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let d = Dispatch {
+            raft,
+            shared,
+            node_id,
+            max_items,
+            write_timeout,
+            parked: VecDeque::new(),
+            reserved: HashSet::new(),
+            in_flight: 0,
+        };
+        tasks.spawn(d.run(rx, shutdown));
+        Dispatcher { tx }
+    }
+
+    /// Claims up to `count` tasks of `queues`, waiting up to `wait` for work when none is ready. An empty answer
+    /// means nothing became claimable in time.
+    pub async fn claim(
+        &self,
+        tenant: &str,
+        worker_id: &str,
+        queues: &[String],
+        count: usize,
+        lease_ms: u64,
+        wait: Duration,
+    ) -> Result<Vec<Task>, ProposeError> {
+        let rx = self.submit(tenant, worker_id, queues, count, lease_ms, wait)?;
+        rx.await.map_err(|_| ProposeError::Fatal("shutting down".into()))?
+    }
+
+    /// Parks a claim and returns where its answer will arrive. Dropping the receiver withdraws the claim.
+    pub fn submit(
+        &self,
+        tenant: &str,
+        worker_id: &str,
+        queues: &[String],
+        count: usize,
+        lease_ms: u64,
+        wait: Duration,
+    ) -> Result<oneshot::Receiver<Result<Vec<Task>, ProposeError>>, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        let req = ClaimRequest {
+            tenant: tenant.to_string(),
+            worker_id: worker_id.to_string(),
+            queues: queues.to_vec(),
+            count,
+            lease_ms,
+            deadline: Instant::now() + wait,
+            reply,
+        };
+        self.tx.send(req).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        Ok(rx)
+    }
+}
+
+struct Dispatch {
+    raft: Raft,
+    shared: Arc<SmShared>,
+    node_id: NodeId,
+    max_items: usize,
+    write_timeout: Duration,
+    parked: VecDeque<ClaimRequest>,
+    reserved: HashSet<TaskId>,
+    in_flight: usize,
+}
+
+impl Dispatch {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>, shutdown: CancellationToken) {
+        let mut work = self.shared.work.subscribe();
+        let mut server = self.raft.server_metrics();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let mut dirty = false;
+        loop {
+            if dirty && self.in_flight < MAX_IN_FLIGHT {
+                dirty = false;
+                self.assign(&done_tx);
+            }
+            let next_deadline = self.parked.iter().map(|p| p.deadline).min();
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                req = rx.recv() => {
+                    let Some(req) = req else { break };
+                    self.parked.push_back(req);
+                    while let Ok(req) = rx.try_recv() {
+                        self.parked.push_back(req);
+                    }
+                    dirty = true;
+                }
+                changed = work.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    dirty = true;
+                }
+                changed = openraft::type_config::async_runtime::watch::WatchReceiver::changed(&mut server) => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    dirty = true;
+                }
+                Some(done) = done_rx.recv() => {
+                    self.in_flight -= 1;
+                    self.finish(done);
+                    dirty = true;
+                }
+                _ = sleep_until(next_deadline) => self.expire(),
+            }
+        }
+        // Shutting down: whoever still waits gets an empty answer.
+        for p in self.parked.drain(..) {
+            let _ = p.reply.send(Ok(vec![]));
+        }
+    }
+
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let mut keep = VecDeque::with_capacity(self.parked.len());
+        for p in self.parked.drain(..) {
+            if p.deadline <= now {
+                let _ = p.reply.send(Ok(vec![]));
+            } else {
+                keep.push_back(p);
+            }
+        }
+        self.parked = keep;
+    }
+
+    fn assign(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
+        self.parked.retain(|p| !p.reply.is_closed());
+        if self.parked.is_empty() {
+            return;
+        }
+        let m = super::metrics(&self.raft);
+        if m.current_leader != Some(self.node_id) {
+            let addr = m
+                .current_leader
+                .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.api_addr.clone()));
+            for p in self.parked.drain(..) {
+                let _ = p.reply.send(Err(not_leader(m.current_leader, addr.clone())));
+            }
+            return;
+        }
+        let mut items: Vec<ClaimItem> = Vec::new();
+        let mut groups = Vec::new();
+        // (tenant, queues) already found empty in this pass: skip their other requests.
+        let mut empty: HashSet<(String, Vec<String>)> = HashSet::new();
+        let mut i = 0;
+        while i < self.parked.len() && items.len() < self.max_items {
+            let p = &self.parked[i];
+            let key = (p.tenant.clone(), p.queues.clone());
+            if empty.contains(&key) {
+                i += 1;
+                continue;
+            }
+            let room = (self.max_items - items.len()).min(p.count);
+            let ids = self.shared.pick_ready(&p.tenant, &p.queues, room, &self.reserved);
+            if ids.is_empty() {
+                empty.insert(key);
+                i += 1;
+                continue;
+            }
+            let req = self.parked.remove(i).expect("index in range");
+            let start = items.len();
+            for id in ids {
+                self.reserved.insert(id);
+                items.push(ClaimItem {
+                    task_id: id,
+                    tenant: req.tenant.clone(),
+                    worker_id: req.worker_id.clone(),
+                    lease_ms: req.lease_ms,
+                });
+            }
+            groups.push((req, start..items.len()));
+        }
+        if items.is_empty() {
+            return;
+        }
+        self.in_flight += 1;
+        let ids: Vec<TaskId> = items.iter().map(|c| c.task_id).collect();
+        let raft = self.raft.clone();
+        let timeout = self.write_timeout;
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let result = write(&raft, Command::Claim(items), timeout).await;
+            let _ = done_tx.send(Done { groups, ids, result });
+        });
+    }
+
+    fn finish(&mut self, done: Done) {
+        for id in &done.ids {
+            self.reserved.remove(id);
+        }
+        match done.result {
+            Ok(Response::Claimed(results)) => {
+                let mut results: Vec<Option<Task>> = results.into_iter().map(|r| r.ok().map(|b| *b)).collect();
+                let now = Instant::now();
+                for (req, range) in done.groups {
+                    let tasks: Vec<Task> = results[range].iter_mut().filter_map(Option::take).collect();
+                    if tasks.is_empty() && req.deadline > now {
+                        // Every pick lost a race with an entry applied meanwhile: wait again, first in line.
+                        self.parked.push_front(req);
+                    } else if let Err(Ok(tasks)) = req.reply.send(Ok(tasks)) {
+                        // The requester left after its tasks were claimed: their leases will expire and the
+                        // tasks return; nothing else to do.
+                        tracing::debug!(tasks = tasks.len(), "claimed tasks for a withdrawn request");
+                    }
+                }
+            }
+            Ok(other) => {
+                for (req, _) in done.groups {
+                    let _ = req.reply.send(Err(ProposeError::Storage(format!("unexpected response {other:?}"))));
+                }
+            }
+            Err(e) => {
+                for (req, _) in done.groups {
+                    let _ = req.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,176 @@
+//! The worker and producer stream protocols, spoken raw over gRPC.
+
+use std::time::{Duration, Instant};
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::producer_stream_client::ProducerStreamClient;
+use raftq_proto::v1::worker_stream_client::WorkerStreamClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use crate::support::*;
+
+struct Session {
+    tx: mpsc::Sender<pb::WorkerEvent>,
+    rx: Streaming<pb::ServerEvent>,
+}
+
+async fn open(addr: &str, first: pb::worker_event::Event) -> Result<Session, tonic::Status> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("c");
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(pb::WorkerEvent { event: Some(first) }).await.expect("send");
+    let mut resp = WorkerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await?.into_inner();
+    match resp.message().await? {
+        Some(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(_)) }) => {}
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+    Ok(Session { tx, rx: resp })
+}
+
+fn hello() -> pb::worker_event::Event {
+    pb::worker_event::Event::Hello(pb::Hello { token: String::new(), worker_id: "w-raw".into() })
+}
+
+impl Session {
+    async fn send(&self, e: pb::worker_event::Event) {
+        self.tx.send(pb::WorkerEvent { event: Some(e) }).await.expect("send");
+    }
+    async fn next(&mut self) -> pb::server_event::Event {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("an event within 10 s")
+            .expect("stream ok")
+            .expect("stream open")
+            .event
+            .expect("event set")
+    }
+    async fn ready(&self, request_id: u64, queue: &str, count: u32) {
+        self.send(pb::worker_event::Event::Ready(pb::Ready {
+            request_id,
+            queues: vec![queue.into()],
+            lease_seconds: 30,
+            count,
+            lease_ms: 0,
+        }))
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_stream_must_start_with_hello() {
+    let n = TestNode::start().await;
+    let addr = n.node().grpc_addr.to_string();
+    let ready = pb::worker_event::Event::Ready(pb::Ready { request_id: 1, queues: vec!["q".into()], ..Default::default() });
+    let err = match open(&addr, ready).await {
+        Err(e) => e,
+        Ok(mut s) => match s.rx.message().await {
+            Err(e) => e,
+            other => panic!("expected an error, got {other:?}"),
+        },
+    };
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("HELLO_REQUIRED"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_result_cycle_with_matched_acks() {
+    let n = TestNode::start().await;
+    let mut c = n.client().await;
+    for i in 0..5 {
+        c.enqueue(enq("s", &format!("t{i}"))).await.expect("enqueue");
+    }
+    let mut s = open(&n.node().grpc_addr.to_string(), hello()).await.expect("open");
+    s.ready(7, "s", 3).await;
+    let pb::server_event::Event::TaskBatch(b) = s.next().await else { panic!("expected a batch") };
+    assert_eq!(b.request_id, 7);
+    assert_eq!(b.tasks.len(), 3);
+    let results = b
+        .tasks
+        .iter()
+        .map(|t| pb::Result {
+            request_id: 0,
+            task_id: t.id.clone(),
+            token: t.lease.as_ref().expect("lease").token,
+            outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: b"ok".to_vec().into() })),
+        })
+        .collect();
+    s.send(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: 8, results })).await;
+    let pb::server_event::Event::AckBatch(acks) = s.next().await else { panic!("expected acks") };
+    assert_eq!(acks.request_id, 8);
+    assert!(acks.acks.iter().all(|a| a.applied && a.state == pb::TaskState::Completed as i32), "{acks:?}");
+
+    // A result with a wrong token is answered, not applied, with its reason.
+    s.ready(9, "s", 1).await;
+    let pb::server_event::Event::TaskBatch(b) = s.next().await else { panic!("expected a batch") };
+    let t = &b.tasks[0];
+    s.send(pb::worker_event::Event::Result(pb::Result {
+        request_id: 10,
+        task_id: t.id.clone(),
+        token: t.lease.as_ref().expect("lease").token + 1,
+        outcome: Some(pb::result::Outcome::Failed(pb::Fail { error: "x".into(), retryable: false })),
+    }))
+    .await;
+    let pb::server_event::Event::Ack(a) = s.next().await else { panic!("expected an ack") };
+    assert_eq!((a.request_id, a.applied, a.reason.as_str()), (10, false, "LEASE_LOST"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_ready_is_answered_empty_then_served_when_work_arrives() {
+    let n = TestNode::start_with(|c| c.ready_hold_ms = 300).await;
+    let mut s = open(&n.node().grpc_addr.to_string(), hello()).await.expect("open");
+    let start = Instant::now();
+    s.ready(1, "idle", 1).await;
+    let pb::server_event::Event::TaskBatch(b) = s.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len()), (1, 0));
+    assert!(start.elapsed() >= Duration::from_millis(300), "answered at the end of the hold");
+    s.ready(2, "idle", 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    n.client().await.enqueue(enq("idle", "x")).await.expect("enqueue");
+    let pb::server_event::Event::TaskBatch(b) = s.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len()), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_stream_acks_by_sequence() {
+    let n = TestNode::start().await;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.node().grpc_addr))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(64);
+    let ev = |e| pb::ProducerEvent { event: Some(e) };
+    tx.send(ev(pb::producer_event::Event::Hello(pb::Hello::default()))).await.expect("send");
+    let mut resp = ProducerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await.expect("open").into_inner();
+    for seq in 1..=20u64 {
+        let e = if seq % 5 == 0 {
+            pb::producer_event::Event::CreateBatch(pb::CreateBatch { seq, tasks: vec![enq("p", "a"), enq("bad q", "b")] })
+        } else {
+            pb::producer_event::Event::Create(pb::Create { seq, task: Some(enq("p", &format!("{seq}"))) })
+        };
+        tx.send(ev(e)).await.expect("send");
+    }
+    let mut seen = std::collections::BTreeMap::new();
+    while seen.len() < 20 {
+        let m = resp.message().await.expect("ok").expect("open");
+        match m.event {
+            Some(pb::producer_server_event::Event::HelloAck(_)) => {}
+            Some(pb::producer_server_event::Event::Ack(a)) => {
+                seen.insert(a.seq, a);
+            }
+            None => panic!("empty event"),
+        }
+    }
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), (1..=20).collect::<Vec<_>>());
+    use pb::enqueue_result::Result as R;
+    for (seq, a) in &seen {
+        if seq % 5 == 0 {
+            assert!(matches!(a.results[0].result, Some(R::Ok(_))));
+            assert!(matches!(&a.results[1].result, Some(R::Error(e)) if e.code == "INVALID_ARGUMENT"));
+        } else {
+            assert_eq!(a.results.len(), 1);
+            assert!(matches!(a.results[0].result, Some(R::Ok(_))));
+        }
+    }
+}

@@ -23,6 +23,11 @@ pub struct Config {
     pub advertise_grpc_addr: Option<String>,
     /// Number of redb shard files of the state machine. Fixed for a data directory once created.
     pub shards: usize,
+    /// The cluster's voters at first start (this node may be listed too). Empty: a one-node cluster.
+    pub peers: Vec<Peer>,
+    /// Who initialises a new cluster: `Some(true)` this node, `Some(false)` never (a node that will be added
+    /// with `cluster add-node`), `None` the lowest id of `peers` and this node.
+    pub bootstrap: Option<bool>,
 
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
@@ -72,6 +77,8 @@ impl Default for Config {
             advertise_raft_addr: None,
             advertise_grpc_addr: None,
             shards: 4,
+            peers: vec![],
+            bootstrap: None,
             // 100 ms heartbeats with 4-8x election timeouts: quick failover on a LAN, no flapping under load.
             heartbeat_interval_ms: 100,
             election_timeout_min_ms: 400,
@@ -103,7 +110,39 @@ impl Default for Config {
     }
 }
 
+/// A cluster member: its node id and where peers and clients reach it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    pub id: u64,
+    pub raft_addr: String,
+    pub api_addr: String,
+}
+
+impl std::str::FromStr for Peer {
+    type Err = String;
+    /// `ID=RAFT_ADDR,API_ADDR`, e.g. `2=node2:7000,node2:9091`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("peer {s:?} is not ID=RAFT_ADDR,API_ADDR");
+        let (id, addrs) = s.split_once('=').ok_or_else(bad)?;
+        let (raft, api) = addrs.split_once(',').ok_or_else(bad)?;
+        let id = id.trim().parse().map_err(|_| bad())?;
+        if raft.trim().is_empty() || api.trim().is_empty() {
+            return Err(bad());
+        }
+        Ok(Peer { id, raft_addr: raft.trim().to_string(), api_addr: api.trim().to_string() })
+    }
+}
+
 impl Config {
+    /// Whether this node initialises the cluster on its first start.
+    pub fn bootstraps(&self) -> bool {
+        match self.bootstrap {
+            Some(b) => b,
+            None => self.peers.iter().map(|p| p.id).chain([self.node_id]).min() == Some(self.node_id),
+        }
+    }
+
     /// Every violated invariant, one line each.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut e = Vec::new();
@@ -201,6 +240,22 @@ mod tests {
         let c = Config { heartbeat_interval_ms: 1000, lease_default_ms: 1, shards: 0, ..Config::default() };
         let errs = c.validate().expect_err("invalid");
         assert_eq!(errs.len(), 3, "{errs:?}");
+    }
+
+    #[test]
+    fn lowest_listed_id_bootstraps_unless_told_otherwise() {
+        let peers: Vec<Peer> = ["1=a:7000,a:9091", "2=b:7000,b:9091", "3=c:7000,c:9091"]
+            .iter()
+            .map(|p| p.parse().expect("peer"))
+            .collect();
+        let at = |id, bootstrap| Config { node_id: id, peers: peers.clone(), bootstrap, ..Config::default() };
+        assert!(at(1, None).bootstraps());
+        assert!(!at(2, None).bootstraps());
+        assert!(at(2, Some(true)).bootstraps());
+        assert!(!at(1, Some(false)).bootstraps());
+        assert!(Config::default().bootstraps(), "a lone node initialises itself");
+        assert!("x=a,b".parse::<Peer>().is_err());
+        assert!("1=a".parse::<Peer>().is_err());
     }
 
     #[test]

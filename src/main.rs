@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use raftq::config::Config;
 use raftq::node::{Listeners, Node};
 use raftq_proto::v1 as pb;
+use raftq_proto::v1::admin_client::AdminClient;
 use raftq_proto::v1::task_service_client::TaskServiceClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -37,6 +38,54 @@ enum Cmd {
     },
     /// Measure enqueue throughput (against an embedded node unless --addr is given).
     Bench(BenchArgs),
+    /// Cluster operations: status, leadership transfer, membership, state digests.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Every node's role, term, log and applied index, replication lag and reachability.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move the leadership to node N (or to any other voter); returns when it leads.
+    TransferLeader {
+        #[arg(long)]
+        to: Option<u64>,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Add a node: it joins as a learner, catches up, then becomes a voter.
+    AddNode {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        raft_addr: String,
+        #[arg(long)]
+        api_addr: String,
+        #[arg(long)]
+        learner: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a node from the cluster.
+    RemoveNode {
+        #[arg(long)]
+        id: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Each node's applied index and state digest; replicas at the same index must agree.
+    Digest {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Args)]
@@ -56,6 +105,21 @@ struct ServeArgs {
     node_id: Option<u64>,
     #[arg(long, env = "RAFTQ_SHARDS")]
     shards: Option<usize>,
+    /// A cluster member, `ID=RAFT_ADDR,API_ADDR` (repeat for each; RAFTQ_PEERS separates them with ';').
+    #[arg(long = "peer", env = "RAFTQ_PEERS", value_delimiter = ';')]
+    peers: Vec<raftq::config::Peer>,
+    /// Initialise a new cluster from this node (default: the lowest id of the peers does).
+    #[arg(long, env = "RAFTQ_BOOTSTRAP", conflicts_with = "join")]
+    bootstrap: bool,
+    /// Never initialise: wait to be added with `raftq cluster add-node`.
+    #[arg(long, env = "RAFTQ_JOIN")]
+    join: bool,
+    /// Address peers and clients use for this node's Raft port, when it differs from --raft-addr.
+    #[arg(long, env = "RAFTQ_ADVERTISE_RAFT_ADDR")]
+    advertise_raft_addr: Option<String>,
+    /// Address clients use for this node's gRPC port, when it differs from --grpc-addr.
+    #[arg(long, env = "RAFTQ_ADVERTISE_GRPC_ADDR")]
+    advertise_grpc_addr: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -233,6 +297,7 @@ async fn run() -> Result<()> {
         Cmd::Task { cmd } => task_cmd(cmd).await,
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Bench(a) => bench(a).await,
+        Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
     }
 }
 
@@ -261,6 +326,21 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     }
     if let Some(v) = a.shards {
         cfg.shards = v;
+    }
+    if !a.peers.is_empty() {
+        cfg.peers = a.peers.clone();
+    }
+    if a.bootstrap {
+        cfg.bootstrap = Some(true);
+    }
+    if a.join {
+        cfg.bootstrap = Some(false);
+    }
+    if let Some(v) = &a.advertise_raft_addr {
+        cfg.advertise_raft_addr = Some(v.clone());
+    }
+    if let Some(v) = &a.advertise_grpc_addr {
+        cfg.advertise_grpc_addr = Some(v.clone());
     }
     if let Err(errs) = cfg.validate() {
         bail!("invalid configuration:\n  {}", errs.join("\n  "));
@@ -493,6 +573,151 @@ fn print_ids(out: Output, what: &str, ids: &[String]) {
                 println!("{id}");
             }
             eprintln!("{} {what}", ids.len());
+        }
+    }
+}
+
+async fn admin(addr: &str) -> Result<AdminClient<Channel>> {
+    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let ch = tonic::transport::Endpoint::from_shared(url.clone())?
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    Ok(AdminClient::new(ch))
+}
+
+async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Status { client } => {
+            let me =
+                admin(&client.addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
+            let mut rows = Vec::new();
+            for m in &me.members {
+                let st = match admin(&m.api_addr).await {
+                    Ok(mut c) => c.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()),
+                    Err(_) => None,
+                };
+                rows.push((m.clone(), st));
+            }
+            let leader = rows.iter().find_map(|(_, s)| s.as_ref().filter(|s| s.role == "LEADER").cloned());
+            if client.output == Output::Json {
+                let nodes: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|(m, s)| {
+                        serde_json::json!({
+                            "node_id": m.node_id, "api_addr": m.api_addr, "raft_addr": m.raft_addr, "voter": m.voter,
+                            "reachable": s.is_some(),
+                            "role": s.as_ref().map(|s| s.role.clone()),
+                            "term": s.as_ref().map(|s| s.term),
+                            "last_log_index": s.as_ref().map(|s| s.last_log_index),
+                            "applied_index": s.as_ref().map(|s| s.applied_index),
+                            "replication_lag": leader.as_ref().and_then(|l| l.replication_lag.get(&m.node_id)),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::json!({ "leader": leader.as_ref().map(|l| l.node_id), "nodes": nodes }));
+            } else {
+                println!(
+                    "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  reachable",
+                    "id", "api", "voter", "role", "term", "last_log", "applied", "lag"
+                );
+                for (m, s) in &rows {
+                    let lag = leader
+                        .as_ref()
+                        .and_then(|l| l.replication_lag.get(&m.node_id))
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|| "-".into());
+                    match s {
+                        Some(s) => println!(
+                            "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  yes",
+                            m.node_id, m.api_addr, m.voter, s.role, s.term, s.last_log_index, s.applied_index, lag
+                        ),
+                        None => println!(
+                            "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  no",
+                            m.node_id, m.api_addr, m.voter, "-", "-", "-", "-", lag
+                        ),
+                    }
+                }
+            }
+        }
+        ClusterCmd::TransferLeader { to, timeout, client } => {
+            let r = admin(&client.addr)
+                .await?
+                .transfer_leader(pb::TransferLeaderRequest {
+                    to: to.unwrap_or(0),
+                    timeout_ms: timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+                })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            match client.output {
+                Output::Json => println!("{}", serde_json::json!({"leader": r.leader_id, "took_ms": r.took_ms})),
+                Output::Table => println!("node {} leads (took {} ms)", r.leader_id, r.took_ms),
+            }
+        }
+        ClusterCmd::AddNode { id, raft_addr, api_addr, learner, client } => {
+            let r = admin(&client.addr)
+                .await?
+                .add_node(pb::AddNodeRequest { node_id: id, raft_addr, api_addr, learner_only: learner })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            print_members(client.output, &r.members);
+        }
+        ClusterCmd::RemoveNode { id, client } => {
+            let r = admin(&client.addr)
+                .await?
+                .remove_node(pb::RemoveNodeRequest { node_id: id })
+                .await
+                .map_err(status_err)?
+                .into_inner();
+            print_members(client.output, &r.members);
+        }
+        ClusterCmd::Digest { client } => {
+            let me =
+                admin(&client.addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
+            let mut out = Vec::new();
+            for m in &me.members {
+                let d = match admin(&m.api_addr).await {
+                    Ok(mut c) => c.digest(pb::DigestRequest {}).await.ok().map(|r| r.into_inner()),
+                    Err(_) => None,
+                };
+                out.push((m.node_id, d));
+            }
+            for (id, d) in out {
+                match (client.output, d) {
+                    (Output::Json, Some(d)) => println!(
+                        "{}",
+                        serde_json::json!({"node_id": id, "applied_index": d.applied_index, "digest": format!("{:016x}", d.digest), "tasks": d.tasks})
+                    ),
+                    (Output::Json, None) => println!("{}", serde_json::json!({"node_id": id, "reachable": false})),
+                    (Output::Table, Some(d)) => {
+                        println!("node {id}: applied {} digest {:016x} tasks {}", d.applied_index, d.digest, d.tasks)
+                    }
+                    (Output::Table, None) => println!("node {id}: unreachable"),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_members(out: Output, members: &[pb::Member]) {
+    for m in members {
+        match out {
+            Output::Json => println!(
+                "{}",
+                serde_json::json!({"node_id": m.node_id, "raft_addr": m.raft_addr, "api_addr": m.api_addr, "voter": m.voter})
+            ),
+            Output::Table => println!(
+                "{}\t{}\t{}\t{}",
+                m.node_id,
+                if m.voter { "voter" } else { "learner" },
+                m.raft_addr,
+                m.api_addr
+            ),
         }
     }
 }

@@ -100,9 +100,14 @@ impl Node {
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
         let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
-        if !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
-            tracing::info!(node_id = cfg.node_id, "initialising a one-node cluster");
-            let members = BTreeMap::from([(cfg.node_id, me)]);
+        if cfg.bootstraps() && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
+            let mut members = BTreeMap::from([(cfg.node_id, me)]);
+            for p in &cfg.peers {
+                if p.id != cfg.node_id {
+                    members.insert(p.id, NodeInfo { raft_addr: p.raft_addr.clone(), api_addr: p.api_addr.clone() });
+                }
+            }
+            tracing::info!(node_id = cfg.node_id, members = ?members.keys().collect::<Vec<_>>(), "initialising the cluster");
             raft.initialize(members).await.map_err(|e| StartError::Raft(e.to_string()))?;
         }
 
@@ -136,24 +141,37 @@ impl Node {
             &tasks,
             shutdown.clone(),
         );
+        let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id));
         let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
+            fwd: fwd.clone(),
         })
         .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
-        let streams =
-            api::stream::StreamApi { proposer: proposer.clone(), dispatcher: dispatcher.clone(), shutdown: shutdown.clone() };
+        let streams = api::stream::StreamApi {
+            proposer: proposer.clone(),
+            dispatcher: dispatcher.clone(),
+            fwd: fwd.clone(),
+            shutdown: shutdown.clone(),
+        };
         let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let producer_svc = raftq_proto::v1::producer_stream_server::ProducerStreamServer::new(streams)
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let admin_svc = raftq_proto::v1::admin_server::AdminServer::new(api::admin::AdminApi {
+            raft: raft.clone(),
+            shared: shared.clone(),
+            fwd: fwd.clone(),
+            node_id: cfg.node_id,
+        });
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
                 .add_service(task_svc)
+                .add_service(admin_svc)
                 .add_service(worker_svc)
                 .add_service(producer_svc)
                 .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())

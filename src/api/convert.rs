@@ -172,6 +172,21 @@ pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Resu
     })
 }
 
+/// An ack as a request to another node (the leader).
+pub fn ack_to_pb(item: &crate::queue::AckItem) -> pb::AckRequest {
+    use pb::ack_request::Action;
+    let action = match &item.action {
+        AckAction::Complete { result } => Action::Complete(pb::Complete { result: result.clone().into() }),
+        AckAction::Fail { error, retryable } => Action::Fail(pb::Fail { error: error.clone(), retryable: *retryable }),
+        AckAction::Nack { delay_ms, reason } => {
+            Action::Nack(pb::Nack { delay_ms: delay_ms.unwrap_or(0), reason: reason.clone() })
+        }
+        AckAction::Abandon => Action::Abandon(pb::Abandon {}),
+        AckAction::Heartbeat { extend_ms } => Action::Heartbeat(pb::Heartbeat { extend_ms: *extend_ms }),
+    };
+    pb::AckRequest { task_id: item.task_id.to_string(), token: item.token, action: Some(action) }
+}
+
 /// Error texts are kept, but bounded: they are stored with the task.
 fn truncate(mut s: String) -> String {
     const MAX_ERROR_BYTES: usize = 4096;

@@ -78,6 +78,35 @@ impl From<ProposeError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The error a forwarded request's status stands for. A status without a reason never reached raftq's
+    /// handlers (a transport failure): for a write its outcome is unknown.
+    pub fn from_status(s: &Status) -> ApiError {
+        let reason = s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let msg = s.message().to_string();
+        match reason {
+            "INVALID_ARGUMENT" => ApiError::InvalidArgument(msg),
+            "NOT_FOUND" => ApiError::NotFound,
+            "LEASE_LOST" => ApiError::Rejected(Rejected::LeaseLost),
+            "NOT_IN_PROGRESS" => ApiError::Rejected(Rejected::NotInProgress),
+            "NOT_CLAIMABLE" => ApiError::Rejected(Rejected::NotClaimable),
+            "ALREADY_ENDED" => ApiError::Rejected(Rejected::AlreadyEnded),
+            "ALREADY_EXISTS" => ApiError::Rejected(Rejected::IdExists),
+            "NOT_LEADER" => ApiError::NotLeader {
+                leader_addr: s.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok()).map(String::from),
+            },
+            "UNAVAILABLE" => ApiError::Unavailable(msg),
+            "INTERNAL" => ApiError::Internal(msg),
+            _ => ApiError::Unknown(format!("the leader did not answer: {msg}")),
+        }
+    }
+
+    /// Whether a failed write surely did not happen, so sending it again cannot apply it twice.
+    pub fn surely_not_applied(&self) -> bool {
+        matches!(self, ApiError::NotLeader { .. } | ApiError::Unavailable(_))
+    }
+}
+
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         let reason = e.reason();

@@ -9,13 +9,18 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::error::{invalid, ApiError};
+use super::forward::{forwarded, stale_read, Forwarder, Route};
 use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
 use crate::raft::dispatcher::Dispatcher;
 use crate::raft::proposer::{wall_clock_ms, Proposer};
+use raftq_proto::v1::task_service_client::TaskServiceClient;
+use tonic::transport::Channel;
 
 /// Who is calling. Authentication (JWT) fills this in one place; until then every caller is the default tenant.
 pub struct Caller {
     pub tenant: String,
+    /// The token it presented, passed on when its requests are forwarded to the leader.
+    pub token: String,
 }
 
 pub const DEFAULT_TENANT: &str = "default";
@@ -33,8 +38,8 @@ pub fn caller<T>(req: &Request<T>) -> Result<Caller, ApiError> {
 
 /// The one place a token becomes a caller. Until authentication is configured every token is accepted and
 /// every caller is the default tenant.
-pub fn authenticate(_token: &str) -> Result<Caller, ApiError> {
-    Ok(Caller { tenant: DEFAULT_TENANT.to_string() })
+pub fn authenticate(token: &str) -> Result<Caller, ApiError> {
+    Ok(Caller { tenant: DEFAULT_TENANT.to_string(), token: token.to_string() })
 }
 
 pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::EnqueueResult {
@@ -44,7 +49,9 @@ pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::Enqueu
                 task_id: e.task_id.to_string(),
                 duplicate: e.duplicate,
             }),
-            Err(e) => pb::enqueue_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
+            Err(e) => {
+                pb::enqueue_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() })
+            }
         }),
     }
 }
@@ -52,6 +59,7 @@ pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::Enqueu
 pub struct TaskApi {
     pub proposer: Arc<Proposer>,
     pub dispatcher: Dispatcher,
+    pub fwd: Arc<Forwarder>,
 }
 
 type Res<T> = Result<Response<T>, Status>;
@@ -78,9 +86,8 @@ fn ids(v: Vec<TaskId>) -> pb::DeadLetterIds {
     pb::DeadLetterIds { ids: v.into_iter().map(|i| i.to_string()).collect() }
 }
 
-#[tonic::async_trait]
-impl TaskService for TaskApi {
-    async fn enqueue(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
+impl TaskApi {
+    async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
         let who = caller(&req)?;
         let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
@@ -88,7 +95,7 @@ impl TaskService for TaskApi {
         Ok(Response::new(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate }))
     }
 
-    async fn enqueue_batch(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
+    async fn enqueue_batch_local(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
         let who = caller(&req)?;
         let cfg = &self.proposer.cfg;
         let pb::EnqueueBatchRequest { items } = req.into_inner();
@@ -114,26 +121,27 @@ impl TaskService for TaskApi {
         Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
 
-    async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
+    async fn get_task_local(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
         let who = caller(&req)?;
         let id = convert::parse_id(&req.get_ref().id)?;
-        match self.proposer.get_task(&id).await.map_err(ApiError::from)? {
+        match self.proposer.read_task(&id, !stale_read(&req)).await.map_err(ApiError::from)? {
             Some(t) if t.tenant == who.tenant => Ok(Response::new(convert::task(t))),
             _ => Err(ApiError::NotFound.into()),
         }
     }
 
-    async fn get_result(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
+    async fn get_result_local(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
         let who = caller(&req)?;
+        let linearize = !stale_read(&req);
         let pb::GetResultRequest { id, wait_ms } = req.into_inner();
         let id = convert::parse_id(&id)?;
-        match self.proposer.wait_result(&id, self.wait(wait_ms)).await.map_err(ApiError::from)? {
+        match self.proposer.wait_result(&id, self.wait(wait_ms), linearize).await.map_err(ApiError::from)? {
             Some(t) if t.tenant == who.tenant => Ok(Response::new(convert::result(t))),
             _ => Err(ApiError::NotFound.into()),
         }
     }
 
-    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
+    async fn cancel_local(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
         let who = caller(&req)?;
         let task_id = convert::parse_id(&req.get_ref().id)?;
         match self.proposer.write(Command::Cancel { tenant: who.tenant, task_id }).await.map_err(ApiError::from)? {
@@ -143,12 +151,18 @@ impl TaskService for TaskApi {
         }
     }
 
-    async fn list_dead_letters(&self, req: Request<pb::ListDeadLettersRequest>) -> Res<pb::ListDeadLettersResponse> {
+    async fn list_dead_letters_local(
+        &self,
+        req: Request<pb::ListDeadLettersRequest>,
+    ) -> Res<pb::ListDeadLettersResponse> {
         let who = caller(&req)?;
+        let linearize = !stale_read(&req);
         let pb::ListDeadLettersRequest { queue, limit } = req.into_inner();
         convert::validate_queue(&self.proposer.cfg, &queue)?;
         let limit = if limit == 0 { 100 } else { limit.min(10_000) } as usize;
-        self.proposer.linearize().await.map_err(ApiError::from)?;
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
         let tasks = self
             .proposer
             .shared
@@ -157,7 +171,7 @@ impl TaskService for TaskApi {
         Ok(Response::new(pb::ListDeadLettersResponse { tasks: tasks.into_iter().map(convert::task).collect() }))
     }
 
-    async fn redrive(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+    async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
         let who = caller(&req)?;
         let (tenant, queue, select) = self.selection(&who.tenant, req.into_inner())?;
         match self.proposer.write(Command::Redrive { tenant, queue, select }).await.map_err(ApiError::from)? {
@@ -166,7 +180,7 @@ impl TaskService for TaskApi {
         }
     }
 
-    async fn purge_dead_letters(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+    async fn purge_dead_letters_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
         let who = caller(&req)?;
         let (tenant, queue, select) = self.selection(&who.tenant, req.into_inner())?;
         match self.proposer.write(Command::PurgeDeadLetters { tenant, queue, select }).await.map_err(ApiError::from)? {
@@ -175,7 +189,7 @@ impl TaskService for TaskApi {
         }
     }
 
-    async fn claim(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
+    async fn claim_local(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
         let who = caller(&req)?;
         let cfg = &self.proposer.cfg;
         let pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms } = req.into_inner();
@@ -200,7 +214,7 @@ impl TaskService for TaskApi {
         Ok(Response::new(pb::ClaimResponse { tasks: tasks.into_iter().map(convert::task).collect() }))
     }
 
-    async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+    async fn ack_local(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
         let who = caller(&req)?;
         let pb::AckRequest { task_id, token, action } = req.into_inner();
         let item = AckItem {
@@ -215,5 +229,146 @@ impl TaskService for TaskApi {
             state: convert::state(r.state) as i32,
             at_ms: r.at.min(i64::MAX as u64) as i64,
         }))
+    }
+
+    async fn ack_batch_local(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
+        let who = caller(&req)?;
+        let cfg = &self.proposer.cfg;
+        let pb::AckBatchRequest { items } = req.into_inner();
+        if items.is_empty() || items.len() > cfg.max_batch_items {
+            return Err(invalid(format!("a batch holds 1 to {} acks", cfg.max_batch_items)).into());
+        }
+        let checked: Vec<Result<AckItem, ApiError>> = items
+            .into_iter()
+            .map(|pb::AckRequest { task_id, token, action }| {
+                Ok(AckItem {
+                    task_id: convert::parse_id(&task_id)?,
+                    tenant: who.tenant.clone(),
+                    token,
+                    action: convert::ack_action(cfg, action)?,
+                })
+            })
+            .collect();
+        let valid: Vec<AckItem> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
+        let mut applied = self.proposer.ack(valid).await.map_err(ApiError::from)?.into_iter();
+        let results = checked
+            .into_iter()
+            .map(|c| {
+                let r = match c {
+                    Err(e) => Err(e),
+                    Ok(_) => applied.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
+                };
+                ack_result(r)
+            })
+            .collect();
+        Ok(Response::new(pb::AckBatchResponse { results }))
+    }
+
+    /// Serves a request here when this node leads (or a stale read was asked for), else forwards it to the
+    /// leader; a local `NOT_LEADER` (leadership moved meanwhile) is routed once more.
+    async fn routed<T, R, LF, RF, RFut>(
+        &self,
+        req: Request<T>,
+        local: impl FnOnce(Request<T>) -> LF,
+        remote: RF,
+    ) -> Res<R>
+    where
+        T: Clone + Send + 'static,
+        LF: std::future::Future<Output = Res<R>>,
+        RF: Fn(TaskServiceClient<Channel>, Request<T>) -> RFut,
+        RFut: std::future::Future<Output = Res<R>>,
+    {
+        if stale_read(&req) {
+            return local(req).await;
+        }
+        let client =
+            |ch| TaskServiceClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
+        if let Route::Leader(ch) = self.fwd.route(&req).await? {
+            return remote(client(ch), forwarded(req)).await;
+        }
+        let retry = (!is_forwarded(&req)).then(|| copy_request(&req));
+        let r = local(req).await;
+        match (r, retry) {
+            (Err(s), Some(again)) if status_reason(&s) == "NOT_LEADER" => match self.fwd.leader_route().await? {
+                Route::Leader(ch) => remote(client(ch), forwarded(again)).await,
+                Route::Local => Err(s),
+            },
+            (r, _) => r,
+        }
+    }
+}
+
+fn copy_request<T: Clone>(req: &Request<T>) -> Request<T> {
+    let mut r = Request::new(req.get_ref().clone());
+    *r.metadata_mut() = req.metadata().clone();
+    r
+}
+
+fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(super::forward::FORWARDED_HEADER)
+}
+
+fn status_reason(s: &Status) -> &str {
+    s.metadata().get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
+pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResult {
+    pb::AckResult {
+        result: Some(match r {
+            Ok(o) => pb::ack_result::Result::Ok(pb::AckResponse {
+                state: convert::state(o.state) as i32,
+                at_ms: o.at.min(i64::MAX as u64) as i64,
+            }),
+            Err(e) => pb::ack_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl TaskService for TaskApi {
+    async fn enqueue(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
+        self.routed(req, |r| self.enqueue_local(r), |mut c, r| async move { c.enqueue(r).await }).await
+    }
+
+    async fn enqueue_batch(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
+        self.routed(req, |r| self.enqueue_batch_local(r), |mut c, r| async move { c.enqueue_batch(r).await }).await
+    }
+
+    async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
+        self.routed(req, |r| self.get_task_local(r), |mut c, r| async move { c.get_task(r).await }).await
+    }
+
+    async fn get_result(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
+        self.routed(req, |r| self.get_result_local(r), |mut c, r| async move { c.get_result(r).await }).await
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
+        self.routed(req, |r| self.cancel_local(r), |mut c, r| async move { c.cancel(r).await }).await
+    }
+
+    async fn list_dead_letters(&self, req: Request<pb::ListDeadLettersRequest>) -> Res<pb::ListDeadLettersResponse> {
+        self.routed(req, |r| self.list_dead_letters_local(r), |mut c, r| async move { c.list_dead_letters(r).await })
+            .await
+    }
+
+    async fn redrive(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+        self.routed(req, |r| self.redrive_local(r), |mut c, r| async move { c.redrive(r).await }).await
+    }
+
+    async fn purge_dead_letters(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+        self.routed(req, |r| self.purge_dead_letters_local(r), |mut c, r| async move { c.purge_dead_letters(r).await })
+            .await
+    }
+
+    async fn claim(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
+        self.routed(req, |r| self.claim_local(r), |mut c, r| async move { c.claim(r).await }).await
+    }
+
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+        self.routed(req, |r| self.ack_local(r), |mut c, r| async move { c.ack(r).await }).await
+    }
+
+    async fn ack_batch(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
+        self.routed(req, |r| self.ack_batch_local(r), |mut c, r| async move { c.ack_batch(r).await }).await
     }
 }

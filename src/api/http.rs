@@ -25,7 +25,7 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {
     let m = crate::raft::metrics(&p.raft);
     let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
-    let committed = m.last_log_index.unwrap_or(0);
+    let committed = m.local_committed.as_ref().map(|l| l.index).unwrap_or(0);
     let ready = m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES;
     let body = json!({
         "ready": ready,

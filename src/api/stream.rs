@@ -20,10 +20,12 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::error::{invalid, ApiError};
+use super::forward::{Forwarder, Route};
 use super::grpc::{authenticate, Caller};
-use crate::queue::{AckAction, AckItem, AckOutcome, ItemResult};
+use crate::queue::{AckAction, AckItem};
 use crate::raft::dispatcher::Dispatcher;
-use crate::raft::proposer::{wall_clock_ms, ProposeError, Proposer};
+use crate::raft::proposer::{wall_clock_ms, Proposer};
+use raftq_proto::v1::task_service_client::TaskServiceClient;
 
 /// How long a new stream may take to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,7 +34,26 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct StreamApi {
     pub proposer: Arc<Proposer>,
     pub dispatcher: Dispatcher,
+    pub fwd: Arc<Forwarder>,
     pub shutdown: CancellationToken,
+}
+
+/// A request to the leader on behalf of a stream's caller, with its token.
+fn authorized<T>(caller: &Caller, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Ok(v) = format!("Bearer {}", caller.token).parse() {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r.metadata_mut().insert(super::forward::FORWARDED_HEADER, "1".parse().expect("ascii"));
+    r
+}
+
+fn error_from_pb(e: &pb::Error) -> ApiError {
+    let mut s = Status::unknown(e.message.clone());
+    if let Ok(v) = e.code.parse() {
+        s.metadata_mut().insert(super::error::REASON_HEADER, v);
+    }
+    ApiError::from_status(&s)
 }
 
 type Out<T> = mpsc::Sender<Result<T, Status>>;
@@ -70,7 +91,7 @@ fn stream_error(request_id: u64, e: ApiError) -> pb::ServerEvent {
     }
 }
 
-fn task_ack(request_id: u64, task_id: &str, r: Result<AckOutcome, ApiError>) -> pb::TaskAck {
+fn task_ack(request_id: u64, task_id: &str, r: Result<pb::AckResponse, ApiError>) -> pb::TaskAck {
     match r {
         Ok(o) => pb::TaskAck {
             request_id,
@@ -78,8 +99,8 @@ fn task_ack(request_id: u64, task_id: &str, r: Result<AckOutcome, ApiError>) -> 
             applied: true,
             reason: String::new(),
             message: String::new(),
-            state: convert::state(o.state) as i32,
-            at_ms: o.at.min(i64::MAX as u64) as i64,
+            state: o.state,
+            at_ms: o.at_ms,
         },
         Err(e) => pb::TaskAck {
             request_id,
@@ -128,12 +149,66 @@ impl StreamApi {
         })
     }
 
-    async fn serve_acks(&self, req: AckRequest, out: &Out<pb::ServerEvent>) {
+    /// Applies acks here when this node leads, else on the leader, retrying across leader changes until the
+    /// write timeout (an ack repeated with the same token and outcome is answered as applied, so a retry after
+    /// an unknown outcome is safe).
+    async fn apply_acks(
+        &self,
+        caller: &Caller,
+        items: Vec<AckItem>,
+    ) -> Result<Vec<Result<pb::AckResponse, ApiError>>, ApiError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.proposer.cfg.write_timeout_ms);
+        loop {
+            let attempt = match self.fwd.leader_route().await? {
+                Route::Local => match self.proposer.ack(items.clone()).await {
+                    Ok(v) => Ok(v
+                        .into_iter()
+                        .map(|r| {
+                            r.map(|o| pb::AckResponse {
+                                state: convert::state(o.state) as i32,
+                                at_ms: o.at.min(i64::MAX as u64) as i64,
+                            })
+                            .map_err(ApiError::from)
+                        })
+                        .collect()),
+                    Err(e) => Err(ApiError::from(e)),
+                },
+                Route::Leader(ch) => {
+                    let req = authorized(
+                        caller,
+                        pb::AckBatchRequest { items: items.iter().map(convert::ack_to_pb).collect() },
+                    );
+                    match TaskServiceClient::new(ch).ack_batch(req).await {
+                        Ok(r) => Ok(r
+                            .into_inner()
+                            .results
+                            .into_iter()
+                            .map(|r| match r.result {
+                                Some(pb::ack_result::Result::Ok(ok)) => Ok(ok),
+                                Some(pb::ack_result::Result::Error(e)) => Err(error_from_pb(&e)),
+                                None => Err(ApiError::Internal("empty ack result".into())),
+                            })
+                            .collect()),
+                        Err(s) => Err(ApiError::from_status(&s)),
+                    }
+                }
+            };
+            match attempt {
+                Err(ApiError::InvalidArgument(m)) => return Err(ApiError::InvalidArgument(m)),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "acks not applied yet, retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
         let valid: Vec<AckItem> = req.items.iter().filter_map(|(_, i)| i.as_ref().ok().cloned()).collect();
-        let applied: Result<Vec<ItemResult<AckOutcome>>, ProposeError> =
-            if valid.is_empty() { Ok(vec![]) } else { self.proposer.ack(valid).await };
+        let applied = if valid.is_empty() { Ok(vec![]) } else { self.apply_acks(caller, valid).await };
         let event = match applied {
-            Err(e) => stream_error(req.request_id, e.into()),
+            Err(e) => stream_error(req.request_id, e),
             Ok(results) => {
                 let mut it = results.into_iter();
                 let acks: Vec<pb::TaskAck> = req
@@ -142,7 +217,7 @@ impl StreamApi {
                     .map(|(id, item)| {
                         let r = match item {
                             Err(e) => Err(e),
-                            Ok(_) => it.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
+                            Ok(_) => it.next().unwrap_or(Err(ApiError::Internal("missing ack result".into()))),
                         };
                         task_ack(req.request_id, &id, r)
                     })
@@ -164,6 +239,72 @@ impl StreamApi {
             }
         };
         let _ = out.send(Ok(event)).await;
+    }
+
+    /// Claims for a Ready here when this node leads, else on the leader; across leader changes it is sent again
+    /// to the new leader until its hold time ends.
+    async fn claim(
+        &self,
+        caller: &Caller,
+        worker_id: &str,
+        queues: &[String],
+        count: usize,
+        lease: u64,
+        out: &Out<pb::ServerEvent>,
+    ) -> Option<Result<Vec<pb::Task>, ApiError>> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.proposer.cfg.ready_hold_ms);
+        loop {
+            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let attempt = match self.fwd.leader_route().await {
+                Err(e) => Err(e),
+                Ok(Route::Local) => {
+                    let rx = self.dispatcher.submit(&caller.tenant, worker_id, queues, count, lease, wait);
+                    match rx {
+                        Err(e) => Err(ApiError::from(e)),
+                        Ok(rx) => tokio::select! {
+                            r = rx => match r {
+                                Ok(Ok(tasks)) => Ok(tasks.into_iter().map(convert::task).collect()),
+                                Ok(Err(e)) => Err(ApiError::from(e)),
+                                Err(_) => Err(ApiError::Unavailable("shutting down".into())),
+                            },
+                            // The client left: dropping `rx` withdraws the parked claim.
+                            _ = out.closed() => return None,
+                        },
+                    }
+                }
+                Ok(Route::Leader(ch)) => {
+                    let req = authorized(
+                        caller,
+                        pb::ClaimRequest {
+                            worker_id: worker_id.to_string(),
+                            queues: queues.to_vec(),
+                            count: count as u32,
+                            lease_ms: lease,
+                            wait_ms: wait.as_millis() as u64,
+                        },
+                    );
+                    let mut c = TaskServiceClient::new(ch).max_decoding_message_size(64 << 20);
+                    tokio::select! {
+                        r = c.claim(req) => match r {
+                            Ok(r) => Ok(r.into_inner().tasks),
+                            Err(s) => Err(ApiError::from_status(&s)),
+                        },
+                        _ = out.closed() => return None,
+                    }
+                }
+            };
+            match attempt {
+                Err(ApiError::InvalidArgument(m)) => return Some(Err(ApiError::InvalidArgument(m))),
+                // Leadership moved or the leader went away: ask the next leader while the hold lasts. Tasks
+                // a lost answer had claimed come back when their leases expire.
+                Err(e) if tokio::time::Instant::now() + Duration::from_millis(50) < deadline => {
+                    tracing::debug!(error = %e, "claim not served yet, retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(_) => return Some(Ok(vec![])),
+                ok => return Some(ok),
+            }
+        }
     }
 
     async fn serve_ready(&self, caller: &Caller, worker_id: &str, r: pb::Ready, out: &Out<pb::ServerEvent>) {
@@ -189,24 +330,14 @@ impl StreamApi {
                 return;
             }
         };
-        let hold = Duration::from_millis(cfg.ready_hold_ms);
-        let rx = self.dispatcher.submit(&caller.tenant, worker_id, &queues, count.max(1) as usize, lease, hold);
-        let answer = match rx {
-            Err(e) => Err(e),
-            Ok(rx) => tokio::select! {
-                r = rx => r.unwrap_or_else(|_| Err(ProposeError::Fatal("shutting down".into()))),
-                // The client left: dropping `rx` withdraws the parked claim.
-                _ = out.closed() => return,
-            },
+        let Some(answer) = self.claim(caller, worker_id, &queues, count.max(1) as usize, lease, out).await else {
+            return;
         };
         let event = match answer {
-            Ok(tasks) => pb::ServerEvent {
-                event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch {
-                    request_id,
-                    tasks: tasks.into_iter().map(convert::task).collect(),
-                })),
-            },
-            Err(e) => stream_error(request_id, e.into()),
+            Ok(tasks) => {
+                pb::ServerEvent { event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks })) }
+            }
+            Err(e) => stream_error(request_id, e),
         };
         let _ = out.send(Ok(event)).await;
     }
@@ -312,7 +443,7 @@ impl WorkerStream for StreamApi {
                     let _ = out.send(Ok(stream_error(acks.request_id, e))).await;
                     return;
                 }
-                api.serve_acks(acks, &out).await;
+                api.serve_acks(&caller, acks, &out).await;
             }) as futures::future::BoxFuture<'static, ()>)
         }));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -341,19 +472,19 @@ impl ProducerStream for StreamApi {
         let _ =
             tx.send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) })).await;
         let api = Arc::new(self.clone());
-        let tenant: Arc<str> = caller.tenant.into();
+        let caller = Arc::new(caller);
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
         tokio::spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
             use pb::producer_event::Event;
-            let (api, tenant, out) = (api.clone(), tenant.clone(), tx.clone());
+            let (api, caller, out) = (api.clone(), caller.clone(), tx.clone());
             let (seq, items) = match ev.event? {
                 Event::Hello(_) => (0, vec![]),
                 Event::Create(c) => (c.seq, c.task.into_iter().collect()),
                 Event::CreateBatch(b) => (b.seq, b.tasks),
             };
             Some(Box::pin(async move {
-                let ack = api.create(&tenant, seq, items).await;
+                let ack = api.create(&caller, seq, items).await;
                 let _ = out
                     .send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) }))
                     .await;
@@ -364,7 +495,7 @@ impl ProducerStream for StreamApi {
 }
 
 impl StreamApi {
-    async fn create(&self, tenant: &str, seq: u64, items: Vec<pb::EnqueueRequest>) -> pb::CreateAck {
+    async fn create(&self, caller: &Caller, seq: u64, items: Vec<pb::EnqueueRequest>) -> pb::CreateAck {
         let cfg = &self.proposer.cfg;
         let whole = |e: ApiError| pb::CreateAck {
             seq,
@@ -374,15 +505,44 @@ impl StreamApi {
         if items.is_empty() || items.len() > cfg.max_batch_items {
             return whole(invalid(format!("a create holds 1 to {} tasks", cfg.max_batch_items)));
         }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.write_timeout_ms);
+        loop {
+            let attempt = match self.fwd.leader_route().await {
+                Err(e) => Err(e),
+                Ok(Route::Local) => self.create_here(&caller.tenant, items.clone()).await,
+                Ok(Route::Leader(ch)) => {
+                    let req = authorized(caller, pb::EnqueueBatchRequest { items: items.clone() });
+                    let mut c = TaskServiceClient::new(ch).max_encoding_message_size(64 << 20);
+                    match c.enqueue_batch(req).await {
+                        Ok(r) => Ok(r.into_inner().results),
+                        Err(s) => Err(ApiError::from_status(&s)),
+                    }
+                }
+            };
+            match attempt {
+                Ok(results) => return pb::CreateAck { seq, results, error: None },
+                // Only a write that surely did not happen is sent again; anything else is reported (an unknown
+                // outcome stays unknown: the producer decides, e.g. with an idempotency key).
+                Err(e) if e.surely_not_applied() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return whole(e),
+            }
+        }
+    }
+
+    async fn create_here(
+        &self,
+        tenant: &str,
+        items: Vec<pb::EnqueueRequest>,
+    ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
+        let cfg = &self.proposer.cfg;
         let now = wall_clock_ms();
         let checked: Vec<Result<_, ApiError>> =
             items.into_iter().map(|i| convert::new_task(cfg, tenant, i, now)).collect();
         let valid: Vec<_> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let mut applied = match self.proposer.enqueue(valid).await {
-            Ok(r) => r.into_iter(),
-            Err(e) => return whole(e.into()),
-        };
-        let results = checked
+        let mut applied = self.proposer.enqueue(valid).await?.into_iter();
+        Ok(checked
             .into_iter()
             .map(|c| {
                 let r = match c {
@@ -391,7 +551,6 @@ impl StreamApi {
                 };
                 super::grpc::enqueue_result(r)
             })
-            .collect();
-        pb::CreateAck { seq, results, error: None }
+            .collect())
     }
 }

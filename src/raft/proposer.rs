@@ -119,17 +119,25 @@ impl Proposer {
         Ok(())
     }
 
-    pub async fn get_task(&self, id: &TaskId) -> Result<Option<Task>, ProposeError> {
-        self.linearize().await?;
+    /// Reads a task; `linearize` first waits for a linearizable read point (on the leader).
+    pub async fn read_task(&self, id: &TaskId, linearize: bool) -> Result<Option<Task>, ProposeError> {
+        if linearize {
+            self.linearize().await?;
+        }
         self.shared.get_task(id).map_err(|e| ProposeError::Storage(e.to_string()))
     }
 
     /// The task once it has ended, or as it is when `wait` runs out.
-    pub async fn wait_result(&self, id: &TaskId, wait: Duration) -> Result<Option<Task>, ProposeError> {
+    pub async fn wait_result(
+        &self,
+        id: &TaskId,
+        wait: Duration,
+        linearize: bool,
+    ) -> Result<Option<Task>, ProposeError> {
         let mut ended = self.shared.ended.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let task = self.get_task(id).await?;
+            let task = self.read_task(id, linearize).await?;
             match &task {
                 Some(t) if !t.state.is_terminal() => {}
                 _ => return Ok(task),
@@ -173,7 +181,8 @@ pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> R
             Err(not_leader(f.leader_id, f.leader_node.map(|n| n.api_addr)))
         }
         Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Unknown(e.to_string())),
-        Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Fatal(f.to_string())),
+        // The proposal may have been appended before Raft stopped: its outcome is unknown.
+        Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Unknown(format!("raft stopped: {f}"))),
     }
 }
 

@@ -130,6 +130,36 @@ impl SmShared {
         self.read().now()
     }
 
+    /// A digest of the applied state: (applied index, order-independent hash of every record, task count).
+    /// Taken between two applies, so all shards are at the same point.
+    pub fn digest(&self) -> io::Result<(u64, u64, u64)> {
+        let g = self.read();
+        let applied = g.applied().0.map(|l| l.index).unwrap_or(0);
+        let mut digest: u64 = 0;
+        let mut tasks = 0u64;
+        let mut add = |kind: u8, k: &[u8], v: &[u8]| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ kind as u64;
+            for b in k.iter().chain([0xffu8].iter()).chain(v.iter()) {
+                h ^= *b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            digest = digest.wrapping_add(h);
+        };
+        for db in &g.dbs {
+            let txn = db.begin_read().map_err(io_err)?;
+            for item in txn.open_table(TASKS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(1, k.value(), v.value());
+                tasks += 1;
+            }
+            for item in txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(2, k.value(), v.value());
+            }
+        }
+        Ok((applied, digest ^ g.now(), tasks))
+    }
+
     /// Checks every shard's indexes against its records: a task is in exactly one index for its state.
     pub fn check_indexes(&self) -> io::Result<()> {
         let g = self.read();

@@ -17,7 +17,8 @@ struct Session {
 }
 
 async fn open(addr: &str, first: pb::worker_event::Event) -> Result<Session, tonic::Status> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("c");
+    let ch =
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("c");
     let (tx, rx) = mpsc::channel(16);
     tx.send(pb::WorkerEvent { event: Some(first) }).await.expect("send");
     let mut resp = WorkerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await?.into_inner();
@@ -61,7 +62,8 @@ impl Session {
 async fn worker_stream_must_start_with_hello() {
     let n = TestNode::start().await;
     let addr = n.node().grpc_addr.to_string();
-    let ready = pb::worker_event::Event::Ready(pb::Ready { request_id: 1, queues: vec!["q".into()], ..Default::default() });
+    let ready =
+        pb::worker_event::Event::Ready(pb::Ready { request_id: 1, queues: vec!["q".into()], ..Default::default() });
     let err = match open(&addr, ready).await {
         Err(e) => e,
         Ok(mut s) => match s.rx.message().await {
@@ -145,7 +147,10 @@ async fn producer_stream_acks_by_sequence() {
     let mut resp = ProducerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await.expect("open").into_inner();
     for seq in 1..=20u64 {
         let e = if seq % 5 == 0 {
-            pb::producer_event::Event::CreateBatch(pb::CreateBatch { seq, tasks: vec![enq("p", "a"), enq("bad q", "b")] })
+            pb::producer_event::Event::CreateBatch(pb::CreateBatch {
+                seq,
+                tasks: vec![enq("p", "a"), enq("bad q", "b")],
+            })
         } else {
             pb::producer_event::Event::Create(pb::Create { seq, task: Some(enq("p", &format!("{seq}"))) })
         };

@@ -34,6 +34,10 @@ pub struct Config {
     pub election_timeout_max_ms: u64,
     /// Build a snapshot (and purge the log before it) every this many entries.
     pub snapshot_every_entries: u64,
+    /// Log entries kept behind a snapshot, so a briefly lagging follower catches up from the log.
+    pub snapshot_keep_entries: u64,
+    /// The log is purged in steps of at least this many entries.
+    pub purge_batch_entries: u64,
 
     pub max_payload_bytes: usize,
     pub max_batch_items: usize,
@@ -84,6 +88,8 @@ impl Default for Config {
             election_timeout_min_ms: 400,
             election_timeout_max_ms: 800,
             snapshot_every_entries: 20_000,
+            snapshot_keep_entries: 1_000,
+            purge_batch_entries: 256,
             max_payload_bytes: 1024 * 1024,
             max_batch_items: 1000,
             max_queue_name_len: 128,
@@ -162,7 +168,7 @@ impl Config {
             self.election_timeout_min_ms < self.election_timeout_max_ms,
             "election_timeout_min_ms must be < election_timeout_max_ms",
         );
-        check(self.snapshot_every_entries >= 100, "snapshot_every_entries must be >= 100");
+        check(self.snapshot_every_entries >= 10, "snapshot_every_entries must be >= 10");
         check(self.max_payload_bytes >= 1, "max_payload_bytes must be >= 1");
         check(
             self.max_payload_bytes <= 32 * 1024 * 1024,
@@ -217,7 +223,8 @@ impl Config {
             // Snapshots of a large queue take a while to ship and install.
             install_snapshot_timeout: 60_000,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
-            max_in_snapshot_log_to_keep: 1_000,
+            max_in_snapshot_log_to_keep: self.snapshot_keep_entries,
+            purge_batch_size: self.purge_batch_entries.max(1),
             max_payload_entries: 1_000,
             ..Default::default()
         };

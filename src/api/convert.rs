@@ -251,6 +251,7 @@ pub fn task(t: Task) -> pb::Task {
         last_error,
         ended_at,
         dead_at,
+        last_ack: _,
     } = t;
     pb::Task {
         id: id.to_string(),

@@ -518,6 +518,7 @@ impl ShardCore {
             last_error: None,
             ended_at: None,
             dead_at: None,
+            last_ack: None,
         };
         store.put(&t)?;
         self.index_task(&t);
@@ -576,10 +577,15 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
+        let current = before.state == TaskState::InProgress && before.lease.as_ref().map(|l| l.token) == Some(item.token);
+        if !current && before.last_ack == Some((item.token, item.action.kind())) {
+            // The ack that ended this delivery, sent again: already applied, change nothing.
+            return Ok(Ok(AckOutcome { state: before.state, at: now }));
+        }
         if before.state != TaskState::InProgress {
             return Ok(Err(Rejected::NotInProgress));
         }
-        if before.lease.as_ref().map(|l| l.token) != Some(item.token) {
+        if !current {
             return Ok(Err(Rejected::LeaseLost));
         }
         let mut t = before.clone();
@@ -619,6 +625,9 @@ impl ShardCore {
                     l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
                 }
             }
+        }
+        if !matches!(item.action, AckAction::Heartbeat { .. }) {
+            t.last_ack = Some((item.token, item.action.kind()));
         }
         self.update(store, &before, &t)?;
         self.note_pending(&t, fx);

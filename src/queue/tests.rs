@@ -450,7 +450,13 @@ fn ack_with_stale_lease_token_is_rejected_and_changes_nothing() {
     let sizes = index_sizes(&h.m);
     for action in every_action() {
         for stale in [old, current + 1, current - 1, 0, u64::MAX] {
-            assert_eq!(h.ack(id, A, stale, action.clone()), Err(Rejected::LeaseLost), "{action:?} {stale}");
+            let got = h.ack(id, A, stale, action.clone());
+            if stale == old && action.kind() == nack(Some(0)).kind() {
+                // The nack that ended the old delivery, sent again: answered as applied, changing nothing.
+                assert_eq!(got, Ok(AckOutcome { state: TaskState::InProgress, at: h.now() }));
+            } else {
+                assert_eq!(got, Err(Rejected::LeaseLost), "{action:?} {stale}");
+            }
         }
     }
     assert_eq!(records(&h.m), before, "stale acks changed a record");
@@ -499,7 +505,12 @@ fn acks_on_tasks_not_in_progress_are_rejected() {
     let t = h.claim_one(A, 1_000);
     assert_eq!(h.ack(pending, A, token(&t), complete()).map(|o| o.state), Ok(TaskState::Completed));
     for action in every_action() {
-        assert_eq!(h.ack(pending, A, token(&t), action), Err(Rejected::NotInProgress));
+        let got = h.ack(pending, A, token(&t), action.clone());
+        if action.kind() == complete().kind() {
+            assert_eq!(got.map(|o| o.state), Ok(TaskState::Completed), "the same completion again is idempotent");
+        } else {
+            assert_eq!(got, Err(Rejected::NotInProgress), "{action:?}");
+        }
     }
     assert_eq!(h.state(pending), Some(TaskState::Completed));
 }
@@ -1075,6 +1086,8 @@ struct ModelTask {
     ended_in: u64,
     retention_ms: u64,
     retry: RetryPolicy,
+    /// Token and kind of the ack that ended the last delivery: that same ack again is answered as applied.
+    last_ack: Option<(LeaseToken, u8)>,
 }
 
 #[derive(Debug, Default)]
@@ -1178,6 +1191,7 @@ impl Model {
             ended_in: 0,
             retention_ms: n.retention_ms,
             retry: n.retry,
+            last_ack: None,
         };
         self.tasks.insert(n.id, t);
         if let Some(key) = &n.idempotency_key {
@@ -1217,11 +1231,18 @@ impl Model {
         let (now, index) = (self.now, self.index);
         let seq = index * MAX_ITEMS_PER_COMMAND;
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
+        let current = t.state == TaskState::InProgress && t.token == Some(token);
+        if !current && t.last_ack == Some((token, action.kind())) {
+            return Ok((t.state, (now, now)));
+        }
         if t.state != TaskState::InProgress {
             return Err(Rejected::NotInProgress);
         }
         if t.token != Some(token) {
             return Err(Rejected::LeaseLost);
+        }
+        if !matches!(action, AckAction::Heartbeat { .. }) {
+            t.last_ack = Some((token, action.kind()));
         }
         match action {
             AckAction::Complete { .. } => t.end(TaskState::Completed, now, index),
@@ -1548,6 +1569,7 @@ impl Sim {
                 let tenant = self.tenant_for(&id, *wrong_tenant);
                 let history = self.model.history.get(&id).cloned().unwrap_or_default();
                 let current = self.model.tasks.get(&id).and_then(|t| t.token);
+                let replay = self.model.tasks.get(&id).and_then(|t| t.last_ack);
                 let token = match token {
                     TokenPick::Current => current.or(history.last().copied()).unwrap_or(1),
                     TokenPick::Own(ix) if !history.is_empty() => *ix.get(&history),
@@ -1558,8 +1580,10 @@ impl Sim {
                 let resp = self.apply(time, Command::Ack(vec![ack_item(id, &tenant, token, action.clone())]));
                 let want = self.model.ack(&id, &tenant, token, action);
                 if want.is_ok() {
-                    assert_eq!(Some(token), current, "only the current token is accepted");
+                    // Only the current token is accepted, or the ack that ended the last delivery sent again.
+                    assert!(Some(token) == current || replay == Some((token, action.kind())), "{token} accepted");
                 }
+                let replayed = Some(token) != current && want.is_ok();
                 let Response::Acked(got) = resp else { panic!("ack answered {resp:?}") };
                 assert_eq!(got.len(), 1);
                 match (&got[0], &want) {
@@ -1569,7 +1593,8 @@ impl Sim {
                     }
                     _ => assert_eq!(got[0].map(|o| o.state), want.map(|w| w.0), "ack of {id} with token {token}"),
                 }
-                want.is_err()
+                // A replay changes nothing, just as a rejection does.
+                want.is_err() || replayed
             }
             Op::Cancel { task, running, wrong_tenant } => {
                 let id = self.target(task, *running);

@@ -183,6 +183,9 @@ pub struct Task {
     pub last_error: Option<String>,
     pub ended_at: Option<TimeMs>,
     pub dead_at: Option<TimeMs>,
+    /// The token and kind of the ack that ended the last lease: the same ack sent again (a retry after an
+    /// unknown outcome, e.g. across a leader change) is answered as applied instead of rejected.
+    pub last_ack: Option<(LeaseToken, u8)>,
 }
 
 impl Task {
@@ -244,6 +247,20 @@ pub enum AckAction {
     Heartbeat {
         extend_ms: u64,
     },
+}
+
+impl AckAction {
+    /// A small code per kind of ack, recorded with the token of the ack that ended a lease.
+    pub fn kind(&self) -> u8 {
+        match self {
+            AckAction::Complete { .. } => 1,
+            AckAction::Fail { retryable: false, .. } => 2,
+            AckAction::Fail { retryable: true, .. } => 3,
+            AckAction::Nack { .. } => 4,
+            AckAction::Abandon => 5,
+            AckAction::Heartbeat { .. } => 6,
+        }
+    }
 }
 
 /// An ack names the task and the fencing token of the delivery it reports on.

@@ -2,78 +2,15 @@
 //! acknowledged is lost and that the stored state is exactly what replaying the log gives.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::storage::RaftLogReader;
 use raftq::queue::{MemMachine, TaskId, TaskState};
 use raftq_proto::v1 as pb;
 
+use crate::procs::ProcNode;
 use crate::support::*;
-
-struct Server {
-    child: Child,
-    grpc: String,
-}
-
-fn spawn(dir: &Path, ports: (u16, u16, u16), config: &Path) -> Server {
-    let child = Command::new(env!("CARGO_BIN_EXE_raftq"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--grpc-addr", &format!("127.0.0.1:{}", ports.0)])
-        .args(["--raft-addr", &format!("127.0.0.1:{}", ports.1)])
-        .args(["--http-addr", &format!("127.0.0.1:{}", ports.2)])
-        .env("RAFTQ_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn raftq serve");
-    Server { child, grpc: format!("127.0.0.1:{}", ports.0) }
-}
-
-impl Server {
-    /// Waits until the server accepts an enqueue-free call (a read of an unknown task answers NOT_FOUND).
-    async fn ready(&self) -> Client {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(ch) =
-                tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc)).expect("url").connect().await
-            {
-                let mut c = raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
-                match c.get_task(pb::GetTaskRequest { id: "0".repeat(32) }).await {
-                    Err(e) if reason(&e) == "NOT_FOUND" => return c,
-                    _ => {}
-                }
-            }
-            assert!(Instant::now() < deadline, "server did not become ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-
-    fn terminate(mut self) {
-        let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success();
-        assert!(ok);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(status.success(), "clean shutdown on SIGTERM: {status:?}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 #[derive(Default)]
 struct Acked {
@@ -84,12 +21,10 @@ struct Acked {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_load_loses_nothing_acknowledged() {
     let tmp = tempfile::tempdir().expect("dir");
-    let dir = tmp.path().join("data");
-    let config = tmp.path().join("raftq.toml");
     // No snapshot during the test, so the whole log is there to replay and compare with.
-    std::fs::write(&config, "snapshot_every_entries = 10000000\nshards = 4\n").expect("config");
-    let ports = (free_port(), free_port(), free_port());
-    let mut server = spawn(&dir, ports, &config);
+    let mut server = ProcNode::new(tmp.path(), 1, "snapshot_every_entries = 10000000\nshards = 4");
+    let dir = server.dir.clone();
+    server.start();
     let client = server.ready().await;
 
     let acked = Arc::new(Mutex::new(Acked::default()));
@@ -159,7 +94,7 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
     };
     assert!(enqueued.len() > 100, "the load ran: {} enqueues acknowledged", enqueued.len());
 
-    let server = spawn(&dir, ports, &config);
+    server.start();
     let mut c = server.ready().await;
     let done: HashSet<&String> = completed.iter().collect();
     for id in &enqueued {

@@ -2,6 +2,8 @@
 //! `raftq serve` processes where a test is about processes dying.
 
 mod api;
+mod cluster;
 mod crash;
+mod procs;
 mod stream;
 mod support;

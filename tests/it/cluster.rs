@@ -1,0 +1,377 @@
+//! Three-node clusters of real processes: leader loss, leadership transfers, a paused leader, catching up by
+//! snapshot, adding and removing nodes. Producers and workers talk to every node.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::worker_stream_client::WorkerStreamClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::procs::*;
+use crate::support::*;
+
+#[derive(Default)]
+struct WorkLog {
+    claims: Vec<Instant>,
+    completed: HashSet<String>,
+    /// Why the stream ended before the test stopped it.
+    broke: Option<String>,
+}
+
+/// A worker on one node's stream: Ready for 16 tasks, complete them all, repeat, until `stop`.
+async fn stream_worker(addr: String, queue: &'static str, stop: Arc<AtomicBool>, log: Arc<Mutex<WorkLog>>) {
+    let ch = match tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("url").connect().await {
+        Ok(ch) => ch,
+        Err(e) => {
+            log.lock().expect("lock").broke = Some(format!("connect: {e}"));
+            return;
+        }
+    };
+    let (tx, rx) = mpsc::channel(16);
+    let ev = |e| pb::WorkerEvent { event: Some(e) };
+    let hello = pb::Hello { token: String::new(), worker_id: format!("w-{addr}") };
+    tx.send(ev(pb::worker_event::Event::Hello(hello))).await.expect("send");
+    let mut inbound = match WorkerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            log.lock().expect("lock").broke = Some(format!("open: {e}"));
+            return;
+        }
+    };
+    let mut next_id = 0u64;
+    let mut outstanding: Option<u64> = None;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if outstanding.is_none() {
+            next_id += 1;
+            let ready = pb::Ready { request_id: next_id, queues: vec![queue.into()], lease_ms: 5_000, count: 16, ..Default::default() };
+            if tx.send(ev(pb::worker_event::Event::Ready(ready))).await.is_err() {
+                log.lock().expect("lock").broke = Some("send failed".into());
+                return;
+            }
+            outstanding = Some(next_id);
+        }
+        let msg = tokio::select! {
+            m = inbound.message() => m,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+        };
+        let event = match msg {
+            Ok(Some(m)) => m.event,
+            Ok(None) => {
+                log.lock().expect("lock").broke = Some("stream closed".into());
+                return;
+            }
+            Err(e) => {
+                if !stop.load(Ordering::Relaxed) {
+                    log.lock().expect("lock").broke = Some(format!("stream error: {e}"));
+                }
+                return;
+            }
+        };
+        use pb::server_event::Event;
+        match event {
+            Some(Event::TaskBatch(b)) => {
+                outstanding = None;
+                if b.tasks.is_empty() {
+                    continue;
+                }
+                log.lock().expect("lock").claims.push(Instant::now());
+                next_id += 1;
+                let results = b
+                    .tasks
+                    .iter()
+                    .map(|t| pb::Result {
+                        request_id: 0,
+                        task_id: t.id.clone(),
+                        token: t.lease.as_ref().map(|l| l.token).unwrap_or(0),
+                        outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: Default::default() })),
+                    })
+                    .collect();
+                let batch = pb::ResultBatch { request_id: next_id, results };
+                if tx.send(ev(pb::worker_event::Event::ResultBatch(batch))).await.is_err() {
+                    return;
+                }
+                outstanding = Some(next_id);
+            }
+            Some(Event::AckBatch(a)) => {
+                outstanding = None;
+                let mut l = log.lock().expect("lock");
+                for ack in a.acks.into_iter().filter(|a| a.applied) {
+                    l.completed.insert(ack.task_id);
+                }
+            }
+            // A request that failed (e.g. no leader for a moment): the stream stays open, ask again.
+            Some(Event::Error(_)) => outstanding = None,
+            _ => {}
+        }
+    }
+}
+
+/// Producers enqueue through every node in turn; every acknowledged id is recorded.
+async fn producer(addrs: Vec<String>, queue: &'static str, stop: Arc<AtomicBool>, acked: Arc<Mutex<Vec<String>>>) {
+    let mut clients = Vec::new();
+    for a in &addrs {
+        clients.push(connect(a).await);
+    }
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let c = &mut clients[i % addrs.len()];
+        let req = enq(queue, &format!("v{i}"));
+        match tokio::time::timeout(Duration::from_secs(5), c.enqueue(req)).await {
+            Ok(Ok(r)) => acked.lock().expect("lock").push(r.into_inner().task_id),
+            // Failed or unknown: not acknowledged, so not counted; a node that is down is skipped a while.
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<String>>>,
+    workers: Vec<(u64, Arc<Mutex<WorkLog>>)>,
+    jobs: Vec<tokio::task::JoinHandle<()>>,
+    producers_stop: Arc<AtomicBool>,
+}
+
+fn start_load(c: &ProcCluster, queue: &'static str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers_stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.grpc.clone()).collect();
+    let mut workers = Vec::new();
+    let mut jobs = Vec::new();
+    for n in &c.nodes {
+        let log = Arc::new(Mutex::new(WorkLog::default()));
+        workers.push((n.id, log.clone()));
+        jobs.push(tokio::spawn(stream_worker(n.grpc.clone(), queue, stop.clone(), log)));
+    }
+    for k in 0..3 {
+        let mut a = addrs.clone();
+        a.rotate_left(k);
+        jobs.push(tokio::spawn(producer(a, queue, producers_stop.clone(), acked.clone())));
+    }
+    Load { stop, acked, workers, jobs, producers_stop }
+}
+
+impl Load {
+    /// Stops producing, waits until every acknowledged task has been completed by some worker, stops the workers.
+    async fn drain(self, limit: Duration, mut client: Option<Client>) -> (Vec<String>, Vec<(u64, WorkLog)>) {
+        self.producers_stop.store(true, Ordering::Relaxed);
+        let acked: Vec<String> = self.acked.lock().expect("lock").clone();
+        let deadline = Instant::now() + limit;
+        let mut confirmed: HashSet<String> = HashSet::new();
+        loop {
+            let done: HashSet<String> =
+                self.workers.iter().flat_map(|(_, l)| l.lock().expect("lock").completed.clone()).collect();
+            let missing: Vec<&String> =
+                acked.iter().filter(|id| !done.contains(*id) && !confirmed.contains(*id)).collect();
+            if missing.is_empty() {
+                break;
+            }
+            // A completion whose answer was lost with a dying node is still a completion: ask the cluster.
+            if let Some(c) = client.as_mut() {
+                for id in missing.iter().take(50) {
+                    if let Ok(t) = c.get_task(pb::GetTaskRequest { id: (*id).clone() }).await {
+                        if t.into_inner().state == pb::TaskState::Completed as i32 {
+                            confirmed.insert((*id).clone());
+                        }
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "{} of {} acknowledged tasks never completed", missing.len(), acked.len());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        for j in self.jobs {
+            let _ = tokio::time::timeout(Duration::from_secs(5), j).await;
+        }
+        let logs = self
+            .workers
+            .into_iter()
+            .map(|(id, l)| (id, std::mem::take(&mut *l.lock().expect("lock"))))
+            .collect();
+        (acked, logs)
+    }
+}
+
+/// The longest time without any claim, among claims made after `from`.
+fn longest_claim_gap(logs: &[(u64, WorkLog)], from: Instant) -> Duration {
+    let mut all: Vec<Instant> = logs.iter().flat_map(|(_, l)| l.claims.iter().copied()).filter(|t| *t >= from).collect();
+    all.sort();
+    let mut prev = from;
+    let mut worst = Duration::ZERO;
+    for t in all {
+        worst = worst.max(t - prev);
+        prev = t;
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_loses_nothing_and_streams_on_survivors_stay_open() {
+    let mut c = ProcCluster::start(3, FAST).await;
+    let load = start_load(&c, "failover");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let killed_at = Instant::now();
+    c.node(leader).kill9();
+    let new_leader = c.wait_leader(Duration::from_secs(20)).await;
+    assert_ne!(new_leader, leader);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let survivor = c.node(new_leader).client().await;
+    let (acked, logs) = load.drain(Duration::from_secs(60), Some(survivor)).await;
+    assert!(acked.len() > 50, "the load ran: {}", acked.len());
+    for (id, log) in &logs {
+        if *id != leader {
+            assert!(log.broke.is_none(), "worker stream on surviving node {id} broke: {:?}", log.broke);
+        }
+    }
+    let after: usize = logs.iter().map(|(_, l)| l.claims.iter().filter(|t| **t > killed_at).count()).sum();
+    assert!(after > 0, "claims resumed after the leader died");
+    eprintln!(
+        "leader kill: {} tasks acknowledged and completed; longest claim gap after the kill {:?}",
+        acked.len(),
+        longest_claim_gap(&logs, killed_at)
+    );
+    c.wait_digests_agree(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_leadership_transfers_under_load_lose_nothing() {
+    let c = ProcCluster::start(3, FAST).await;
+    let load = start_load(&c, "transfers");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let mut admin = c.nodes[0].admin().await.expect("admin");
+    let mut took = Vec::new();
+    for i in 0..10 {
+        let leader = c.wait_leader(Duration::from_secs(10)).await;
+        let to = (leader % 3) + 1;
+        let r = admin
+            .transfer_leader(pb::TransferLeaderRequest { to, timeout_ms: 10_000 })
+            .await
+            .unwrap_or_else(|e| panic!("transfer {i} to {to}: {e}"))
+            .into_inner();
+        assert_eq!(r.leader_id, to);
+        took.push(r.took_ms);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let any = c.nodes[0].client().await;
+    let (acked, logs) = load.drain(Duration::from_secs(60), Some(any)).await;
+    for (id, log) in &logs {
+        assert!(log.broke.is_none(), "worker stream on node {id} broke: {:?}", log.broke);
+    }
+    eprintln!(
+        "10 transfers: took {took:?} ms; {} tasks acknowledged and completed; longest claim gap {:?}",
+        acked.len(),
+        longest_claim_gap(&logs, started)
+    );
+    c.wait_digests_agree(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_leader_is_replaced_and_replicas_agree_after_it_resumes() {
+    let mut c = ProcCluster::start(3, FAST).await;
+    let mut first = c.nodes[0].client().await;
+    for i in 0..20 {
+        first.enqueue(enq("pause", &format!("{i}"))).await.expect("enqueue");
+    }
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    c.node(old).signal("STOP");
+    // The others elect a new leader and keep serving.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let mut found = None;
+        for n in c.nodes.iter().filter(|n| n.id != old) {
+            if let Some(s) = n.status().await {
+                if s.role == "LEADER" {
+                    found = Some(n.id);
+                }
+            }
+        }
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut live = c.node(new).client().await;
+    let during = live.enqueue(enq("pause", "during")).await.expect("the new leader serves").into_inner().task_id;
+
+    c.node(old).signal("CONT");
+    // Whatever the old leader answers right after it resumes, it never acknowledges a write that is then lost.
+    let mut old_client = c.node(old).client().await;
+    let mut req = tonic::Request::new(enq("pause", "to-old-leader"));
+    req.metadata_mut().insert("x-raftq-redirect", "1".parse().expect("ascii"));
+    let to_old = old_client.enqueue(req).await;
+    c.wait_digests_agree(Duration::from_secs(30)).await;
+    let mut live = c.node(new).client().await;
+    live.get_task(pb::GetTaskRequest { id: during }).await.expect("write made during the pause is kept");
+    match to_old {
+        Ok(r) => {
+            let id = r.into_inner().task_id;
+            live.get_task(pb::GetTaskRequest { id }).await.expect("an acknowledged write on the old leader is kept");
+        }
+        Err(e) => assert!(
+            ["NOT_LEADER", "UNKNOWN_OUTCOME", "UNAVAILABLE"].contains(&reason(&e).as_str()),
+            "unexpected answer from the resumed old leader: {e:?}"
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_node_catches_up_by_snapshot_and_an_added_node_serves() {
+    let extra = format!("{FAST}snapshot_every_entries = 40\nsnapshot_keep_entries = 5\npurge_batch_entries = 1\n");
+    let mut c = ProcCluster::start(3, &extra).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let lagger = if leader == 3 { 2 } else { 3 };
+    c.node(lagger).terminate();
+    let mut client = c.node(leader).client().await;
+    let mut ids = Vec::new();
+    for i in 0..150 {
+        ids.push(client.enqueue(enq("snap", &format!("{i}"))).await.expect("enqueue").into_inner().task_id);
+    }
+    c.node(lagger).start();
+    c.node(lagger).ready().await;
+    let d = c.wait_digests_agree(Duration::from_secs(60)).await;
+    assert_eq!(d[&lagger].tasks, 150);
+    let installed = std::fs::read_dir(c.node(lagger).dir.join("snapshots"))
+        .expect("snapshots dir")
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().starts_with("installed-"));
+    assert!(installed, "the restarted node caught up by installing a snapshot");
+
+    // A new node joins as a learner, catches up, becomes a voter and serves.
+    let mut n4 = ProcNode::new(c.root.path(), 4, FAST);
+    n4.start_with(&["--join"]);
+    let mut admin = c.nodes[0].admin().await.expect("admin");
+    let r = admin
+        .add_node(pb::AddNodeRequest {
+            node_id: 4,
+            raft_addr: n4.raft.clone(),
+            api_addr: n4.grpc.clone(),
+            learner_only: false,
+        })
+        .await
+        .expect("add node")
+        .into_inner();
+    let voters: BTreeSet<u64> = r.members.iter().filter(|m| m.voter).map(|m| m.node_id).collect();
+    assert_eq!(voters, BTreeSet::from([1, 2, 3, 4]));
+    c.nodes.push(n4);
+    c.wait_digests_agree(Duration::from_secs(60)).await;
+    let mut c4 = c.node(4).client().await;
+    let mut stale = tonic::Request::new(pb::GetTaskRequest { id: ids[0].clone() });
+    stale.metadata_mut().insert("x-raftq-read", "stale".parse().expect("ascii"));
+    c4.get_task(stale).await.expect("the new node holds the data");
+    c4.enqueue(enq("snap", "via-4")).await.expect("the new node serves writes (forwarded)");
+
+    let r = admin.remove_node(pb::RemoveNodeRequest { node_id: 4 }).await.expect("remove").into_inner();
+    assert!(r.members.iter().all(|m| m.node_id != 4), "{r:?}");
+}

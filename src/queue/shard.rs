@@ -577,7 +577,8 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        let current = before.state == TaskState::InProgress && before.lease.as_ref().map(|l| l.token) == Some(item.token);
+        let current =
+            before.state == TaskState::InProgress && before.lease.as_ref().map(|l| l.token) == Some(item.token);
         if !current && before.last_ack == Some((item.token, item.action.kind())) {
             // The ack that ended this delivery, sent again: already applied, change nothing.
             return Ok(Ok(AckOutcome { state: before.state, at: now }));

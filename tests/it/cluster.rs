@@ -50,7 +50,13 @@ async fn stream_worker(addr: String, queue: &'static str, stop: Arc<AtomicBool>,
         }
         if outstanding.is_none() {
             next_id += 1;
-            let ready = pb::Ready { request_id: next_id, queues: vec![queue.into()], lease_ms: 5_000, count: 16, ..Default::default() };
+            let ready = pb::Ready {
+                request_id: next_id,
+                queues: vec![queue.into()],
+                lease_ms: 5_000,
+                count: 16,
+                ..Default::default()
+            };
             if tx.send(ev(pb::worker_event::Event::Ready(ready))).await.is_err() {
                 log.lock().expect("lock").broke = Some("send failed".into());
                 return;
@@ -185,25 +191,28 @@ impl Load {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "{} of {} acknowledged tasks never completed", missing.len(), acked.len());
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} acknowledged tasks never completed",
+                missing.len(),
+                acked.len()
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.stop.store(true, Ordering::Relaxed);
         for j in self.jobs {
             let _ = tokio::time::timeout(Duration::from_secs(5), j).await;
         }
-        let logs = self
-            .workers
-            .into_iter()
-            .map(|(id, l)| (id, std::mem::take(&mut *l.lock().expect("lock"))))
-            .collect();
+        let logs =
+            self.workers.into_iter().map(|(id, l)| (id, std::mem::take(&mut *l.lock().expect("lock")))).collect();
         (acked, logs)
     }
 }
 
 /// The longest time without any claim, among claims made after `from`.
 fn longest_claim_gap(logs: &[(u64, WorkLog)], from: Instant) -> Duration {
-    let mut all: Vec<Instant> = logs.iter().flat_map(|(_, l)| l.claims.iter().copied()).filter(|t| *t >= from).collect();
+    let mut all: Vec<Instant> =
+        logs.iter().flat_map(|(_, l)| l.claims.iter().copied()).filter(|t| *t >= from).collect();
     all.sort();
     let mut prev = from;
     let mut worst = Duration::ZERO;

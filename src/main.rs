@@ -1,9 +1,7 @@
 //! The `raftq` binary: `raftq serve` runs a node; the other subcommands are the operator and user CLI.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -14,6 +12,8 @@ use raftq_proto::v1::admin_client::AdminClient;
 use raftq_proto::v1::task_service_client::TaskServiceClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+
+mod cmd;
 
 #[derive(Parser)]
 #[command(name = "raftq", version, about = "A Raft-replicated task queue")]
@@ -36,8 +36,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DlqCmd,
     },
-    /// Measure enqueue throughput (against an embedded node unless --addr is given).
-    Bench(BenchArgs),
+    /// Load a node or cluster (an embedded node unless --addr is given): full cycles or enqueues only.
+    Bench(cmd::bench::BenchArgs),
     /// Cluster operations: status, leadership transfer, membership, state digests.
     Cluster {
         #[command(subcommand)]
@@ -132,7 +132,7 @@ struct ClientArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
-enum Output {
+pub enum Output {
     Json,
     Table,
 }
@@ -250,25 +250,6 @@ enum DlqCmd {
     },
 }
 
-#[derive(Args)]
-struct BenchArgs {
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
-    duration: Duration,
-    /// Items per EnqueueBatch call; 0 uses unary Enqueue.
-    #[arg(long, default_value_t = 0)]
-    batch: usize,
-    #[arg(long, default_value_t = 100)]
-    payload_bytes: usize,
-    /// Target a running node instead of an embedded one (the fsync count is only known for embedded runs).
-    #[arg(long)]
-    addr: Option<String>,
-    /// Data directory of the embedded node (default: a fresh temporary directory).
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-}
 
 fn main() -> std::process::ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -296,7 +277,7 @@ async fn run() -> Result<()> {
         Cmd::Serve(a) => serve(a).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
-        Cmd::Bench(a) => bench(a).await,
+        Cmd::Bench(a) => cmd::bench::run(a).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
     }
 }
@@ -720,110 +701,4 @@ fn print_members(out: Output, members: &[pb::Member]) {
             ),
         }
     }
-}
-
-async fn bench(a: BenchArgs) -> Result<()> {
-    let mut embedded = None;
-    let addr = match &a.addr {
-        Some(addr) => addr.clone(),
-        None => {
-            let dir = a
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
-            let cfg = Config {
-                data_dir: dir.clone(),
-                grpc_addr: "127.0.0.1:0".into(),
-                raft_addr: "127.0.0.1:0".into(),
-                http_addr: "127.0.0.1:0".into(),
-                ..Config::default()
-            };
-            let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
-            let addr = format!("http://{}", node.grpc_addr);
-            // Wait until the node leads.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while raftq::raft::metrics(&node.raft).current_leader != Some(cfg.node_id) {
-                if Instant::now() > deadline {
-                    bail!("embedded node did not become leader");
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            embedded = Some((node, dir, a.data_dir.is_none()));
-            addr
-        }
-    };
-    let ops = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let payload = bytes::Bytes::from(vec![b'x'; a.payload_bytes]);
-    let (fsyncs0, entries0) = embedded
-        .as_ref()
-        .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)))
-        .unwrap_or((0, 0));
-    let start = Instant::now();
-    let stop_at = start + a.duration;
-    let mut handles = Vec::new();
-    // A few connections shared by the clients, as a real client pool would.
-    let conns = a.clients.div_ceil(16).max(1);
-    let mut pool = Vec::new();
-    for _ in 0..conns {
-        pool.push(connect(&addr).await?);
-    }
-    for i in 0..a.clients {
-        let mut c = pool[i % conns].clone();
-        let (ops, errors, payload, batch) = (ops.clone(), errors.clone(), payload.clone(), a.batch);
-        handles.push(tokio::spawn(async move {
-            let item = pb::EnqueueRequest { queue: "bench".into(), payload, ..Default::default() };
-            while Instant::now() < stop_at {
-                if batch == 0 {
-                    match c.enqueue(item.clone()).await {
-                        Ok(_) => ops.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                } else {
-                    let req = pb::EnqueueBatchRequest { items: vec![item.clone(); batch] };
-                    match c.enqueue_batch(req).await {
-                        Ok(r) => {
-                            let ok = r
-                                .get_ref()
-                                .results
-                                .iter()
-                                .filter(|x| matches!(x.result, Some(pb::enqueue_result::Result::Ok(_))))
-                                .count();
-                            ops.fetch_add(ok as u64, Ordering::Relaxed);
-                            errors.fetch_add((batch - ok) as u64, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(batch as u64, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }
-        }));
-    }
-    for h in handles {
-        h.await?;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let n = ops.load(Ordering::Relaxed);
-    let mode = if a.batch == 0 { "unary Enqueue".to_string() } else { format!("EnqueueBatch x{}", a.batch) };
-    println!("mode                {mode}");
-    println!("clients             {}", a.clients);
-    println!("payload bytes       {}", a.payload_bytes);
-    println!("acknowledged        {n}");
-    println!("errors              {}", errors.load(Ordering::Relaxed));
-    println!("seconds             {secs:.2}");
-    println!("enqueues/s          {:.0}", n as f64 / secs);
-    if let Some((node, dir, remove)) = embedded {
-        let fsyncs = node.log_stats.fsyncs.load(Ordering::Relaxed) - fsyncs0;
-        let entries = node.log_stats.entries.load(Ordering::Relaxed) - entries0;
-        println!("log fsyncs          {fsyncs}");
-        println!("raft entries        {entries}");
-        println!("enqueues per fsync  {:.1}", n as f64 / fsyncs.max(1) as f64);
-        println!("entries per fsync   {:.1}", entries as f64 / fsyncs.max(1) as f64);
-        node.stop().await;
-        if remove {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-    Ok(())
 }

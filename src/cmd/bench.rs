@@ -1,0 +1,471 @@
+//! `raftq bench`: load against a node or a cluster (or an embedded node), with the numbers that matter.
+//!
+//! - `--workload enqueue`: concurrent producers (unary Enqueue, or EnqueueBatch with `--batch`); reports
+//!   acknowledged enqueues per second and, for an embedded node, log fsyncs and enqueues per fsync.
+//! - `--workload cycle` (the default): producers on producer streams and workers on worker streams, every
+//!   task enqueued, claimed and completed; reports full cycles per second and the p50/p90/p99 of
+//!   enqueue->claim and enqueue->complete. Each payload carries its send time, so latencies are measured from
+//!   the moment the producer sent the task.
+//!
+//! It speaks the wire protocol directly (no SDK), so that it measures the server and times every answer.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use raftq::config::Config;
+use raftq::node::{Listeners, Node};
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::producer_stream_client::ProducerStreamClient;
+use raftq_proto::v1::task_service_client::TaskServiceClient;
+use raftq_proto::v1::worker_stream_client::WorkerStreamClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// enqueue: producers only; cycle: enqueue, claim and complete.
+    #[arg(long, value_enum, default_value_t = Workload::Cycle)]
+    pub workload: Workload,
+    /// Nodes to load (repeat, or comma-separated); clients are spread over them. None: an embedded node.
+    #[arg(long = "addr", value_delimiter = ',')]
+    pub addrs: Vec<String>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub duration: Duration,
+    /// Producers (streams for `cycle`, concurrent unary clients for `enqueue`).
+    #[arg(long, default_value_t = 4)]
+    pub producers: usize,
+    /// Tasks per create (CreateBatch / EnqueueBatch); for `enqueue`, 0 uses unary Enqueue.
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Creates a producer keeps in flight on its stream.
+    #[arg(long, default_value_t = 4)]
+    pub inflight: usize,
+    /// Target enqueue rate (tasks/s over all producers); 0 = as fast as the server acknowledges.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Worker streams.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Slots per worker stream (Readys outstanding at once).
+    #[arg(long, default_value_t = 4)]
+    pub slots: usize,
+    /// Tasks asked for per Ready.
+    #[arg(long, default_value_t = 100)]
+    pub worker_batch: u32,
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+    /// Data directory of the embedded node (default: a fresh temporary directory, removed afterwards).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = crate::Output::Table)]
+    pub output: crate::Output,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    Enqueue,
+    Cycle,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+async fn channel(addr: &str) -> Result<Channel> {
+    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    Ok(tonic::transport::Endpoint::from_shared(url.clone())?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?)
+}
+
+/// Latency samples in microseconds.
+#[derive(Default)]
+struct Samples(Mutex<Vec<u32>>);
+
+impl Samples {
+    fn add(&self, us: u64) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(us.min(u32::MAX as u64) as u32);
+    }
+    fn percentiles(&self) -> Option<[f64; 3]> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)] as f64 / 1000.0;
+        Some([at(0.50), at(0.90), at(0.99)])
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    enqueued: AtomicU64,
+    enqueue_errors: AtomicU64,
+    claimed: AtomicU64,
+    completed: AtomicU64,
+    rejected: AtomicU64,
+    to_claim: Samples,
+    to_complete: Samples,
+}
+
+pub async fn run(a: BenchArgs) -> Result<()> {
+    let mut embedded = None;
+    let addrs = if a.addrs.is_empty() {
+        let dir = a
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
+        let cfg = Config {
+            data_dir: dir.clone(),
+            grpc_addr: "127.0.0.1:0".into(),
+            raft_addr: "127.0.0.1:0".into(),
+            http_addr: "127.0.0.1:0".into(),
+            ..Config::default()
+        };
+        let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while raftq::raft::metrics(&node.raft).current_leader != Some(cfg.node_id) {
+            if Instant::now() > deadline {
+                bail!("embedded node did not become leader");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let addr = node.grpc_addr.to_string();
+        embedded = Some((node, dir, a.data_dir.is_none()));
+        vec![addr]
+    } else {
+        a.addrs.clone()
+    };
+    let stats = Arc::new(Counters::default());
+    let log0 = embedded.as_ref().map(|(n, _, _)| {
+        (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed))
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let queue = format!("bench-{:08x}", rand::random::<u32>());
+    let mut jobs = tokio::task::JoinSet::new();
+    let payload_len = a.payload_bytes.max(8);
+    for p in 0..a.producers {
+        let ch = channel(&addrs[p % addrs.len()]).await?;
+        let (stats, stop, queue) = (stats.clone(), stop.clone(), queue.clone());
+        let per_producer_rate = if a.rate == 0 { 0 } else { (a.rate / a.producers as u64).max(1) };
+        match a.workload {
+            Workload::Cycle => {
+                let (batch, inflight) = (a.batch.max(1), a.inflight.max(1));
+                jobs.spawn(stream_producer(ch, queue, batch, inflight, per_producer_rate, payload_len, stats, stop));
+            }
+            Workload::Enqueue => {
+                jobs.spawn(unary_producer(ch, queue, a.batch, per_producer_rate, payload_len, stats, stop));
+            }
+        }
+    }
+    if a.workload == Workload::Cycle {
+        for w in 0..a.workers {
+            let ch = channel(&addrs[w % addrs.len()]).await?;
+            let (stats, stop, queue) = (stats.clone(), stop.clone(), queue.clone());
+            jobs.spawn(stream_worker(ch, queue, w, a.slots.max(1), a.worker_batch.max(1), stats, stop));
+        }
+    }
+    let start = Instant::now();
+    let mut last = (start, 0u64, 0u64);
+    while start.elapsed() < a.duration {
+        tokio::time::sleep(Duration::from_secs(1).min(a.duration.saturating_sub(start.elapsed()))).await;
+        let (e, c) = (stats.enqueued.load(Ordering::Relaxed), stats.completed.load(Ordering::Relaxed));
+        let dt = last.0.elapsed().as_secs_f64().max(1e-3);
+        eprintln!(
+            "[{:>5.1}s] enqueued {e} ({:.0}/s)  completed {c} ({:.0}/s)",
+            start.elapsed().as_secs_f64(),
+            (e - last.1) as f64 / dt,
+            (c - last.2) as f64 / dt
+        );
+        last = (Instant::now(), e, c);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    // Stop all load, including parked Readys, without waiting for their hold time.
+    jobs.abort_all();
+    while jobs.join_next().await.is_some() {}
+
+    let enqueued = stats.enqueued.load(Ordering::Relaxed);
+    let completed = stats.completed.load(Ordering::Relaxed);
+    let fsync = embedded.as_ref().zip(log0).map(|((n, _, _), (f0, e0))| {
+        (n.log_stats.fsyncs.load(Ordering::Relaxed) - f0, n.log_stats.entries.load(Ordering::Relaxed) - e0)
+    });
+    let report = serde_json::json!({
+        "workload": if a.workload == Workload::Cycle { "cycle" } else { "enqueue" },
+        "nodes": addrs,
+        "seconds": secs,
+        "producers": a.producers,
+        "batch": a.batch,
+        "workers": a.workers,
+        "slots": a.slots,
+        "worker_batch": a.worker_batch,
+        "payload_bytes": payload_len,
+        "target_rate": a.rate,
+        "enqueued": enqueued,
+        "enqueue_errors": stats.enqueue_errors.load(Ordering::Relaxed),
+        "enqueued_per_s": enqueued as f64 / secs,
+        "claimed": stats.claimed.load(Ordering::Relaxed),
+        "completed": completed,
+        "completed_per_s": completed as f64 / secs,
+        "rejected_results": stats.rejected.load(Ordering::Relaxed),
+        "enqueue_to_claim_ms": stats.to_claim.percentiles().map(|p| serde_json::json!({"p50": p[0], "p90": p[1], "p99": p[2]})),
+        "enqueue_to_complete_ms": stats.to_complete.percentiles().map(|p| serde_json::json!({"p50": p[0], "p90": p[1], "p99": p[2]})),
+        "log_fsyncs": fsync.map(|f| f.0),
+        "raft_entries": fsync.map(|f| f.1),
+        "enqueues_per_fsync": fsync.map(|f| enqueued as f64 / f.0.max(1) as f64),
+    });
+    if a.output == crate::Output::Json {
+        println!("{report}");
+    } else {
+        println!("workload            {}", report["workload"].as_str().unwrap_or(""));
+        println!("nodes               {}", addrs.join(","));
+        println!("seconds             {secs:.2}");
+        println!("enqueued            {enqueued} ({:.0}/s)", enqueued as f64 / secs);
+        println!("enqueue errors      {}", stats.enqueue_errors.load(Ordering::Relaxed));
+        if a.workload == Workload::Cycle {
+            println!("completed           {completed} ({:.0}/s full cycles)", completed as f64 / secs);
+            println!("rejected results    {}", stats.rejected.load(Ordering::Relaxed));
+            for (name, s) in [("enqueue->claim", &stats.to_claim), ("enqueue->complete", &stats.to_complete)] {
+                if let Some(p) = s.percentiles() {
+                    println!("{name:<19} p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms", p[0], p[1], p[2]);
+                }
+            }
+        }
+        if let Some((f, e)) = fsync {
+            println!("log fsyncs          {f}");
+            println!("raft entries        {e}");
+            println!("enqueues per fsync  {:.1}", enqueued as f64 / f.max(1) as f64);
+        }
+    }
+    if let Some((node, dir, remove)) = embedded {
+        node.stop().await;
+        if remove {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    Ok(())
+}
+
+fn payload(len: usize) -> bytes::Bytes {
+    let mut p = vec![b'x'; len];
+    p[..8].copy_from_slice(&now_us().to_be_bytes());
+    p.into()
+}
+
+fn sent_at(p: &[u8]) -> u64 {
+    p.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0)
+}
+
+/// Paces a producer to `rate` tasks/s (0: no pacing).
+struct Pacer {
+    start: Instant,
+    sent: u64,
+    rate: u64,
+}
+
+impl Pacer {
+    async fn wait(&mut self, n: u64) {
+        if self.rate > 0 {
+            let due = self.start + Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        self.sent += n;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stream_producer(
+    ch: Channel,
+    queue: String,
+    batch: usize,
+    inflight: usize,
+    rate: u64,
+    payload_len: usize,
+    stats: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+) {
+    let (tx, rx) = mpsc::channel(inflight + 1);
+    let ev = |e| pb::ProducerEvent { event: Some(e) };
+    let _ = tx.send(ev(pb::producer_event::Event::Hello(pb::Hello::default()))).await;
+    let Ok(resp) = ProducerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await else {
+        stats.enqueue_errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let mut inbound = resp.into_inner();
+    let permits = Arc::new(tokio::sync::Semaphore::new(inflight));
+    let reader_permits = permits.clone();
+    let reader_stats = stats.clone();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(m)) = inbound.message().await {
+            if let Some(pb::producer_server_event::Event::Ack(a)) = m.event {
+                let ok = a.results.iter().filter(|r| matches!(r.result, Some(pb::enqueue_result::Result::Ok(_)))).count();
+                reader_stats.enqueued.fetch_add(ok as u64, Ordering::Relaxed);
+                let failed = if a.error.is_some() { 1 } else { a.results.len() - ok };
+                reader_stats.enqueue_errors.fetch_add(failed as u64, Ordering::Relaxed);
+                reader_permits.add_permits(1);
+            }
+        }
+    });
+    let mut pacer = Pacer { start: Instant::now(), sent: 0, rate };
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(p) = permits.acquire().await else { break };
+        p.forget();
+        pacer.wait(batch as u64).await;
+        seq += 1;
+        let tasks = (0..batch)
+            .map(|_| pb::EnqueueRequest { queue: queue.clone(), payload: payload(payload_len), ..Default::default() })
+            .collect();
+        if tx.send(ev(pb::producer_event::Event::CreateBatch(pb::CreateBatch { seq, tasks }))).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    reader.abort();
+}
+
+async fn unary_producer(
+    ch: Channel,
+    queue: String,
+    batch: usize,
+    rate: u64,
+    payload_len: usize,
+    stats: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut c = TaskServiceClient::new(ch);
+    let mut pacer = Pacer { start: Instant::now(), sent: 0, rate };
+    while !stop.load(Ordering::Relaxed) {
+        let item = || pb::EnqueueRequest { queue: queue.clone(), payload: payload(payload_len), ..Default::default() };
+        if batch == 0 {
+            pacer.wait(1).await;
+            match c.enqueue(item()).await {
+                Ok(_) => stats.enqueued.fetch_add(1, Ordering::Relaxed),
+                Err(_) => stats.enqueue_errors.fetch_add(1, Ordering::Relaxed),
+            };
+        } else {
+            pacer.wait(batch as u64).await;
+            match c.enqueue_batch(pb::EnqueueBatchRequest { items: (0..batch).map(|_| item()).collect() }).await {
+                Ok(r) => {
+                    let ok = r
+                        .get_ref()
+                        .results
+                        .iter()
+                        .filter(|x| matches!(x.result, Some(pb::enqueue_result::Result::Ok(_))))
+                        .count();
+                    stats.enqueued.fetch_add(ok as u64, Ordering::Relaxed);
+                    stats.enqueue_errors.fetch_add((batch - ok) as u64, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    stats.enqueue_errors.fetch_add(batch as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// One worker stream with `slots` Readys outstanding; each batch is completed at once with one ResultBatch.
+async fn stream_worker(
+    ch: Channel,
+    queue: String,
+    n: usize,
+    slots: usize,
+    count: u32,
+    stats: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+) {
+    let (tx, rx) = mpsc::channel(slots * 2 + 1);
+    let ev = |e| pb::WorkerEvent { event: Some(e) };
+    let hello = pb::Hello { token: String::new(), worker_id: format!("bench-{n}") };
+    let _ = tx.send(ev(pb::worker_event::Event::Hello(hello))).await;
+    let Ok(resp) = WorkerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await else { return };
+    let mut inbound = resp.into_inner();
+    let mut next_id = 0u64;
+    let ready = |id: u64| {
+        ev(pb::worker_event::Event::Ready(pb::Ready {
+            request_id: id,
+            queues: vec![queue.clone()],
+            lease_ms: 60_000,
+            count,
+            ..Default::default()
+        }))
+    };
+    for _ in 0..slots {
+        next_id += 1;
+        if tx.send(ready(next_id)).await.is_err() {
+            return;
+        }
+    }
+    // Per ResultBatch request: the send times of its tasks.
+    let mut pending: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    while let Ok(Some(m)) = inbound.message().await {
+        use pb::server_event::Event;
+        match m.event {
+            Some(Event::TaskBatch(b)) => {
+                let now = now_us();
+                stats.claimed.fetch_add(b.tasks.len() as u64, Ordering::Relaxed);
+                if b.tasks.is_empty() {
+                    if stop.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    next_id += 1;
+                    let _ = tx.send(ready(next_id)).await;
+                    continue;
+                }
+                let mut sent = Vec::with_capacity(b.tasks.len());
+                let results = b
+                    .tasks
+                    .into_iter()
+                    .map(|t| {
+                        let s = sent_at(&t.payload);
+                        stats.to_claim.add(now.saturating_sub(s));
+                        sent.push(s);
+                        pb::Result {
+                            request_id: 0,
+                            task_id: t.id,
+                            token: t.lease.map(|l| l.token).unwrap_or(0),
+                            outcome: Some(pb::result::Outcome::Completed(pb::Complete::default())),
+                        }
+                    })
+                    .collect();
+                next_id += 1;
+                pending.insert(next_id, sent);
+                if tx.send(ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results }))).await.is_err() {
+                    return;
+                }
+            }
+            Some(Event::AckBatch(a)) => {
+                let now = now_us();
+                let sent = pending.remove(&a.request_id).unwrap_or_default();
+                for (ack, s) in a.acks.iter().zip(sent) {
+                    if ack.applied {
+                        stats.completed.fetch_add(1, Ordering::Relaxed);
+                        stats.to_complete.add(now.saturating_sub(s));
+                    } else {
+                        stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if !stop.load(Ordering::Relaxed) {
+                    next_id += 1;
+                    let _ = tx.send(ready(next_id)).await;
+                }
+            }
+            Some(Event::Error(_)) => {
+                if !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    next_id += 1;
+                    let _ = tx.send(ready(next_id)).await;
+                }
+            }
+            _ => {}
+        }
+    }
+}

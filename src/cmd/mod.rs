@@ -1,0 +1,3 @@
+//! Subcommands of the `raftq` binary that are more than a request: the benchmark and the command runner.
+
+pub mod bench;

@@ -87,7 +87,7 @@ impl Default for Config {
             heartbeat_interval_ms: 100,
             election_timeout_min_ms: 400,
             election_timeout_max_ms: 800,
-            snapshot_every_entries: 20_000,
+            snapshot_every_entries: 100_000,
             snapshot_keep_entries: 1_000,
             purge_batch_entries: 256,
             max_payload_bytes: 1024 * 1024,

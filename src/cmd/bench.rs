@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// Data directory of the embedded node (default: a fresh temporary directory, removed afterwards).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// TOML configuration of the embedded node.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = crate::Output::Table)]
     pub output: crate::Output,
 }
@@ -123,12 +126,17 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             .data_dir
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
+        let base = match &a.config {
+            Some(p) => toml::from_str::<Config>(&std::fs::read_to_string(p)?)
+                .with_context(|| format!("parsing {}", p.display()))?,
+            None => Config::default(),
+        };
         let cfg = Config {
             data_dir: dir.clone(),
             grpc_addr: "127.0.0.1:0".into(),
             raft_addr: "127.0.0.1:0".into(),
             http_addr: "127.0.0.1:0".into(),
-            ..Config::default()
+            ..base
         };
         let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -145,9 +153,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         a.addrs.clone()
     };
     let stats = Arc::new(Counters::default());
-    let log0 = embedded.as_ref().map(|(n, _, _)| {
-        (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed))
-    });
+    let log0 = embedded
+        .as_ref()
+        .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)));
     let stop = Arc::new(AtomicBool::new(false));
     let queue = format!("bench-{:08x}", rand::random::<u32>());
     let mut jobs = tokio::task::JoinSet::new();
@@ -306,7 +314,8 @@ async fn stream_producer(
     let reader = tokio::spawn(async move {
         while let Ok(Some(m)) = inbound.message().await {
             if let Some(pb::producer_server_event::Event::Ack(a)) = m.event {
-                let ok = a.results.iter().filter(|r| matches!(r.result, Some(pb::enqueue_result::Result::Ok(_)))).count();
+                let ok =
+                    a.results.iter().filter(|r| matches!(r.result, Some(pb::enqueue_result::Result::Ok(_)))).count();
                 reader_stats.enqueued.fetch_add(ok as u64, Ordering::Relaxed);
                 let failed = if a.error.is_some() { 1 } else { a.results.len() - ok };
                 reader_stats.enqueue_errors.fetch_add(failed as u64, Ordering::Relaxed);
@@ -438,7 +447,11 @@ async fn stream_worker(
                     .collect();
                 next_id += 1;
                 pending.insert(next_id, sent);
-                if tx.send(ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results }))).await.is_err() {
+                if tx
+                    .send(ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results })))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -32,7 +32,7 @@ use crate::queue::{self, Effects, PartialResponse, Response, ShardCore, StateCou
 use crate::raft::types::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// How often apply syncs the shard files. Bounds the log a restart re-applies; the log itself is always synced.
-const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP1\n";
 const FRAME_HEADER: u8 = 1;
 const FRAME_TASK: u8 = 2;

@@ -38,6 +38,8 @@ enum Cmd {
     },
     /// Load a node or cluster (an embedded node unless --addr is given): full cycles or enqueues only.
     Bench(cmd::bench::BenchArgs),
+    /// Run a command per task: payload on stdin; exit 0 completes with stdout, another exit fails with stderr.
+    Worker(cmd::worker::WorkerArgs),
     /// Cluster operations: status, leadership transfer, membership, state digests.
     Cluster {
         #[command(subcommand)]
@@ -250,7 +252,6 @@ enum DlqCmd {
     },
 }
 
-
 fn main() -> std::process::ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -279,6 +280,15 @@ async fn run() -> Result<()> {
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Bench(a) => cmd::bench::run(a).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
+        Cmd::Worker(a) => {
+            let shutdown = CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                stop.cancel();
+            });
+            cmd::worker::run(a, shutdown).await
+        }
     }
 }
 

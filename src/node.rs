@@ -154,6 +154,7 @@ impl Node {
             dispatcher: dispatcher.clone(),
             fwd: fwd.clone(),
             shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
         };
         let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)

@@ -36,6 +36,8 @@ pub struct StreamApi {
     pub dispatcher: Dispatcher,
     pub fwd: Arc<Forwarder>,
     pub shutdown: CancellationToken,
+    /// The node's tracker: stream sessions are tracked, so shutdown waits for them.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 /// A request to the leader on behalf of a stream's caller, with its token.
@@ -400,7 +402,7 @@ impl WorkerStream for StreamApi {
         let worker_id: Arc<str> = worker_id.into();
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
-        tokio::spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
+        self.tasks.spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
             use pb::worker_event::Event;
             let (api, caller, worker_id, out) = (api.clone(), caller.clone(), worker_id.clone(), tx.clone());
             let tenant = caller.tenant.clone();
@@ -475,7 +477,7 @@ impl ProducerStream for StreamApi {
         let caller = Arc::new(caller);
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
-        tokio::spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
+        self.tasks.spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
             use pb::producer_event::Event;
             let (api, caller, out) = (api.clone(), caller.clone(), tx.clone());
             let (seq, items) = match ev.event? {

@@ -81,12 +81,12 @@ fn now_us() -> u64 {
 
 async fn channel(addr: &str) -> Result<Channel> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    Ok(tonic::transport::Endpoint::from_shared(url.clone())?
+    tonic::transport::Endpoint::from_shared(url.clone())?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .with_context(|| format!("connecting to {url}"))?)
+        .with_context(|| format!("connecting to {url}"))
 }
 
 /// Latency samples in microseconds.
@@ -471,12 +471,10 @@ async fn stream_worker(
                     let _ = tx.send(ready(next_id)).await;
                 }
             }
-            Some(Event::Error(_)) => {
-                if !stop.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    next_id += 1;
-                    let _ = tx.send(ready(next_id)).await;
-                }
+            Some(Event::Error(_)) if !stop.load(Ordering::Relaxed) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                next_id += 1;
+                let _ = tx.send(ready(next_id)).await;
             }
             _ => {}
         }

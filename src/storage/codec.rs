@@ -25,3 +25,18 @@ pub fn key_bytes(tenant: &str, key: &str) -> Vec<u8> {
     v.extend_from_slice(key.as_bytes());
     v
 }
+
+/// Opens (or creates) a redb file. A file still held by a store of this process that is closing (its last
+/// handle is being dropped on another thread) is waited for briefly; a file held by another process is not.
+pub fn open_db(path: &std::path::Path) -> io::Result<redb::Database> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match redb::Database::create(path) {
+            Ok(db) => return Ok(db),
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(io::Error::other(format!("{}: {e}", path.display()))),
+        }
+    }
+}

@@ -74,7 +74,7 @@ impl LogStore {
     /// Opens (or creates) the log file and starts its writer thread. The thread ends when the last `LogStore`
     /// clone is dropped.
     pub fn open(path: &Path) -> io::Result<LogStore> {
-        let db = Arc::new(Database::create(path).map_err(io_err)?);
+        let db = Arc::new(super::codec::open_db(path)?);
         {
             let txn = db.begin_write().map_err(io_err)?;
             txn.open_table(LOG).map_err(io_err)?;

@@ -20,7 +20,7 @@ pub struct ShardMeta {
 }
 
 pub fn open_db(path: &Path) -> io::Result<Database> {
-    let db = Database::create(path).map_err(io_err)?;
+    let db = super::codec::open_db(path)?;
     let txn = db.begin_write().map_err(io_err)?;
     txn.open_table(TASKS).map_err(io_err)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;

@@ -5,5 +5,6 @@ mod api;
 mod cluster;
 mod crash;
 mod procs;
+mod sdk;
 mod stream;
 mod support;

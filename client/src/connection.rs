@@ -1,0 +1,261 @@
+//! Which server to talk to: the configured addresses in order, a leader named by a `NOT_LEADER` answer first,
+//! one cached channel at a time. Also the bearer token on every request. Owns no retry policy.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, Result};
+
+/// The address the examples and the server default to.
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:9091";
+
+/// Asks a follower to answer `NOT_LEADER` with the leader's address instead of forwarding the request: the
+/// SDK follows it and sends every later request straight to the leader, saving a hop each time.
+const REDIRECT_HEADER: &str = "x-raftq-redirect";
+
+/// HTTP/2 pings on idle connections: a server that vanished without closing the socket (power loss, a
+/// partition) is noticed within interval + timeout instead of at the next request or never.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest message the SDK sends or accepts: a batch of tasks with large payloads. Matches the
+/// server's public API limit.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Longest wait for a stream's HelloAck; the server itself gives a client 10 s to send its Hello.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events queued for a stream's send side before senders wait: flow control without unbounded memory (the
+/// server uses the same depth for its side).
+pub(crate) const STREAM_SEND_BUFFER: usize = 256;
+
+/// `host:port` or `http://host:port` as a URI tonic can dial; explains what is wrong otherwise.
+pub(crate) fn normalize_addr(addr: &str) -> std::result::Result<String, String> {
+    let a = addr.trim();
+    if a.is_empty() {
+        return Err("an address is empty".into());
+    }
+    let uri = match a.split_once("://") {
+        Some(("http", _)) => a.to_string(),
+        Some(("https", _)) => {
+            return Err(format!("address {a:?}: https is not supported by this build (no TLS); use http://"))
+        }
+        Some((scheme, _)) => return Err(format!("address {a:?}: unknown scheme {scheme:?}")),
+        None => format!("http://{a}"),
+    };
+    match Endpoint::from_shared(uri.clone()) {
+        Ok(_) => Ok(uri),
+        Err(e) => Err(format!("address {a:?} is not a valid URI: {e}")),
+    }
+}
+
+/// Checks an address list and a token; pushes one line per problem.
+pub(crate) fn validate_target(addrs: &[String], token: Option<&str>, errors: &mut Vec<String>) {
+    if addrs.is_empty() {
+        errors.push("addrs must list at least one server address".into());
+    }
+    for a in addrs {
+        if let Err(e) = normalize_addr(a) {
+            errors.push(e);
+        }
+    }
+    if let Some(t) = token {
+        if bearer(t).is_none() {
+            errors.push("token must be printable ASCII".into());
+        }
+    }
+}
+
+fn bearer(token: &str) -> Option<AsciiMetadataValue> {
+    MetadataValue::try_from(format!("Bearer {token}")).ok()
+}
+
+struct State {
+    /// Index into `addrs` of the next address to try.
+    next: usize,
+    /// A leader named by a NOT_LEADER answer: tried before the list, once.
+    leader: Option<String>,
+    current: Option<(String, Channel)>,
+}
+
+/// Chooses and caches the channel to the server that should be leader.
+pub(crate) struct Connector {
+    addrs: Vec<String>,
+    auth: Option<AsciiMetadataValue>,
+    connect_timeout: Duration,
+    state: Mutex<State>,
+}
+
+impl Connector {
+    /// `addrs` and `token` must have passed [`validate_target`].
+    pub(crate) fn new(addrs: &[String], token: Option<&str>, connect_timeout: Duration) -> Result<Connector> {
+        let mut errors = Vec::new();
+        validate_target(addrs, token, &mut errors);
+        if !errors.is_empty() {
+            return Err(Error::Config(errors));
+        }
+        Ok(Connector {
+            addrs: addrs.iter().map(|a| normalize_addr(a).expect("validated above")).collect(),
+            auth: token.and_then(bearer),
+            connect_timeout,
+            state: Mutex::new(State { next: 0, leader: None, current: None }),
+        })
+    }
+
+    /// A request carrying the bearer token (if one is configured) and asking for redirects.
+    pub(crate) fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert(REDIRECT_HEADER, AsciiMetadataValue::from_static("1"));
+        if let Some(a) = &self.auth {
+            r.metadata_mut().insert("authorization", a.clone());
+        }
+        r
+    }
+
+    /// The cached channel, or a new one: to the leader last named, then to each address in order from the
+    /// one after the last that failed. The error is the last connect failure.
+    pub(crate) async fn channel(&self) -> Result<(String, Channel)> {
+        let (candidates, start) = {
+            let mut st = self.state.lock().expect("connector lock poisoned");
+            if let Some(c) = &st.current {
+                return Ok(c.clone());
+            }
+            let mut c: Vec<String> = st.leader.take().into_iter().collect();
+            let n = self.addrs.len();
+            c.extend((0..n).map(|i| self.addrs[(st.next + i) % n].clone()));
+            (c, st.next)
+        };
+        let mut last = None;
+        for addr in candidates {
+            match self.connect(&addr).await {
+                Ok(ch) => {
+                    let mut st = self.state.lock().expect("connector lock poisoned");
+                    if let Some(i) = self.addrs.iter().position(|a| *a == addr) {
+                        st.next = i;
+                    }
+                    st.current = Some((addr.clone(), ch.clone()));
+                    return Ok((addr, ch));
+                }
+                Err(e) => {
+                    tracing::debug!(addr = %addr, error = %e, "cannot connect");
+                    last = Some(e);
+                }
+            }
+        }
+        let mut st = self.state.lock().expect("connector lock poisoned");
+        st.next = (start + 1) % self.addrs.len();
+        Err(last.unwrap_or_else(|| Error::Transport { message: "no address to connect to".into(), source: None }))
+    }
+
+    /// The channel to `addr` failed: forget it and move on to the next address.
+    pub(crate) fn failed(&self, addr: &str) {
+        let mut st = self.state.lock().expect("connector lock poisoned");
+        if st.current.as_ref().is_some_and(|(a, _)| a == addr) {
+            st.current = None;
+        }
+        if let Some(i) = self.addrs.iter().position(|a| a == addr) {
+            st.next = (i + 1) % self.addrs.len();
+        }
+    }
+
+    /// `addr` is not the leader: forget its channel and try `leader` (when known) first next time.
+    pub(crate) fn redirect(&self, addr: &str, leader: Option<&str>) {
+        let leader = leader.and_then(|l| match normalize_addr(l) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(leader = %l, error = %e, "ignoring an unusable leader address");
+                None
+            }
+        });
+        // Without a leader (an election is running) stay on the list: move on to the next address.
+        if leader.is_none() || leader.as_deref() == Some(addr) {
+            self.failed(addr);
+            return;
+        }
+        let mut st = self.state.lock().expect("connector lock poisoned");
+        if st.current.as_ref().is_some_and(|(a, _)| a == addr) {
+            st.current = None;
+        }
+        st.leader = leader;
+    }
+
+    async fn connect(&self, addr: &str) -> Result<Channel> {
+        let ep = Endpoint::from_shared(addr.to_string())
+            .map_err(Error::transport_error)?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        match tokio::time::timeout(self.connect_timeout, ep.connect()).await {
+            Ok(r) => r.map_err(Error::transport_error),
+            Err(_) => Err(Error::Transport { message: format!("connecting to {addr} timed out"), source: None }),
+        }
+    }
+}
+
+/// The outbound half of a stream: what is queued on `rx`, ending when `closed` fires (after what is already
+/// queued) or every sender is gone.
+pub(crate) fn outbound<T: Send + 'static>(
+    rx: mpsc::Receiver<T>,
+    closed: CancellationToken,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold((rx, closed), |(mut rx, closed)| async move {
+        tokio::select! {
+            biased;
+            m = rx.recv() => m.map(|m| (m, (rx, closed))),
+            _ = closed.cancelled() => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_host_port_gets_http_scheme() {
+        assert_eq!(normalize_addr("127.0.0.1:9091").as_deref(), Ok("http://127.0.0.1:9091"));
+        assert_eq!(normalize_addr(" http://node-2:9091 ").as_deref(), Ok("http://node-2:9091"));
+    }
+
+    #[test]
+    fn https_and_garbage_are_rejected_with_the_address_named() {
+        assert!(normalize_addr("https://x:1").unwrap_err().contains("https"));
+        assert!(normalize_addr("ftp://x:1").unwrap_err().contains("ftp"));
+        assert!(normalize_addr("").is_err());
+        assert!(normalize_addr("a b:1").unwrap_err().contains("a b:1"));
+    }
+
+    #[test]
+    fn validate_target_reports_every_problem() {
+        let mut errors = Vec::new();
+        validate_target(&[], Some("bad\ntoken"), &mut errors);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+    }
+
+    #[tokio::test]
+    async fn redirect_tries_the_named_leader_first_and_then_the_list() {
+        let c = Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], Some("t"), Duration::from_millis(200))
+            .expect("valid");
+        c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
+        assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:3"));
+        // Nothing listens on these ports: every candidate is tried, the hint is used once.
+        assert!(c.channel().await.is_err());
+        assert!(c.state.lock().unwrap().leader.is_none());
+        let r = c.request(());
+        assert_eq!(r.metadata().get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer t"));
+        assert_eq!(r.metadata().get(REDIRECT_HEADER).and_then(|v| v.to_str().ok()), Some("1"));
+    }
+
+    #[test]
+    fn redirect_without_leader_moves_to_the_next_address() {
+        let c = Connector::new(&["a:1".into(), "b:1".into()], None, Duration::from_secs(1)).expect("valid");
+        c.redirect("http://a:1", None);
+        assert_eq!(c.state.lock().unwrap().next, 1);
+        assert!(c.state.lock().unwrap().leader.is_none());
+    }
+}

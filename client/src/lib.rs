@@ -1,0 +1,50 @@
+//! Producer and worker SDK for raftq, a Raft-replicated task queue.
+//!
+//! Depends on the generated protocol (`raftq-proto`) and tonic only: never on the server's crates (openraft,
+//! redb), so worker applications stay small.
+//!
+//! - [`Producer`]: enqueue (one, or a batch whose items succeed or fail one by one), read a task or its
+//!   result, cancel; [`Producer::stream`] opens a [`StreamProducer`] that keeps many creates in flight on one
+//!   stream.
+//! - [`Worker`]: one worker stream shared by many slots running a handler that returns an [`Outcome`];
+//!   automatic lease extension, reconnects, graceful shutdown; every answer to an outcome is checked
+//!   ([`Worker::rejections`], [`WorkerStats`]).
+//! - [`Error`]: the server's stable reason ([`Error::reason`]) and whether retrying helps
+//!   ([`Error::is_retryable`]); [`Error::UnknownOutcome`] for a write that may or may not have happened.
+//!
+//! Modules:
+//!
+//! | module | owns |
+//! |---|---|
+//! | `error` | [`Error`], the mapping of statuses, per-item and stream errors to it |
+//! | `connection` | address order, leader following, one cached channel, the bearer token |
+//! | `backoff` | [`Backoff`]: exponential delays with jitter |
+//! | `task` | [`Task`], [`NewTask`] and the other task types, conversions from and to the protocol |
+//! | `producer` | [`Producer`], [`ProducerConfig`], the retry rule of unary calls |
+//! | `producer_stream` | [`StreamProducer`]: creates matched to acks by sequence number |
+//! | `worker` | [`Worker`], [`WorkerConfig`], [`Outcome`], [`Rejection`], [`WorkerStats`]; the stream session, slots, heartbeats |
+//!
+//! Retry rules: reads are retried on any transient error; writes only when they certainly were not applied
+//! (`NOT_LEADER`, a connection that could not be made). An unknown outcome is returned, never retried behind
+//! the caller's back. A worker resends an outcome after a lost stream: its fencing token makes the server
+//! apply it at most once.
+
+#![warn(missing_docs)]
+
+mod backoff;
+mod connection;
+mod error;
+mod producer;
+mod producer_stream;
+mod task;
+mod worker;
+
+pub use backoff::Backoff;
+pub use connection::DEFAULT_ADDR;
+pub use error::{Error, Result, LEADER_HEADER, LEASE_LOST, NOT_LEADER, REASON_HEADER, UNKNOWN_OUTCOME};
+pub use producer::{Producer, ProducerConfig};
+pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};
+pub use task::{Enqueued, Lease, NewTask, Task, TaskResult, TaskState, TraceContext};
+/// The shutdown signal [`Worker::run`] takes (re-exported from `tokio-util`).
+pub use tokio_util::sync::CancellationToken;
+pub use worker::{Outcome, Rejection, Worker, WorkerConfig, WorkerStats, WorkerSummary};

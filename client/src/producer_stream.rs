@@ -1,0 +1,397 @@
+//! The pipelined producer over `ProducerStream.Stream`: Hello first, then creates numbered by a client
+//! sequence number and answered by `CreateAck`s carrying that number, many in flight at once. A broken stream
+//! is reopened for the next create; creates it carried end with an unknown outcome and are never resent.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::producer_stream_client::ProducerStreamClient;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::backoff::Backoff;
+use crate::connection::{outbound, HELLO_TIMEOUT, MAX_MESSAGE_BYTES, STREAM_SEND_BUFFER};
+use crate::error::{Error, Result};
+use crate::producer::{enqueue_results, next_step, Kind, Next, Producer};
+use crate::task::{Enqueued, NewTask};
+
+/// A create refused with NOT_LEADER (so not applied) is sent again on a stream to the leader at most this
+/// many times: enough to follow one leader change, not to spin through an election.
+const MAX_REDIRECTS: u32 = 3;
+
+type Answer = Result<pb::CreateAck>;
+type PendingMap = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+
+/// A pipelined producer: `create` returns as soon as the task is on the stream, with a [`PendingEnqueue`]
+/// that resolves when the server acknowledges it. Awaiting many pending creates together keeps many in
+/// flight on one stream:
+///
+/// ```no_run
+/// # async fn f(p: raftq_client::Producer) -> raftq_client::Result<()> {
+/// use raftq_client::NewTask;
+/// let s = p.stream().await?;
+/// let mut pending = Vec::new();
+/// for i in 0..1000 {
+///     pending.push(s.create(NewTask::new("emails", format!("hello {i}"))).await?);
+/// }
+/// for r in futures::future::join_all(pending).await {
+///     println!("{}", r?.task_id);
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// At most `ProducerConfig::stream_max_in_flight` creates are pending at once; `create` waits for room.
+/// If the stream breaks, creates still waiting for their answer end with [`Error::UnknownOutcome`] (they
+/// may have been applied) and the next `create` opens a new stream.
+#[derive(Clone)]
+pub struct StreamProducer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    producer: Producer,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    next_seq: AtomicU64,
+    in_flight: Arc<Semaphore>,
+}
+
+struct Session {
+    addr: String,
+    tx: mpsc::Sender<pb::ProducerEvent>,
+    pending: PendingMap,
+    closed: CancellationToken,
+    _reader: AbortOnDropHandle<()>,
+}
+
+impl fmt::Debug for StreamProducer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamProducer").field("next_seq", &self.inner.next_seq.load(Ordering::Relaxed)).finish()
+    }
+}
+
+/// The answer to one [`StreamProducer::create`]: a future of the item's result.
+#[must_use = "the create's outcome is only known by awaiting it"]
+pub struct PendingEnqueue(BoxFuture<'static, Result<Enqueued>>);
+
+impl Future for PendingEnqueue {
+    type Output = Result<Enqueued>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for PendingEnqueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PendingEnqueue")
+    }
+}
+
+/// The answer to one [`StreamProducer::create_batch`]: a future of the per-item results, in order, or of
+/// the batch's failure as a whole.
+#[must_use = "the batch's outcome is only known by awaiting it"]
+pub struct PendingBatch(BoxFuture<'static, Result<Vec<Result<Enqueued>>>>);
+
+impl Future for PendingBatch {
+    type Output = Result<Vec<Result<Enqueued>>>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for PendingBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PendingBatch")
+    }
+}
+
+impl StreamProducer {
+    pub(crate) async fn open(producer: Producer) -> Result<StreamProducer> {
+        let in_flight = Arc::new(Semaphore::new(producer.inner.cfg.stream_max_in_flight));
+        let inner = Arc::new(Inner {
+            producer,
+            session: tokio::sync::Mutex::new(None),
+            next_seq: AtomicU64::new(1),
+            in_flight,
+        });
+        inner.session().await?;
+        Ok(StreamProducer { inner })
+    }
+
+    /// Puts one create on the stream (waiting for room when `stream_max_in_flight` are pending) and returns
+    /// the future of its result.
+    pub async fn create(&self, task: NewTask) -> Result<PendingEnqueue> {
+        let req = task.into_proto();
+        let permit = self.permit().await?;
+        let inner = self.inner.clone();
+        let items = vec![req];
+        let rx = inner.submit(&items).await?;
+        Ok(PendingEnqueue(Box::pin(async move {
+            let ack = inner.answer(rx, &items).await;
+            drop(permit);
+            let mut v = enqueue_results(ack?.results, 1)?;
+            v.pop().expect("exactly one result, checked above")
+        })))
+    }
+
+    /// Puts many creates on the stream as one request (one Raft entry) and returns the future of their
+    /// results: items succeed or fail one by one.
+    pub async fn create_batch(&self, tasks: Vec<NewTask>) -> Result<PendingBatch> {
+        if tasks.is_empty() {
+            return Ok(PendingBatch(Box::pin(async { Ok(Vec::new()) })));
+        }
+        let items: Vec<pb::EnqueueRequest> = tasks.into_iter().map(NewTask::into_proto).collect();
+        let permit = self.permit().await?;
+        let inner = self.inner.clone();
+        let rx = inner.submit(&items).await?;
+        Ok(PendingBatch(Box::pin(async move {
+            let ack = inner.answer(rx, &items).await;
+            drop(permit);
+            enqueue_results(ack?.results, items.len())
+        })))
+    }
+
+    async fn permit(&self) -> Result<OwnedSemaphorePermit> {
+        self.inner
+            .in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Closed("the producer stream is closed".into()))
+    }
+}
+
+fn event(seq: u64, items: &[pb::EnqueueRequest]) -> pb::ProducerEvent {
+    use pb::producer_event::Event;
+    let event = match items {
+        [one] => Event::Create(pb::Create { seq, task: Some(one.clone()) }),
+        many => Event::CreateBatch(pb::CreateBatch { seq, tasks: many.to_vec() }),
+    };
+    pb::ProducerEvent { event: Some(event) }
+}
+
+impl Inner {
+    /// Sends a create (or batch) on the current stream, reopening it when it is closed. Only a send that
+    /// certainly did not leave is repeated.
+    async fn submit(&self, items: &[pb::EnqueueRequest]) -> Result<oneshot::Receiver<Answer>> {
+        let mut last = None;
+        for _ in 0..=MAX_REDIRECTS {
+            let s = self.session().await?;
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            {
+                let mut p = s.pending.lock().expect("pending lock poisoned");
+                // The reader cancels `closed` under this lock before it fails what is pending: an entry added
+                // after that would never be answered.
+                if s.closed.is_cancelled() {
+                    continue;
+                }
+                p.insert(seq, tx);
+            }
+            let sent = tokio::select! {
+                r = s.tx.send(event(seq, items)) => r.is_ok(),
+                _ = s.closed.cancelled() => false,
+            };
+            if sent {
+                return Ok(rx);
+            }
+            // The stream's send side is gone, so the create never left: safe to send on a new stream.
+            s.pending.lock().expect("pending lock poisoned").remove(&seq);
+            s.closed.cancel();
+            last = Some(Error::Closed("the producer stream closed while sending".into()));
+        }
+        Err(last.unwrap_or_else(|| Error::Closed("the producer stream keeps closing".into())))
+    }
+
+    /// Waits for the ack of `rx`; a NOT_LEADER refusal (nothing applied) is sent again to the leader.
+    async fn answer(&self, mut rx: oneshot::Receiver<Answer>, items: &[pb::EnqueueRequest]) -> Answer {
+        let mut redirects = 0;
+        loop {
+            let ack = rx.await.unwrap_or_else(|_| {
+                Err(Error::UnknownOutcome { message: "the producer stream ended before the answer".into() })
+            })?;
+            let Some(pb::Error { code, message }) = &ack.error else {
+                return Ok(ack);
+            };
+            let err = Error::from_reason(code, message, None);
+            if !matches!(err, Error::NotLeader { .. }) || redirects >= MAX_REDIRECTS {
+                return Err(err);
+            }
+            redirects += 1;
+            self.not_leader(&err).await;
+            rx = self.submit(items).await?;
+        }
+    }
+
+    /// The stream's node is not the leader: close it and point the connector at the leader.
+    async fn not_leader(&self, err: &Error) {
+        let Error::NotLeader { leader } = err else { return };
+        let mut cur = self.session.lock().await;
+        if let Some(s) = cur.take() {
+            self.producer.inner.conn.redirect(&s.addr, leader.as_deref());
+            s.closed.cancel();
+        }
+    }
+
+    /// The open stream, or a new one (following NOT_LEADER and retrying unreachable servers with backoff).
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut cur = self.session.lock().await;
+        if let Some(s) = cur.as_ref().filter(|s| !s.closed.is_cancelled()) {
+            return Ok(s.clone());
+        }
+        let cfg = &self.producer.inner.cfg;
+        let mut backoff = Backoff::new(cfg.retry_backoff_min, cfg.retry_backoff_max);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Session::open(&self.producer).await {
+                Ok(s) => {
+                    *cur = Some(s.clone());
+                    return Ok(s);
+                }
+                // Opening a stream changes nothing on the server: retry like a read.
+                Err(e) => match next_step(Kind::Read, &e) {
+                    Next::Stop => return Err(e),
+                    _ if tries > cfg.max_retries => return Err(e),
+                    Next::Now => {}
+                    Next::Later => tokio::time::sleep(backoff.next_delay()).await,
+                },
+            }
+        }
+    }
+}
+
+impl Session {
+    async fn open(producer: &Producer) -> Result<Arc<Session>> {
+        let conn = &producer.inner.conn;
+        let (addr, ch) = conn.channel().await?;
+        let (tx, rx) = mpsc::channel(STREAM_SEND_BUFFER);
+        let hello = pb::Hello { token: producer.inner.cfg.token.clone().unwrap_or_default(), worker_id: String::new() };
+        tx.try_send(pb::ProducerEvent { event: Some(pb::producer_event::Event::Hello(hello)) })
+            .expect("a new channel has room for the Hello");
+        let closed = CancellationToken::new();
+        let mut client = ProducerStreamClient::new(ch)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let req = conn.request(outbound(rx, closed.clone()));
+        let opened = tokio::time::timeout(HELLO_TIMEOUT, async {
+            let mut inbound = client.stream(req).await?.into_inner();
+            match inbound.message().await? {
+                Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(_)) }) => {
+                    Ok(Ok(inbound))
+                }
+                other => Ok(Err(Error::Protocol(format!("expected HelloAck, got {other:?}")))),
+            }
+        })
+        .await;
+        let inbound = match opened {
+            Ok(Ok(Ok(inbound))) => inbound,
+            Ok(Ok(Err(e))) => return Err(e),
+            Ok(Err(status)) => {
+                let e = Error::from_status(status, false);
+                match &e {
+                    Error::NotLeader { leader } => conn.redirect(&addr, leader.as_deref()),
+                    Error::Transport { .. } => conn.failed(&addr),
+                    _ => {}
+                }
+                return Err(e);
+            }
+            Err(_) => {
+                conn.failed(&addr);
+                return Err(Error::Transport {
+                    message: format!("no HelloAck from {addr} within {HELLO_TIMEOUT:?}"),
+                    source: None,
+                });
+            }
+        };
+        let pending: PendingMap = Arc::default();
+        let reader = tokio::spawn(read_acks(inbound, pending.clone(), closed.clone()));
+        tracing::debug!(addr = %addr, "producer stream opened");
+        Ok(Arc::new(Session { addr, tx, pending, closed, _reader: AbortOnDropHandle::new(reader) }))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// Hands each CreateAck to the create waiting for its sequence number. When the stream ends, whatever is
+/// still waiting gets an unknown outcome: it was sent and may have been applied.
+async fn read_acks(
+    mut inbound: tonic::Streaming<pb::ProducerServerEvent>,
+    pending: PendingMap,
+    closed: CancellationToken,
+) {
+    let why = loop {
+        let msg = tokio::select! {
+            m = inbound.message() => m,
+            _ = closed.cancelled() => break "the producer stream was closed".to_string(),
+        };
+        match msg {
+            Ok(Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) })) => {
+                let waiter = pending.lock().expect("pending lock poisoned").remove(&ack.seq);
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send(Ok(ack));
+                    }
+                    None => tracing::warn!(seq = ack.seq, "an ack for no pending create"),
+                }
+            }
+            Ok(Some(other)) => tracing::debug!(event = ?other, "ignoring an unexpected producer stream event"),
+            Ok(None) => break "the server ended the producer stream".to_string(),
+            Err(status) => break format!("the producer stream failed: {status}"),
+        }
+    };
+    let n = fail_pending(&pending, &closed, &why);
+    if n > 0 {
+        tracing::warn!(creates = n, reason = %why, "producer stream ended with creates in flight");
+    }
+}
+
+/// Closes the session and answers every waiting create with an unknown outcome; returns how many there were.
+fn fail_pending(pending: &PendingMap, closed: &CancellationToken, why: &str) -> usize {
+    let mut p = pending.lock().expect("pending lock poisoned");
+    closed.cancel();
+    let n = p.len();
+    for (_, w) in p.drain() {
+        let _ = w.send(Err(Error::UnknownOutcome { message: format!("{why} before the answer") }));
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_item_is_a_create_and_many_are_a_batch() {
+        let t = pb::EnqueueRequest { queue: "q".into(), ..Default::default() };
+        let one = event(7, std::slice::from_ref(&t));
+        assert!(matches!(one.event, Some(pb::producer_event::Event::Create(pb::Create { seq: 7, .. }))));
+        let many = event(8, &[t.clone(), t]);
+        assert!(
+            matches!(many.event, Some(pb::producer_event::Event::CreateBatch(ref b)) if b.seq == 8 && b.tasks.len() == 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_fails_pending_creates_as_unknown_outcome() {
+        let pending: PendingMap = Arc::default();
+        let (tx, rx) = oneshot::channel();
+        pending.lock().unwrap().insert(1, tx);
+        let closed = CancellationToken::new();
+        assert_eq!(fail_pending(&pending, &closed, "the producer stream failed"), 1);
+        assert!(closed.is_cancelled(), "no create may be added after the failure");
+        let got = rx.await.expect("answered");
+        assert!(matches!(got, Err(Error::UnknownOutcome { .. })), "{got:?}");
+    }
+}

@@ -1,0 +1,405 @@
+//! The SDK's own task types and their conversions from and to the generated protobuf types. Conversions
+//! destructure every field, so a new proto field breaks the build here until it is handled.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use raftq_proto::v1 as pb;
+
+/// Where a task is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TaskState {
+    /// Waiting to be claimed (possibly not yet visible: delayed or backing off).
+    Pending,
+    /// Claimed by a worker under a lease.
+    InProgress,
+    /// Ended with a result.
+    Completed,
+    /// Ended with a non-retryable failure.
+    Failed,
+    /// Cancelled by a client.
+    Cancelled,
+    /// Out of attempts; kept until redriven or purged.
+    DeadLettered,
+    /// A state this SDK does not know (a newer server).
+    Unknown,
+}
+
+impl TaskState {
+    pub(crate) fn from_proto(v: i32) -> TaskState {
+        match pb::TaskState::try_from(v) {
+            Ok(pb::TaskState::Pending) => TaskState::Pending,
+            Ok(pb::TaskState::InProgress) => TaskState::InProgress,
+            Ok(pb::TaskState::Completed) => TaskState::Completed,
+            Ok(pb::TaskState::Failed) => TaskState::Failed,
+            Ok(pb::TaskState::Cancelled) => TaskState::Cancelled,
+            Ok(pb::TaskState::DeadLettered) => TaskState::DeadLettered,
+            Ok(pb::TaskState::Unspecified) | Err(_) => TaskState::Unknown,
+        }
+    }
+
+    /// True for states a task never leaves (completed, failed, cancelled).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+    }
+}
+
+/// W3C trace context carried with a task.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TraceContext {
+    /// `00-<trace id>-<parent id>-<flags>`.
+    pub traceparent: String,
+    /// Vendor-specific trace state.
+    pub tracestate: String,
+}
+
+/// The current delivery of a task: who holds it, until when, and its fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Lease {
+    /// The worker holding the task.
+    pub worker_id: String,
+    /// Unique to this delivery; every result must carry it. Tokens only grow.
+    pub token: u64,
+    /// When the task was claimed (ms since the Unix epoch, the leader's clock).
+    pub claimed_at_ms: i64,
+    /// When the lease runs out unless extended (ms since the Unix epoch, the leader's clock).
+    pub deadline_ms: i64,
+}
+
+/// A task as the server stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Task {
+    /// 32 hex characters.
+    pub id: String,
+    /// The queue it was enqueued on.
+    pub queue: String,
+    /// Opaque bytes from the producer.
+    pub payload: Bytes,
+    /// 0-9, higher is claimed first.
+    pub priority: u32,
+    /// Where the task is in its lifecycle.
+    pub state: TaskState,
+    /// Deliveries so far, this one included.
+    pub attempts: u32,
+    /// Deliveries allowed before the task is dead-lettered.
+    pub max_attempts: u32,
+    /// The tenant that owns the task.
+    pub tenant: String,
+    /// Trace context given at enqueue.
+    pub trace: Option<TraceContext>,
+    /// Set while the task is in progress.
+    pub lease: Option<Lease>,
+    /// Enqueue time (ms since the Unix epoch).
+    pub created_at_ms: i64,
+    /// Time of the last change (ms since the Unix epoch).
+    pub updated_at_ms: i64,
+    /// A pending task is claimable from this time on (ms since the Unix epoch).
+    pub visible_at_ms: i64,
+    /// The idempotency key given at enqueue, or empty.
+    pub idempotency_key: String,
+    /// The webhook given at enqueue, or empty.
+    pub webhook_url: String,
+    /// The last failure, nack reason or expiry, or empty.
+    pub last_error: String,
+    /// When the task ended (ms since the Unix epoch), or 0.
+    pub ended_at_ms: i64,
+    /// When the task was dead-lettered (ms since the Unix epoch), or 0.
+    pub dead_lettered_at_ms: i64,
+}
+
+impl Task {
+    pub(crate) fn from_proto(t: pb::Task) -> Task {
+        let pb::Task {
+            id,
+            queue,
+            payload,
+            priority,
+            state,
+            attempts,
+            max_attempts,
+            tenant,
+            trace,
+            lease,
+            created_at_ms,
+            updated_at_ms,
+            visible_at_ms,
+            idempotency_key,
+            webhook_url,
+            last_error,
+            ended_at_ms,
+            dead_lettered_at_ms,
+        } = t;
+        Task {
+            id,
+            queue,
+            payload,
+            priority,
+            state: TaskState::from_proto(state),
+            attempts,
+            max_attempts,
+            tenant,
+            trace: trace.map(|pb::TraceContext { traceparent, tracestate }| TraceContext { traceparent, tracestate }),
+            lease: lease.map(|pb::Lease { worker_id, token, claimed_at_ms, deadline_ms }| Lease {
+                worker_id,
+                token,
+                claimed_at_ms,
+                deadline_ms,
+            }),
+            created_at_ms,
+            updated_at_ms,
+            visible_at_ms,
+            idempotency_key,
+            webhook_url,
+            last_error,
+            ended_at_ms,
+            dead_lettered_at_ms,
+        }
+    }
+
+    /// The fencing token of this delivery (0 when the task carries no lease).
+    pub fn token(&self) -> u64 {
+        self.lease.as_ref().map_or(0, |l| l.token)
+    }
+}
+
+/// The outcome of a task as far as it is known, from [`Producer::result`](crate::Producer::result).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskResult {
+    /// The task's id.
+    pub id: String,
+    /// Its state when the answer was made.
+    pub state: TaskState,
+    /// True when the state is terminal (completed, failed, cancelled).
+    pub done: bool,
+    /// The worker's result, for a completed task.
+    pub result: Bytes,
+    /// The failure, for a failed task.
+    pub error: String,
+    /// Deliveries so far.
+    pub attempts: u32,
+    /// Enqueue time (ms since the Unix epoch).
+    pub created_at_ms: i64,
+    /// When the task ended (ms since the Unix epoch), or 0.
+    pub ended_at_ms: i64,
+}
+
+impl TaskResult {
+    pub(crate) fn from_proto(r: pb::TaskResult) -> TaskResult {
+        let pb::TaskResult { id, state, done, result, error, attempts, created_at_ms, ended_at_ms } = r;
+        TaskResult {
+            id,
+            state: TaskState::from_proto(state),
+            done,
+            result,
+            error,
+            attempts,
+            created_at_ms,
+            ended_at_ms,
+        }
+    }
+}
+
+/// An accepted enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Enqueued {
+    /// The new task's id, or the original task's id for a duplicate.
+    pub task_id: String,
+    /// The idempotency key was seen before: nothing was created.
+    pub duplicate: bool,
+}
+
+impl Enqueued {
+    pub(crate) fn from_proto(r: pb::EnqueueResponse) -> Enqueued {
+        let pb::EnqueueResponse { task_id, duplicate } = r;
+        Enqueued { task_id, duplicate }
+    }
+}
+
+/// A task to enqueue, built step by step:
+///
+/// ```
+/// use std::time::Duration;
+/// use raftq_client::NewTask;
+///
+/// let t = NewTask::new("emails", "hello")
+///     .priority(5)
+///     .delay(Duration::from_secs(10))
+///     .max_attempts(3)
+///     .idempotency_key("order-42");
+/// # let _ = t;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    queue: String,
+    payload: Bytes,
+    priority: u32,
+    delay: Duration,
+    run_at: Option<SystemTime>,
+    max_attempts: u32,
+    idempotency_key: String,
+    webhook_url: String,
+    trace: Option<TraceContext>,
+}
+
+impl NewTask {
+    /// A task for `queue` carrying `payload`, with the server's defaults for everything else.
+    pub fn new(queue: impl Into<String>, payload: impl Into<Bytes>) -> NewTask {
+        NewTask {
+            queue: queue.into(),
+            payload: payload.into(),
+            priority: 0,
+            delay: Duration::ZERO,
+            run_at: None,
+            max_attempts: 0,
+            idempotency_key: String::new(),
+            webhook_url: String::new(),
+            trace: None,
+        }
+    }
+
+    /// 0-9, higher is claimed first (default 0).
+    pub fn priority(mut self, priority: u32) -> NewTask {
+        self.priority = priority;
+        self
+    }
+
+    /// Not claimable before this much time has passed (millisecond precision).
+    pub fn delay(mut self, delay: Duration) -> NewTask {
+        self.delay = delay;
+        self
+    }
+
+    /// Not claimable before this time; wins over [`NewTask::delay`].
+    pub fn run_at(mut self, at: SystemTime) -> NewTask {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Deliveries allowed before the task is dead-lettered (default: the server's).
+    pub fn max_attempts(mut self, n: u32) -> NewTask {
+        self.max_attempts = n;
+        self
+    }
+
+    /// A repeat of this key within the server's window returns the original task, marked duplicate.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> NewTask {
+        self.idempotency_key = key.into();
+        self
+    }
+
+    /// An http(s) URL told about the task's end.
+    pub fn webhook(mut self, url: impl Into<String>) -> NewTask {
+        self.webhook_url = url.into();
+        self
+    }
+
+    /// W3C trace context to carry with the task.
+    pub fn trace(mut self, traceparent: impl Into<String>, tracestate: impl Into<String>) -> NewTask {
+        self.trace = Some(TraceContext { traceparent: traceparent.into(), tracestate: tracestate.into() });
+        self
+    }
+
+    /// The queue this task is for.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    pub(crate) fn into_proto(self) -> pb::EnqueueRequest {
+        let NewTask { queue, payload, priority, delay, run_at, max_attempts, idempotency_key, webhook_url, trace } =
+            self;
+        pb::EnqueueRequest {
+            queue,
+            payload,
+            priority,
+            delay_ms: duration_ms(delay),
+            // A time before the epoch is in the past: claimable at once, which 0 ("unset") also means.
+            run_at_ms: run_at
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis().min(i64::MAX as u128) as i64),
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            trace: trace.map(|TraceContext { traceparent, tracestate }| pb::TraceContext { traceparent, tracestate }),
+        }
+    }
+}
+
+/// Whole milliseconds, saturating; a non-zero duration under 1 ms counts as 1 ms so it is not read as "unset".
+pub(crate) fn duration_ms(d: Duration) -> u64 {
+    if d.is_zero() {
+        0
+    } else {
+        (d.as_millis().min(u64::MAX as u128) as u64).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_task_builder_fills_every_field() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let req = NewTask::new("q", "p")
+            .priority(7)
+            .delay(Duration::from_secs(2))
+            .run_at(at)
+            .max_attempts(3)
+            .idempotency_key("k")
+            .webhook("http://h/x")
+            .trace("00-tp", "ts")
+            .into_proto();
+        assert_eq!(
+            req,
+            pb::EnqueueRequest {
+                queue: "q".into(),
+                payload: Bytes::from_static(b"p"),
+                priority: 7,
+                delay_ms: 2000,
+                run_at_ms: 1_700_000_000_123,
+                max_attempts: 3,
+                idempotency_key: "k".into(),
+                webhook_url: "http://h/x".into(),
+                trace: Some(pb::TraceContext { traceparent: "00-tp".into(), tracestate: "ts".into() }),
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_leave_server_defaults_in_place() {
+        let req = NewTask::new("q", Bytes::new()).into_proto();
+        assert_eq!((req.delay_ms, req.run_at_ms, req.max_attempts), (0, 0, 0));
+        assert!(req.trace.is_none());
+    }
+
+    #[test]
+    fn sub_millisecond_delays_are_not_lost() {
+        assert_eq!(duration_ms(Duration::from_micros(10)), 1);
+        assert_eq!(duration_ms(Duration::ZERO), 0);
+        assert_eq!(duration_ms(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn task_states_map_and_unknown_values_do_not_panic() {
+        assert_eq!(TaskState::from_proto(pb::TaskState::DeadLettered as i32), TaskState::DeadLettered);
+        assert_eq!(TaskState::from_proto(99), TaskState::Unknown);
+        assert!(TaskState::Cancelled.is_terminal());
+        assert!(!TaskState::DeadLettered.is_terminal());
+    }
+
+    #[test]
+    fn task_token_comes_from_the_lease() {
+        let t = Task::from_proto(pb::Task {
+            id: "a".into(),
+            lease: Some(pb::Lease { worker_id: "w".into(), token: 42, claimed_at_ms: 1, deadline_ms: 2 }),
+            ..Default::default()
+        });
+        assert_eq!(t.token(), 42);
+        assert_eq!(Task::from_proto(pb::Task::default()).token(), 0);
+    }
+}

@@ -121,3 +121,27 @@ impl From<ApiError> for Status {
         status
     }
 }
+
+/// The valid items of a batch, to be proposed together: items fail one by one.
+pub fn valid_items<T: Clone>(checked: &[Result<T, ApiError>]) -> Vec<T> {
+    checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect()
+}
+
+/// Per-item results of a batch in request order: the refusal of each invalid item, and for each valid one the
+/// next result of what was applied (in the same order as `valid_items`).
+pub fn merge_items<T, R, E: Into<ApiError>>(
+    checked: Vec<Result<T, ApiError>>,
+    applied: impl IntoIterator<Item = Result<R, E>>,
+) -> Vec<Result<R, ApiError>> {
+    let mut applied = applied.into_iter();
+    checked
+        .into_iter()
+        .map(|c| match c {
+            Err(e) => Err(e),
+            Ok(_) => match applied.next() {
+                Some(r) => r.map_err(Into::into),
+                None => Err(ApiError::Internal("a batch result is missing".into())),
+            },
+        })
+        .collect()
+}

@@ -8,7 +8,7 @@ use raftq_proto::v1::task_service_server::TaskService;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use super::error::{invalid, ApiError};
+use super::error::{invalid, merge_items, valid_items, ApiError};
 use super::forward::{forwarded, stale_read, Forwarder, Route};
 use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
 use crate::raft::dispatcher::Dispatcher;
@@ -106,18 +106,8 @@ impl TaskApi {
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
         let checked: Vec<Result<_, ApiError>> =
             items.into_iter().map(|i| convert::new_task(cfg, &who.tenant, i, now)).collect();
-        let valid: Vec<_> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let mut applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?.into_iter();
-        let results = checked
-            .into_iter()
-            .map(|c| {
-                let r = match c {
-                    Err(e) => Err(e),
-                    Ok(_) => applied.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
-                };
-                enqueue_result(r)
-            })
-            .collect();
+        let applied = self.proposer.enqueue(valid_items(&checked)).await.map_err(ApiError::from)?;
+        let results = merge_items(checked, applied).into_iter().map(enqueue_result).collect();
         Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
 
@@ -249,18 +239,8 @@ impl TaskApi {
                 })
             })
             .collect();
-        let valid: Vec<AckItem> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let mut applied = self.proposer.ack(valid).await.map_err(ApiError::from)?.into_iter();
-        let results = checked
-            .into_iter()
-            .map(|c| {
-                let r = match c {
-                    Err(e) => Err(e),
-                    Ok(_) => applied.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
-                };
-                ack_result(r)
-            })
-            .collect();
+        let applied = self.proposer.ack(valid_items(&checked)).await.map_err(ApiError::from)?;
+        let results = merge_items(checked, applied).into_iter().map(ack_result).collect();
         Ok(Response::new(pb::AckBatchResponse { results }))
     }
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
-use super::error::{invalid, ApiError};
+use super::error::{invalid, merge_items, valid_items, ApiError};
 use super::forward::{Forwarder, Route};
 use super::grpc::{authenticate, Caller};
 use crate::queue::{AckAction, AckItem};
@@ -207,22 +207,16 @@ impl StreamApi {
     }
 
     async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
-        let valid: Vec<AckItem> = req.items.iter().filter_map(|(_, i)| i.as_ref().ok().cloned()).collect();
+        let (ids, checked): (Vec<String>, Vec<Result<AckItem, ApiError>>) = req.items.into_iter().unzip();
+        let valid = valid_items(&checked);
         let applied = if valid.is_empty() { Ok(vec![]) } else { self.apply_acks(caller, valid).await };
         let event = match applied {
             Err(e) => stream_error(req.request_id, e),
             Ok(results) => {
-                let mut it = results.into_iter();
-                let acks: Vec<pb::TaskAck> = req
-                    .items
+                let acks: Vec<pb::TaskAck> = merge_items(checked, results)
                     .into_iter()
-                    .map(|(id, item)| {
-                        let r = match item {
-                            Err(e) => Err(e),
-                            Ok(_) => it.next().unwrap_or(Err(ApiError::Internal("missing ack result".into()))),
-                        };
-                        task_ack(req.request_id, &id, r)
-                    })
+                    .zip(ids)
+                    .map(|(r, id)| task_ack(req.request_id, &id, r))
                     .collect();
                 if req.batch {
                     pb::ServerEvent {
@@ -542,17 +536,7 @@ impl StreamApi {
         let now = wall_clock_ms();
         let checked: Vec<Result<_, ApiError>> =
             items.into_iter().map(|i| convert::new_task(cfg, tenant, i, now)).collect();
-        let valid: Vec<_> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let mut applied = self.proposer.enqueue(valid).await?.into_iter();
-        Ok(checked
-            .into_iter()
-            .map(|c| {
-                let r = match c {
-                    Err(e) => Err(e),
-                    Ok(_) => applied.next().unwrap_or(Err(crate::queue::Rejected::NotFound)).map_err(ApiError::from),
-                };
-                super::grpc::enqueue_result(r)
-            })
-            .collect())
+        let applied = self.proposer.enqueue(valid_items(&checked)).await?;
+        Ok(merge_items(checked, applied).into_iter().map(super::grpc::enqueue_result).collect())
     }
 }

@@ -68,6 +68,7 @@ pub struct Node {
     pub http_addr: SocketAddr,
     pub shutdown: CancellationToken,
     tasks: TaskTracker,
+    leader_watch: openraft::WatchChangeHandle<crate::raft::types::TypeConfig>,
     /// Dropped once the files are closed: `stop` waits for both, so a restart can reopen them.
     files: (std::sync::Weak<redb::Database>, std::sync::Weak<SmShared>),
 }
@@ -112,6 +113,23 @@ impl Node {
         }
 
         let tasks = TaskTracker::new();
+        // Leader-only work (claim dispatch, ticks) follows openraft's leader-change callback; everything it needs
+        // is replicated state, so a new leader serves at once.
+        let (leading_tx, leading) = tokio::sync::watch::channel(false);
+        let leading_tx = Arc::new(leading_tx);
+        let (up, down, sm_for_start) = (leading_tx.clone(), leading_tx, shared.clone());
+        let leader_watch = raft.on_leader_change(
+            move |_| {
+                up.send_replace(true);
+                // Parked claims are looked at again at once.
+                sm_for_start.work.send_modify(|v| *v += 1);
+                async {}
+            },
+            move |_| {
+                down.send_replace(false);
+                async {}
+            },
+        );
         let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks, &shutdown);
 
         let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
@@ -135,7 +153,7 @@ impl Node {
         let dispatcher = Dispatcher::spawn(
             raft.clone(),
             shared.clone(),
-            cfg.node_id,
+            leading.clone(),
             cfg.max_items_per_entry,
             Duration::from_millis(cfg.write_timeout_ms),
             &tasks,
@@ -191,7 +209,7 @@ impl Node {
             }
         });
 
-        tasks.spawn(tick_loop(raft.clone(), proposer.clone(), cfg.node_id, shutdown.clone()));
+        tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 
         tracing::info!(
             node_id = cfg.node_id,
@@ -203,7 +221,19 @@ impl Node {
             "raftq node started"
         );
         let files = (log_closed, Arc::downgrade(&shared));
-        Ok(Node { raft, proposer, shared, log_stats, grpc_addr, raft_addr, http_addr, shutdown, tasks, files })
+        Ok(Node {
+            raft,
+            proposer,
+            shared,
+            log_stats,
+            grpc_addr,
+            raft_addr,
+            http_addr,
+            shutdown,
+            tasks,
+            leader_watch,
+            files,
+        })
     }
 
     /// Waits for the shutdown token, then stops in order: servers and waits end, Raft stops, files close.
@@ -213,8 +243,9 @@ impl Node {
     }
 
     pub async fn stop(self) {
-        let Node { raft, proposer, shared, shutdown, tasks, files, .. } = self;
+        let Node { raft, proposer, shared, shutdown, tasks, files, mut leader_watch, .. } = self;
         shutdown.cancel();
+        leader_watch.close().await;
         tasks.close();
         if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
             tracing::warn!("some tasks did not stop within 10 s");
@@ -249,7 +280,7 @@ fn no_delay(l: TcpListener) -> impl futures::Stream<Item = io::Result<tokio::net
 
 /// Leader-only: proposes a tick when a lease, delayed task or retention deadline falls due, so time moves in
 /// the state machine even when no client writes.
-async fn tick_loop(raft: Raft, proposer: Arc<Proposer>, node_id: u64, shutdown: CancellationToken) {
+async fn tick_loop(proposer: Arc<Proposer>, leading: tokio::sync::watch::Receiver<bool>, shutdown: CancellationToken) {
     loop {
         let now = wall_clock_ms();
         let due = proposer.shared.next_due();
@@ -262,7 +293,7 @@ async fn tick_loop(raft: Raft, proposer: Arc<Proposer>, node_id: u64, shutdown: 
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
         }
-        let leader = crate::raft::metrics(&raft).current_leader == Some(node_id);
+        let leader = *leading.borrow();
         if leader && proposer.shared.next_due().is_some_and(|d| d <= wall_clock_ms()) {
             if let Err(e) = proposer.write(Command::Tick).await {
                 tracing::debug!(error = %e, "tick not applied");

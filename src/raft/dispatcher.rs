@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::proposer::{not_leader, write, ProposeError};
-use super::types::{NodeId, Raft};
+use super::types::Raft;
 use crate::queue::{ClaimItem, Command, Response, Task, TaskId};
 use crate::storage::SmShared;
 
@@ -48,7 +48,7 @@ impl Dispatcher {
     pub fn spawn(
         raft: Raft,
         shared: Arc<SmShared>,
-        node_id: NodeId,
+        leading: tokio::sync::watch::Receiver<bool>,
         max_items: usize,
         write_timeout: Duration,
         tasks: &tokio_util::task::TaskTracker,
@@ -58,7 +58,7 @@ impl Dispatcher {
         let d = Dispatch {
             raft,
             shared,
-            node_id,
+            leading,
             max_items,
             write_timeout,
             parked: VecDeque::new(),
@@ -112,7 +112,8 @@ impl Dispatcher {
 struct Dispatch {
     raft: Raft,
     shared: Arc<SmShared>,
-    node_id: NodeId,
+    /// Whether this node leads, from openraft's leader-change callback.
+    leading: tokio::sync::watch::Receiver<bool>,
     max_items: usize,
     write_timeout: Duration,
     parked: VecDeque<ClaimRequest>,
@@ -123,7 +124,7 @@ struct Dispatch {
 impl Dispatch {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>, shutdown: CancellationToken) {
         let mut work = self.shared.work.subscribe();
-        let mut server = self.raft.server_metrics();
+        let mut leading = self.leading.clone();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let mut dirty = false;
         loop {
@@ -148,7 +149,7 @@ impl Dispatch {
                     }
                     dirty = true;
                 }
-                changed = openraft::type_config::async_runtime::watch::WatchReceiver::changed(&mut server) => {
+                changed = leading.changed() => {
                     if changed.is_err() {
                         break;
                     }
@@ -186,8 +187,8 @@ impl Dispatch {
         if self.parked.is_empty() {
             return;
         }
-        let m = super::metrics(&self.raft);
-        if m.current_leader != Some(self.node_id) {
+        if !*self.leading.borrow() {
+            let m = super::metrics(&self.raft);
             let addr = m
                 .current_leader
                 .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.api_addr.clone()));

@@ -31,6 +31,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TaskCmd,
     },
+    /// Tasks per state in each queue.
+    Queues {
+        /// Only these queues (default: all).
+        #[arg(long = "queue")]
+        queues: Vec<String>,
+        /// Read this node's replica without asking the leader.
+        #[arg(long)]
+        stale: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Inspect, redrive and purge dead-lettered tasks.
     Dlq {
         #[command(subcommand)]
@@ -278,6 +289,7 @@ async fn run() -> Result<()> {
         Cmd::Serve(a) => serve(a).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
+        Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
         Cmd::Bench(a) => cmd::bench::run(a).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
         Cmd::Worker(a) => {
@@ -516,6 +528,38 @@ async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_r
         .await
         .map_err(status_err)?;
     println!("{}", state_name(r.get_ref().state));
+    Ok(())
+}
+
+async fn queues_cmd(queues: Vec<String>, stale: bool, client: ClientArgs) -> Result<()> {
+    let mut req = tonic::Request::new(pb::QueueStatsRequest { queues });
+    if stale {
+        req.metadata_mut().insert("x-raftq-read", "stale".parse()?);
+    }
+    let r = connect(&client.addr).await?.queue_stats(req).await.map_err(status_err)?.into_inner();
+    if client.output == Output::Json {
+        let v: Vec<serde_json::Value> = r
+            .queues
+            .iter()
+            .map(|q| {
+                serde_json::json!({"queue": q.queue, "pending": q.pending, "delayed": q.delayed,
+                    "in_progress": q.in_progress, "completed": q.completed, "failed": q.failed,
+                    "cancelled": q.cancelled, "dead_lettered": q.dead_lettered})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else {
+        println!(
+            "{:<24} {:>9} {:>9} {:>11} {:>10} {:>8} {:>10} {:>8}",
+            "queue", "pending", "delayed", "in_progress", "completed", "failed", "cancelled", "dead"
+        );
+        for q in &r.queues {
+            println!(
+                "{:<24} {:>9} {:>9} {:>11} {:>10} {:>8} {:>10} {:>8}",
+                q.queue, q.pending, q.delayed, q.in_progress, q.completed, q.failed, q.cancelled, q.dead_lettered
+            );
+        }
+    }
     Ok(())
 }
 

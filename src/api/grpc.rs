@@ -244,6 +244,36 @@ impl TaskApi {
         Ok(Response::new(pb::AckBatchResponse { results }))
     }
 
+    async fn queue_stats_local(&self, req: Request<pb::QueueStatsRequest>) -> Res<pb::QueueStatsResponse> {
+        let who = caller(&req)?;
+        let linearize = !stale_read(&req);
+        let pb::QueueStatsRequest { queues } = req.into_inner();
+        for q in &queues {
+            convert::validate_queue(&self.proposer.cfg, q)?;
+        }
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let queues = self
+            .proposer
+            .shared
+            .counts(Some(&who.tenant))
+            .into_iter()
+            .filter(|(qk, _)| queues.is_empty() || queues.contains(&qk.queue))
+            .map(|(qk, c)| pb::QueueStats {
+                queue: qk.queue,
+                pending: c.pending,
+                delayed: c.delayed,
+                in_progress: c.in_progress,
+                completed: c.completed,
+                failed: c.failed,
+                cancelled: c.cancelled,
+                dead_lettered: c.dead_lettered,
+            })
+            .collect();
+        Ok(Response::new(pb::QueueStatsResponse { queues }))
+    }
+
     /// Serves a request here when this node leads (or a stale read was asked for), else forwards it to the
     /// leader; a local `NOT_LEADER` (leadership moved meanwhile) is routed once more.
     async fn routed<T, R, LF, RF, RFut>(
@@ -350,5 +380,8 @@ impl TaskService for TaskApi {
 
     async fn ack_batch(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
         self.routed(req, |r| self.ack_batch_local(r), |mut c, r| async move { c.ack_batch(r).await }).await
+    }
+    async fn queue_stats(&self, req: Request<pb::QueueStatsRequest>) -> Res<pb::QueueStatsResponse> {
+        self.routed(req, |r| self.queue_stats_local(r), |mut c, r| async move { c.queue_stats(r).await }).await
     }
 }

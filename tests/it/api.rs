@@ -392,3 +392,23 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).await.expect("read");
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_stats_count_tasks_by_state() {
+    let n = TestNode::start().await;
+    let mut c = n.client().await;
+    for i in 0..4 {
+        c.enqueue(enq("stats", &format!("{i}"))).await.expect("enqueue");
+    }
+    c.enqueue(pb::EnqueueRequest { delay_ms: 60_000, ..enq("stats", "later") }).await.expect("enqueue");
+    c.enqueue(enq("other", "x")).await.expect("enqueue");
+    let t = claim(&mut c, "stats", 2, 30_000, 0).await;
+    ack(&mut c, &t[0], token(&t[0]), complete("ok")).await.expect("complete");
+    let r = c.queue_stats(pb::QueueStatsRequest { queues: vec!["stats".into()] }).await.expect("stats").into_inner();
+    assert_eq!(r.queues.len(), 1);
+    let q = &r.queues[0];
+    assert_eq!((q.pending, q.delayed, q.in_progress, q.completed), (2, 1, 1, 1), "{q:?}");
+    let all = c.queue_stats(pb::QueueStatsRequest { queues: vec![] }).await.expect("stats").into_inner();
+    let names: Vec<&str> = all.queues.iter().map(|q| q.queue.as_str()).collect();
+    assert_eq!(names, vec!["other", "stats"]);
+}

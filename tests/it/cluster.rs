@@ -384,3 +384,58 @@ async fn restarted_node_catches_up_by_snapshot_and_an_added_node_serves() {
     let r = admin.remove_node(pb::RemoveNodeRequest { node_id: 4 }).await.expect("remove").into_inner();
     assert!(r.members.iter().all(|m| m.node_id != 4), "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_worker_whose_node_dies_reconnects_to_another_listed_node() {
+    use raftq_client::{CancellationToken, NewTask, Outcome, Producer, ProducerConfig, Task, Worker, WorkerConfig};
+
+    let mut c = ProcCluster::start(3, FAST).await;
+    // The worker's first address is a follower, so killing it costs the worker its stream but not the cluster
+    // its leader; the worker must move to another listed node by itself.
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let victim = if leader == 1 { 2 } else { 1 };
+    let mut addrs: Vec<String> = vec![c.node(victim).grpc.clone()];
+    addrs.extend(c.nodes.iter().filter(|n| n.id != victim).map(|n| n.grpc.clone()));
+    let producer = Producer::connect(ProducerConfig { addrs: addrs.clone(), ..Default::default() }).await.expect("p");
+    let worker = Worker::new(WorkerConfig {
+        addrs: addrs.clone(),
+        queues: vec!["sdk-failover".into()],
+        concurrency: 4,
+        worker_id: "sdk-failover".into(),
+        reconnect_backoff_max: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .expect("worker");
+    let done = Arc::new(Mutex::new(HashSet::new()));
+    let seen = done.clone();
+    let shutdown = CancellationToken::new();
+    let stats = worker.stats();
+    let run = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            worker
+                .run(
+                    move |t: Task| {
+                        seen.lock().expect("lock").insert(t.id.clone());
+                        async { Outcome::Completed(Default::default()) }
+                    },
+                    shutdown,
+                )
+                .await
+        })
+    };
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(producer.enqueue(NewTask::new("sdk-failover", format!("before {i}"))).await.expect("enqueue").task_id);
+    }
+    wait_until(Duration::from_secs(20), || ids.iter().all(|id| done.lock().expect("lock").contains(id))).await;
+    c.node(victim).kill9();
+    for i in 0..20 {
+        ids.push(producer.enqueue(NewTask::new("sdk-failover", format!("after {i}"))).await.expect("enqueue").task_id);
+    }
+    wait_until(Duration::from_secs(30), || ids.iter().all(|id| done.lock().expect("lock").contains(id))).await;
+    assert!(stats.snapshot().reconnects >= 1, "the worker reconnected: {:?}", stats.snapshot());
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("run");
+    assert_eq!(summary.rejected, 0, "{summary:?}");
+}

@@ -160,13 +160,14 @@ impl Node {
             shutdown.clone(),
         );
         let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id));
-        let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::new(api::grpc::TaskApi {
+        let task_api = Arc::new(api::grpc::TaskApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
             fwd: fwd.clone(),
-        })
-        .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        });
+        let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::from_arc(task_api.clone())
+            .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -180,12 +181,13 @@ impl Node {
         let producer_svc = raftq_proto::v1::producer_stream_server::ProducerStreamServer::new(streams)
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
-        let admin_svc = raftq_proto::v1::admin_server::AdminServer::new(api::admin::AdminApi {
+        let admin_api = Arc::new(api::admin::AdminApi {
             raft: raft.clone(),
             shared: shared.clone(),
             fwd: fwd.clone(),
             node_id: cfg.node_id,
         });
+        let admin_svc = raftq_proto::v1::admin_server::AdminServer::from_arc(admin_api.clone());
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
@@ -200,7 +202,7 @@ impl Node {
             }
         });
 
-        let router = api::http::router(proposer.clone());
+        let router = api::http::router(proposer.clone(), api::rest::Rest { tasks: task_api, admin: admin_api });
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;

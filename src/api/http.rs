@@ -1,5 +1,5 @@
 //! The HTTP port: `/healthz` (the process serves) and `/readyz` (the node knows a leader and has applied what
-//! it knows to be committed). REST comes here too.
+//! it knows to be committed), and the REST API (`rest.rs`).
 
 use std::sync::Arc;
 
@@ -14,8 +14,12 @@ use crate::raft::proposer::Proposer;
 /// How far applied may lag behind committed for the node to count as ready.
 const READY_MAX_LAG_ENTRIES: u64 = 1_000;
 
-pub fn router(proposer: Arc<Proposer>) -> Router {
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(proposer)
+pub fn router(proposer: Arc<Proposer>, rest: super::rest::Rest) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(proposer)
+        .merge(super::rest::routes(rest))
 }
 
 async fn healthz() -> Json<serde_json::Value> {

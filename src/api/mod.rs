@@ -6,4 +6,5 @@ pub mod error;
 pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod rest;
 pub mod stream;

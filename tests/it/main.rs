@@ -5,6 +5,7 @@ mod api;
 mod cluster;
 mod crash;
 mod procs;
+mod rest;
 mod sdk;
 mod stream;
 mod support;

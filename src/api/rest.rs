@@ -1,0 +1,434 @@
+//! REST/JSON under `/v1`, on the HTTP port.
+//!
+//! Every route calls the same service code as gRPC (in process), so validation, forwarding to the leader,
+//! read consistency and error reasons are identical: a REST error is `{"error": {"code": REASON, "message": ...}}`
+//! with the HTTP status matching the gRPC code. The headers `authorization`, `x-raftq-redirect` and
+//! `x-raftq-read` mean what they mean on gRPC. Payloads and results are bytes: JSON carries them as UTF-8 text
+//! (`payload`) or base64 (`payload_base64`); tasks come back with both (`payload` is null when not UTF-8).
+//! Fencing tokens are decimal strings (a JSON number cannot hold every u64); numbers are accepted too.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::admin_server::Admin;
+use raftq_proto::v1::task_service_server::TaskService;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::admin::AdminApi;
+use super::grpc::TaskApi;
+
+#[derive(Clone)]
+pub struct Rest {
+    pub tasks: Arc<TaskApi>,
+    pub admin: Arc<AdminApi>,
+}
+
+pub fn routes(rest: Rest) -> Router {
+    Router::new()
+        .route("/v1/tasks", post(enqueue))
+        .route("/v1/tasks/batch", post(enqueue_batch))
+        .route("/v1/tasks/{id}", get(get_task))
+        .route("/v1/tasks/{id}/result", get(get_result))
+        .route("/v1/tasks/{id}/cancel", post(cancel))
+        .route("/v1/tasks/{id}/{action}", post(ack))
+        .route("/v1/claim", post(claim))
+        .route("/v1/queues", get(queues))
+        .route("/v1/queues/{queue}/dead-letters", get(dead_letters))
+        .route("/v1/queues/{queue}/dead-letters/redrive", post(redrive))
+        .route("/v1/queues/{queue}/dead-letters/purge", post(purge))
+        .route("/v1/cluster/status", get(cluster_status))
+        .route("/v1/cluster/transfer-leader", post(transfer_leader))
+        .with_state(rest)
+}
+
+/// A REST error: the gRPC status's reason and message, with the matching HTTP status.
+pub struct RestError(StatusCode, Value, Option<String>);
+
+impl RestError {
+    fn bad(msg: impl Into<String>) -> RestError {
+        RestError(StatusCode::BAD_REQUEST, json!({"error": {"code": "INVALID_ARGUMENT", "message": msg.into()}}), None)
+    }
+}
+
+impl From<tonic::Status> for RestError {
+    fn from(s: tonic::Status) -> RestError {
+        use tonic::Code;
+        let http = match s.code() {
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let md = s.metadata();
+        let reason = md.get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("INTERNAL");
+        let leader = md.get(super::error::LEADER_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
+        let message = s.message().split_once(": ").map(|(_, m)| m).unwrap_or(s.message()).to_string();
+        RestError(http, json!({"error": {"code": reason, "message": message}}), leader)
+    }
+}
+
+impl IntoResponse for RestError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(self.1)).into_response();
+        if let Some(l) = self.2.and_then(|l| l.parse().ok()) {
+            r.headers_mut().insert(super::error::LEADER_HEADER, l);
+        }
+        r
+    }
+}
+
+type Res = Result<Response, RestError>;
+
+/// The same request as gRPC would carry it: the headers that matter become metadata.
+fn request<T>(headers: &HeaderMap, msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    for name in ["authorization", super::forward::REDIRECT_HEADER, super::forward::READ_HEADER] {
+        if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
+            r.metadata_mut().insert(name, v);
+        }
+    }
+    r
+}
+
+fn ok(v: Value) -> Res {
+    Ok(Json(v).into_response())
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// Bytes from a JSON body: `text` (UTF-8) or `base64`, not both.
+fn bytes_of(text: Option<String>, base64: Option<String>, field: &str) -> Result<bytes::Bytes, RestError> {
+    match (text, base64) {
+        (Some(_), Some(_)) => Err(RestError::bad(format!("give {field} or {field}_base64, not both"))),
+        (Some(t), None) => Ok(t.into_bytes().into()),
+        (None, Some(b)) => b64().decode(b).map(Into::into).map_err(|e| RestError::bad(format!("{field}_base64: {e}"))),
+        (None, None) => Ok(bytes::Bytes::new()),
+    }
+}
+
+fn bytes_json(b: &[u8]) -> (Value, Value) {
+    (std::str::from_utf8(b).map(|s| json!(s)).unwrap_or(Value::Null), json!(b64().encode(b)))
+}
+
+fn state_name(s: i32) -> &'static str {
+    pb::TaskState::try_from(s).map(|s| s.as_str_name()).unwrap_or("UNKNOWN").trim_start_matches("TASK_STATE_")
+}
+
+pub fn task_json(t: &pb::Task) -> Value {
+    let (payload, payload_base64) = bytes_json(&t.payload);
+    json!({
+        "id": t.id, "queue": t.queue, "tenant": t.tenant, "state": state_name(t.state), "priority": t.priority,
+        "attempts": t.attempts, "max_attempts": t.max_attempts,
+        "payload": payload, "payload_base64": payload_base64,
+        "lease": t.lease.as_ref().map(|l| json!({
+            "worker_id": l.worker_id, "token": l.token.to_string(), "claimed_at_ms": l.claimed_at_ms,
+            "deadline_ms": l.deadline_ms})),
+        "trace": t.trace.as_ref().map(|c| json!({"traceparent": c.traceparent, "tracestate": c.tracestate})),
+        "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms, "visible_at_ms": t.visible_at_ms,
+        "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
+        "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTaskBody {
+    queue: String,
+    payload: Option<String>,
+    payload_base64: Option<String>,
+    #[serde(default)]
+    priority: u32,
+    #[serde(default)]
+    delay_ms: u64,
+    #[serde(default)]
+    run_at_ms: i64,
+    #[serde(default)]
+    max_attempts: u32,
+    #[serde(default)]
+    idempotency_key: String,
+    #[serde(default)]
+    webhook_url: String,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl NewTaskBody {
+    fn into_pb(self) -> Result<pb::EnqueueRequest, RestError> {
+        let NewTaskBody {
+            queue,
+            payload,
+            payload_base64,
+            priority,
+            delay_ms,
+            run_at_ms,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            traceparent,
+            tracestate,
+        } = self;
+        let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
+            traceparent: traceparent.unwrap_or_default(),
+            tracestate: tracestate.unwrap_or_default(),
+        });
+        Ok(pb::EnqueueRequest {
+            queue,
+            payload: bytes_of(payload, payload_base64, "payload")?,
+            priority,
+            delay_ms,
+            run_at_ms,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            trace,
+        })
+    }
+}
+
+/// A JSON body, with a JSON error (not axum's text) when it does not parse.
+struct Body<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = RestError;
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) => Err(RestError::bad(format!("request body: {}", e.body_text()))),
+        }
+    }
+}
+
+async fn enqueue(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<NewTaskBody>) -> Res {
+    let resp = r.tasks.enqueue(request(&headers, body.into_pb()?)).await?.into_inner();
+    Ok((StatusCode::CREATED, Json(json!({"task_id": resp.task_id, "duplicate": resp.duplicate}))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    items: Vec<NewTaskBody>,
+}
+
+async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<BatchBody>) -> Res {
+    let items = body.items.into_iter().map(NewTaskBody::into_pb).collect::<Result<Vec<_>, _>>()?;
+    let resp = r.tasks.enqueue_batch(request(&headers, pb::EnqueueBatchRequest { items })).await?.into_inner();
+    let results: Vec<Value> = resp
+        .results
+        .into_iter()
+        .map(|x| match x.result {
+            Some(pb::enqueue_result::Result::Ok(o)) => json!({"task_id": o.task_id, "duplicate": o.duplicate}),
+            Some(pb::enqueue_result::Result::Error(e)) => json!({"error": {"code": e.code, "message": e.message}}),
+            None => json!({"error": {"code": "INTERNAL", "message": "empty result"}}),
+        })
+        .collect();
+    ok(json!({ "results": results }))
+}
+
+async fn get_task(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    let t = r.tasks.get_task(request(&headers, pb::GetTaskRequest { id })).await?.into_inner();
+    ok(task_json(&t))
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+async fn get_result(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Res {
+    let t = r.tasks.get_result(request(&headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })).await?.into_inner();
+    let (result, result_base64) = bytes_json(&t.result);
+    ok(json!({
+        "id": t.id, "state": state_name(t.state), "done": t.done, "result": result, "result_base64": result_base64,
+        "error": t.error, "attempts": t.attempts, "created_at_ms": t.created_at_ms, "ended_at_ms": t.ended_at_ms,
+    }))
+}
+
+async fn cancel(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    let c = r.tasks.cancel(request(&headers, pb::CancelRequest { id })).await?.into_inner();
+    ok(json!({"state": state_name(c.state)}))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenJson {
+    Text(String),
+    Number(u64),
+}
+
+impl TokenJson {
+    fn value(&self) -> Result<u64, RestError> {
+        match self {
+            TokenJson::Number(n) => Ok(*n),
+            TokenJson::Text(s) => s.parse().map_err(|_| RestError::bad("token must be a decimal number")),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBody {
+    token: TokenJson,
+    result: Option<String>,
+    result_base64: Option<String>,
+    error: Option<String>,
+    #[serde(default)]
+    retryable: bool,
+    #[serde(default)]
+    delay_ms: u64,
+    reason: Option<String>,
+    #[serde(default)]
+    extend_ms: u64,
+}
+
+/// `complete`, `fail`, `nack`, `abandon` or `heartbeat` a claimed task, naming its fencing token.
+async fn ack(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+    Body(b): Body<AckBody>,
+) -> Res {
+    use pb::ack_request::Action;
+    let action = match action.as_str() {
+        "complete" => Action::Complete(pb::Complete { result: bytes_of(b.result, b.result_base64, "result")? }),
+        "fail" => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
+        "nack" => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
+        "abandon" => Action::Abandon(pb::Abandon {}),
+        "heartbeat" => Action::Heartbeat(pb::Heartbeat { extend_ms: b.extend_ms }),
+        other => {
+            return Err(RestError(
+                StatusCode::NOT_FOUND,
+                json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: complete, fail, nack, abandon or heartbeat")}}),
+                None,
+            ))
+        }
+    };
+    let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
+    let a = r.tasks.ack(request(&headers, req)).await?.into_inner();
+    ok(json!({"state": state_name(a.state), "at_ms": a.at_ms}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimBody {
+    worker_id: String,
+    queues: Vec<String>,
+    #[serde(default = "one")]
+    count: u32,
+    #[serde(default)]
+    lease_ms: u64,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn claim(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ClaimBody>) -> Res {
+    let ClaimBody { worker_id, queues, count, lease_ms, wait_ms } = b;
+    let req = pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms };
+    let c = r.tasks.claim(request(&headers, req)).await?.into_inner();
+    ok(json!({"tasks": c.tasks.iter().map(task_json).collect::<Vec<_>>()}))
+}
+
+async fn queues(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    let s = r.tasks.queue_stats(request(&headers, pb::QueueStatsRequest { queues: vec![] })).await?.into_inner();
+    let v: Vec<Value> = s
+        .queues
+        .iter()
+        .map(|q| {
+            json!({"queue": q.queue, "pending": q.pending, "delayed": q.delayed, "in_progress": q.in_progress,
+                "completed": q.completed, "failed": q.failed, "cancelled": q.cancelled, "dead_lettered": q.dead_lettered})
+        })
+        .collect();
+    ok(json!({ "queues": v }))
+}
+
+#[derive(Deserialize)]
+struct LimitQuery {
+    #[serde(default)]
+    limit: u32,
+}
+
+async fn dead_letters(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Query(q): Query<LimitQuery>,
+) -> Res {
+    let req = pb::ListDeadLettersRequest { queue, limit: q.limit };
+    let d = r.tasks.list_dead_letters(request(&headers, req)).await?.into_inner();
+    ok(json!({"tasks": d.tasks.iter().map(task_json).collect::<Vec<_>>()}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectBody {
+    #[serde(default)]
+    ids: Vec<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn redrive(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Body(b): Body<SelectBody>,
+) -> Res {
+    let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
+    let d = r.tasks.redrive(request(&headers, sel)).await?.into_inner();
+    ok(json!({"redriven": d.ids}))
+}
+
+async fn purge(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>, Body(b): Body<SelectBody>) -> Res {
+    let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
+    let d = r.tasks.purge_dead_letters(request(&headers, sel)).await?.into_inner();
+    ok(json!({"purged": d.ids}))
+}
+
+async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    let s = r.admin.status(request(&headers, pb::NodeStatusRequest {})).await?.into_inner();
+    ok(json!({
+        "node_id": s.node_id, "role": s.role, "term": s.term, "leader_id": s.has_leader.then_some(s.leader_id),
+        "last_log_index": s.last_log_index, "applied_index": s.applied_index, "committed_index": s.committed_index,
+        "replication_lag": s.replication_lag,
+        "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "raft_addr": m.raft_addr,
+            "api_addr": m.api_addr, "voter": m.voter})).collect::<Vec<_>>(),
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransferBody {
+    #[serde(default)]
+    to: u64,
+    #[serde(default)]
+    timeout_ms: u64,
+}
+
+async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<TransferBody>) -> Res {
+    let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
+    let t = r.admin.transfer_leader(request(&headers, req)).await?.into_inner();
+    ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
+}

@@ -6,9 +6,11 @@
 //! - `api`: public gRPC task service, HTTP health, conversions and the error mapping.
 //! - `config`: configuration defaults and validation.
 //! - `node`: wires the layers together and runs a node.
+//! - `telemetry`: metric names and the Prometheus exposition.
 pub mod api;
 pub mod config;
 pub mod node;
 pub mod queue;
 pub mod raft;
 pub mod storage;
+pub mod telemetry;

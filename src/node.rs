@@ -202,7 +202,8 @@ impl Node {
             }
         });
 
-        let router = api::http::router(proposer.clone(), api::rest::Rest { tasks: task_api, admin: admin_api });
+        let rest = api::rest::Rest { tasks: task_api, admin: admin_api };
+        let router = api::http::router(proposer.clone(), log_stats.clone(), rest);
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;

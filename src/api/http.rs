@@ -5,21 +5,102 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
 use crate::raft::proposer::Proposer;
+use crate::storage::log_store::LogStats;
 
 /// How far applied may lag behind committed for the node to count as ready.
 const READY_MAX_LAG_ENTRIES: u64 = 1_000;
 
-pub fn router(proposer: Arc<Proposer>, rest: super::rest::Rest) -> Router {
+pub fn router(proposer: Arc<Proposer>, log: Arc<LogStats>, rest: super::rest::Rest) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(proposer)
+        .with_state(proposer.clone())
+        .route("/metrics", get(metrics))
+        .with_state((proposer, log))
         .merge(super::rest::routes(rest))
+}
+
+/// Prometheus text exposition: task events and latencies, queue depths, Raft state, the log's fsyncs.
+async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl IntoResponse {
+    use crate::telemetry::{self as t, gauge, label};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut out = String::with_capacity(8 * 1024);
+    p.shared.metrics.render(&mut out);
+
+    // The busiest queues by tasks waiting or running, all their states.
+    let mut counts = p.shared.counts(None);
+    counts.sort_by_key(|(_, c)| std::cmp::Reverse(c.pending + c.delayed + c.in_progress));
+    let mut series = Vec::new();
+    for (qk, c) in counts.iter().take(t::MAX_QUEUE_SERIES) {
+        let (tenant, queue) = (label(&qk.tenant), label(&qk.queue));
+        for (state, v) in [
+            ("pending", c.pending),
+            ("delayed", c.delayed),
+            ("in_progress", c.in_progress),
+            ("completed", c.completed),
+            ("failed", c.failed),
+            ("cancelled", c.cancelled),
+            ("dead_lettered", c.dead_lettered),
+        ] {
+            series.push((format!("tenant=\"{tenant}\",queue=\"{queue}\",state=\"{state}\""), v as f64));
+        }
+    }
+    gauge(&mut out, t::QUEUE_TASKS, "Tasks per state in the busiest queues.", &series);
+
+    let m = crate::raft::metrics(&p.raft);
+    let idx = |l: &Option<crate::raft::types::LogId>| l.as_ref().map(|l| l.index).unwrap_or(0) as f64;
+    gauge(&mut out, "raftq_raft_term", "Current Raft term.", &[(String::new(), m.current_term as f64)]);
+    gauge(
+        &mut out,
+        "raftq_raft_leader_id",
+        "The leader this node knows (0: none).",
+        &[(String::new(), m.current_leader.unwrap_or(0) as f64)],
+    );
+    gauge(
+        &mut out,
+        "raftq_raft_is_leader",
+        "1 on the leader.",
+        &[(String::new(), (m.current_leader == Some(m.id)) as u8 as f64)],
+    );
+    gauge(
+        &mut out,
+        "raftq_raft_last_log_index",
+        "Last log index.",
+        &[(String::new(), m.last_log_index.unwrap_or(0) as f64)],
+    );
+    gauge(&mut out, "raftq_raft_committed_index", "Committed index.", &[(String::new(), idx(&m.local_committed))]);
+    gauge(&mut out, "raftq_raft_applied_index", "Applied index.", &[(String::new(), idx(&m.last_applied))]);
+    let last = m.last_log_index.unwrap_or(0);
+    let lag: Vec<(String, f64)> = m
+        .replication
+        .as_ref()
+        .map(|r| {
+            r.iter()
+                .filter(|(id, _)| **id != m.id)
+                .map(|(id, matched)| (format!("peer=\"{id}\""), last.saturating_sub(idx(matched) as u64) as f64))
+                .collect()
+        })
+        .unwrap_or_default();
+    gauge(&mut out, "raftq_raft_replication_lag_entries", "Entries each follower is behind (on the leader).", &lag);
+
+    log.fsync_latency.render(&mut out, t::FSYNC_SECONDS, "Raft log fsync latency.");
+    let _ = std::fmt::Write::write_fmt(
+        &mut out,
+        format_args!(
+            "# HELP {f} Raft log fsyncs.\n# TYPE {f} counter\n{f} {}\n# HELP {e} Raft log entries made durable (divided by fsyncs: entries per fsync).\n# TYPE {e} counter\n{e} {}\n",
+            log.fsyncs.load(Relaxed),
+            log.entries.load(Relaxed),
+            f = t::FSYNCS_TOTAL,
+            e = t::SYNCED_ENTRIES_TOTAL,
+        ),
+    );
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
 async fn healthz() -> Json<serde_json::Value> {

@@ -396,7 +396,9 @@ impl WorkerStream for StreamApi {
         let worker_id: Arc<str> = worker_id.into();
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
-        self.tasks.spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
+        let sessions = self.proposer.shared.metrics.clone();
+        sessions.stream_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
             use pb::worker_event::Event;
             let (api, caller, worker_id, out) = (api.clone(), caller.clone(), worker_id.clone(), tx.clone());
             let tenant = caller.tenant.clone();
@@ -441,7 +443,11 @@ impl WorkerStream for StreamApi {
                 }
                 api.serve_acks(&caller, acks, &out).await;
             }) as futures::future::BoxFuture<'static, ()>)
-        }));
+        });
+        self.tasks.spawn(async move {
+            session.await;
+            sessions.stream_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
@@ -471,7 +477,9 @@ impl ProducerStream for StreamApi {
         let caller = Arc::new(caller);
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
-        self.tasks.spawn(serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
+        let sessions = self.proposer.shared.metrics.clone();
+        sessions.stream_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
             use pb::producer_event::Event;
             let (api, caller, out) = (api.clone(), caller.clone(), tx.clone());
             let (seq, items) = match ev.event? {
@@ -485,7 +493,11 @@ impl ProducerStream for StreamApi {
                     .send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) }))
                     .await;
             }) as futures::future::BoxFuture<'static, ()>)
-        }));
+        });
+        self.tasks.spawn(async move {
+            session.await;
+            sessions.stream_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -12,7 +12,9 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 
-pub use shard::{Effects, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore};
+pub use shard::{
+    Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore,
+};
 pub use types::*;
 
 /// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping

@@ -53,6 +53,24 @@ pub type ReadyKey = (Reverse<u8>, u64, TaskId);
 pub struct Effects {
     pub ready: HashSet<QueueKey>,
     pub ended: Vec<TaskId>,
+    pub counts: EventCounts,
+    /// Per task, in state-machine ms: enqueue to first claim; claim to the end of a delivery; enqueue to the end.
+    pub enqueue_to_claim_ms: Vec<u64>,
+    pub claim_to_end_ms: Vec<u64>,
+    pub enqueue_to_end_ms: Vec<u64>,
+}
+
+/// What happened to tasks in the applied entries (for metrics).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EventCounts {
+    pub enqueued: u64,
+    pub claimed: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub lease_expired: u64,
 }
 
 /// Slots of a response being filled shard by shard; each item belongs to exactly one shard.
@@ -321,7 +339,7 @@ impl ShardCore {
             (Command::Claim(items), PartialResponse::Claimed(slots)) => {
                 for (pos, (item, slot)) in items.iter().zip(slots.iter_mut()).enumerate() {
                     if self.mine(&item.task_id) {
-                        *slot = Some(self.claim(store, item, base_seq + pos as u64)?);
+                        *slot = Some(self.claim(store, item, base_seq + pos as u64, fx)?);
                     }
                 }
             }
@@ -428,6 +446,8 @@ impl ShardCore {
             self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
             self.update(store, &before, &t)?;
             self.note_pending(&t, fx);
+            fx.counts.lease_expired += 1;
+            count_requeue(&t, fx);
         }
         while let Some(&(due, id)) = self.retention.first() {
             if due > now {
@@ -523,6 +543,7 @@ impl ShardCore {
         store.put(&t)?;
         self.index_task(&t);
         self.note_pending(&t, fx);
+        fx.counts.enqueued += 1;
         if let Some(key) = &n.idempotency_key {
             let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
             // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
@@ -537,6 +558,7 @@ impl ShardCore {
         store: &mut S,
         item: &ClaimItem,
         token: LeaseToken,
+        fx: &mut Effects,
     ) -> Result<ItemResult<Box<Task>>, S::Error> {
         let now = self.now;
         let Some(before) = store.get(&item.task_id)? else {
@@ -559,6 +581,10 @@ impl ShardCore {
             deadline: now.saturating_add(item.lease_ms),
         });
         self.update(store, &before, &t)?;
+        fx.counts.claimed += 1;
+        if t.attempts == 1 {
+            fx.enqueue_to_claim_ms.push(now.saturating_sub(t.created_at));
+        }
         Ok(Ok(Box::new(t)))
     }
 
@@ -629,6 +655,17 @@ impl ShardCore {
         }
         if !matches!(item.action, AckAction::Heartbeat { .. }) {
             t.last_ack = Some((item.token, item.action.kind()));
+            if let Some(l) = &before.lease {
+                fx.claim_to_end_ms.push(now.saturating_sub(l.claimed_at));
+            }
+            match t.state {
+                TaskState::Completed => fx.counts.completed += 1,
+                TaskState::Failed => fx.counts.failed += 1,
+                _ => count_requeue(&t, fx),
+            }
+            if t.state.is_terminal() {
+                fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
+            }
         }
         self.update(store, &before, &t)?;
         self.note_pending(&t, fx);
@@ -667,7 +704,18 @@ impl ShardCore {
         t.updated_at = self.now;
         self.update(store, &before, &t)?;
         fx.ended.push(t.id);
+        fx.counts.cancelled += 1;
+        fx.enqueue_to_end_ms.push(self.now.saturating_sub(t.created_at));
         Ok(Ok(TaskState::Cancelled))
+    }
+}
+
+/// A delivery that did not end the task: retried later, or dead-lettered.
+fn count_requeue(t: &Task, fx: &mut Effects) {
+    match t.state {
+        TaskState::DeadLettered => fx.counts.dead_lettered += 1,
+        TaskState::Pending => fx.counts.retried += 1,
+        _ => {}
     }
 }
 

@@ -39,6 +39,7 @@ enum Op {
 pub struct LogStats {
     pub fsyncs: std::sync::atomic::AtomicU64,
     pub entries: std::sync::atomic::AtomicU64,
+    pub fsync_latency: crate::telemetry::Histogram,
 }
 
 #[derive(Clone)]
@@ -141,6 +142,7 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>) 
                 }
             }
         }
+        let started = std::time::Instant::now();
         let synced = result.and_then(|_| {
             if after_sync.is_empty() {
                 return Ok(());
@@ -154,6 +156,7 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>) 
         } else if !after_sync.is_empty() {
             stats.fsyncs.fetch_add(1, Relaxed);
             stats.entries.fetch_add(n_entries, Relaxed);
+            stats.fsync_latency.observe_us(started.elapsed().as_micros() as u64);
         }
         for s in after_sync {
             match s {

@@ -70,6 +70,8 @@ pub struct SmShared {
     pub work: watch::Sender<u64>,
     /// The last applied log index.
     pub applied: watch::Sender<u64>,
+    /// Task lifecycle counters and latencies, fed by apply.
+    pub metrics: Arc<crate::telemetry::Metrics>,
 }
 
 impl SmShared {
@@ -270,6 +272,7 @@ impl StateMachine {
             ended: broadcast::channel(4096).0,
             work: watch::channel(0).0,
             applied: watch::channel(applied).0,
+            metrics: Arc::default(),
         });
         Ok(StateMachine { shared, dir: dir.to_path_buf() })
     }
@@ -337,6 +340,35 @@ impl StateMachine {
             g.last_sync = Instant::now();
         }
         Ok((responses, fx))
+    }
+
+    fn record(&self, fx: &Effects) {
+        use crate::telemetry::TaskEvent::*;
+        let m = &self.shared.metrics;
+        let c = &fx.counts;
+        for (e, n) in [
+            (Enqueued, c.enqueued),
+            (Claimed, c.claimed),
+            (Completed, c.completed),
+            (Failed, c.failed),
+            (Cancelled, c.cancelled),
+            (Retried, c.retried),
+            (DeadLettered, c.dead_lettered),
+            (LeaseExpired, c.lease_expired),
+        ] {
+            if n > 0 {
+                m.count(e, n);
+            }
+        }
+        for (h, v) in [
+            (&m.enqueue_to_claim, &fx.enqueue_to_claim_ms),
+            (&m.claim_to_end, &fx.claim_to_end_ms),
+            (&m.enqueue_to_end, &fx.enqueue_to_end_ms),
+        ] {
+            for ms in v {
+                h.observe_us(ms.saturating_mul(1000));
+            }
+        }
     }
 
     /// Syncs every shard file: after this, the shards' `last_applied` survives a crash.
@@ -580,6 +612,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 r.send(resp);
             }
         }
+        self.record(&fx);
         for id in fx.ended {
             let _ = self.shared.ended.send(id);
         }

@@ -100,6 +100,19 @@ pub fn reason(s: &tonic::Status) -> String {
     s.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
 
+/// A port no other test of this run has been given. Ports handed out are never handed out again, so a port a
+/// killed node released cannot be taken by another test's cluster while clients of the first still dial it.
+/// They come from below the kernel's ephemeral range (which starts at 32768), in a block chosen per process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ =
+        NEXT.compare_exchange(0, 10_000 + (std::process::id() % 200) as u16 * 100, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let p = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(p < 32_000, "ran out of test ports");
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
 }

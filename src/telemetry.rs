@@ -1,0 +1,133 @@
+//! Metric names and the Prometheus text exposition at `/metrics`.
+//!
+//! Task lifecycle counters and latency histograms are fed from what apply did (so every replica counts the same
+//! replicated events, in state-machine time); Raft and log figures are read when scraped. Labels come only from
+//! small closed sets (event, outcome, state, peer id) and the `MAX_QUEUE_SERIES` busiest queues, never a task id.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub const TASKS_TOTAL: &str = "raftq_tasks_total";
+pub const QUEUE_TASKS: &str = "raftq_queue_tasks";
+pub const ENQUEUE_TO_CLAIM: &str = "raftq_enqueue_to_claim_seconds";
+pub const CLAIM_TO_END: &str = "raftq_claim_to_end_seconds";
+pub const ENQUEUE_TO_END: &str = "raftq_enqueue_to_end_seconds";
+pub const FSYNC_SECONDS: &str = "raftq_log_fsync_seconds";
+pub const FSYNCS_TOTAL: &str = "raftq_log_fsyncs_total";
+pub const SYNCED_ENTRIES_TOTAL: &str = "raftq_log_synced_entries_total";
+pub const STREAM_SESSIONS: &str = "raftq_stream_sessions";
+
+/// How many queues get depth series: the busiest, so label cardinality stays bounded.
+pub const MAX_QUEUE_SERIES: usize = 20;
+
+/// Task events counted from apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEvent {
+    Enqueued,
+    Claimed,
+    Completed,
+    Failed,
+    Cancelled,
+    Retried,
+    DeadLettered,
+    LeaseExpired,
+}
+
+const EVENTS: [(TaskEvent, &str); 8] = [
+    (TaskEvent::Enqueued, "enqueued"),
+    (TaskEvent::Claimed, "claimed"),
+    (TaskEvent::Completed, "completed"),
+    (TaskEvent::Failed, "failed"),
+    (TaskEvent::Cancelled, "cancelled"),
+    (TaskEvent::Retried, "retried"),
+    (TaskEvent::DeadLettered, "dead_lettered"),
+    (TaskEvent::LeaseExpired, "lease_expired"),
+];
+
+/// Bucket bounds in seconds: 1 ms to ~1 h, roughly x2.5 apart.
+const BUCKETS: [f64; 16] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0, 3600.0];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_us(&self, us: u64) {
+        let secs = us as f64 / 1e6;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.counts[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", self.counts[i].load(Relaxed));
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count.load(Relaxed));
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    events: [AtomicU64; EVENTS.len()],
+    pub enqueue_to_claim: Histogram,
+    pub claim_to_end: Histogram,
+    pub enqueue_to_end: Histogram,
+    pub stream_sessions: AtomicU64,
+}
+
+impl Metrics {
+    pub fn count(&self, e: TaskEvent, n: u64) {
+        if let Some(i) = EVENTS.iter().position(|(x, _)| *x == e) {
+            self.events[i].fetch_add(n, Relaxed);
+        }
+    }
+
+    pub fn event(&self, e: TaskEvent) -> u64 {
+        EVENTS.iter().position(|(x, _)| *x == e).map(|i| self.events[i].load(Relaxed)).unwrap_or(0)
+    }
+
+    /// The process-wide part of the exposition.
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {TASKS_TOTAL} Task lifecycle events applied on this replica.");
+        let _ = writeln!(out, "# TYPE {TASKS_TOTAL} counter");
+        for (i, (_, name)) in EVENTS.iter().enumerate() {
+            let _ = writeln!(out, "{TASKS_TOTAL}{{event=\"{name}\"}} {}", self.events[i].load(Relaxed));
+        }
+        self.enqueue_to_claim.render(out, ENQUEUE_TO_CLAIM, "Time from enqueue to first claim.");
+        self.claim_to_end.render(out, CLAIM_TO_END, "Time from claim to the end of the delivery.");
+        self.enqueue_to_end.render(out, ENQUEUE_TO_END, "Time from enqueue to the task's end.");
+        let _ = writeln!(out, "# HELP {STREAM_SESSIONS} Open worker and producer streams.");
+        let _ =
+            writeln!(out, "# TYPE {STREAM_SESSIONS} gauge\n{STREAM_SESSIONS} {}", self.stream_sessions.load(Relaxed));
+    }
+}
+
+/// A gauge line with labels.
+pub fn gauge(out: &mut String, name: &str, help: &str, series: &[(String, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for (labels, v) in series {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+pub fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

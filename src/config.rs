@@ -226,6 +226,9 @@ impl Config {
             max_in_snapshot_log_to_keep: self.snapshot_keep_entries,
             purge_batch_size: self.purge_batch_entries.max(1),
             max_payload_entries: 1_000,
+            // A node that comes back (or was cut off) first asks whether it could win before it disrupts a
+            // healthy leader with a higher term.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         c.validate().map_err(|e| e.to_string())

@@ -129,6 +129,17 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         Self::reply::<_, RaftErr>(resp.into_inner())
     }
 
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut req = tonic::Request::new(self.message(&rpc)?);
+        req.set_timeout(option.hard_ttl());
+        let resp = self.client()?.pre_vote(req).await.map_err(status_err)?;
+        Self::reply::<_, RaftErr>(resp.into_inner())
+    }
+
     async fn transfer_leader(
         &mut self,
         rpc: TransferLeaderRequest<TypeConfig>,

@@ -48,6 +48,11 @@ impl RaftService for RaftServer {
         self.reply(&self.raft.vote(rpc).await)
     }
 
+    async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let rpc = self.decode(req.get_ref())?;
+        self.reply(&self.raft.pre_vote(rpc).await)
+    }
+
     async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.decode(req.get_ref())?;
         self.reply(&self.raft.append_entries(rpc).await)

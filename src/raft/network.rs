@@ -40,6 +40,8 @@ pub struct PeerClient {
     addr: String,
 }
 
+/// Peers connect quickly or not at all: a stopped container's address does not refuse connections, and a leader
+/// waiting seconds on it would let a restarting node's election timer fire first.
 fn channel(addr: &str) -> Result<Channel, String> {
     let url = if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.to_string()
@@ -48,7 +50,7 @@ fn channel(addr: &str) -> Result<Channel, String> {
     };
     Ok(Endpoint::from_shared(url)
         .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .connect_lazy())

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the raftq container image FROM scratch, out of what is compiled here (no base image is pulled):
+#
+#   deploy/docker/build.sh [IMAGE]   default raftq:latest (or $RAFTQ_IMAGE); also tags raftq:<version> (the Helm
+#                                    chart's default) and raftq:<version>-<commit>
+#
+# 1. `raftq`, a static-pie glibc binary: cargo build --release --target <arch>-unknown-linux-gnu with
+#    crt-static. It lands in target/<triple>/release and leaves the ordinary target/release build alone.
+# 2. `raftq-probe` (probe.rs, the health check) and `raftq-entrypoint` (entrypoint.rs, node id from a
+#    StatefulSet pod's ordinal, for the Helm chart): std-only, static, compiled by rustc alone.
+# 3. rootfs.tar: the three binaries in /usr/local/bin, deploy/docker/rootfs/etc, an empty /data owned by uid 10001
+#    and /tmp; fixed owners and mtimes, so the layer depends on the binaries only.
+# 4. docker build -f deploy/docker/Dockerfile on a context holding rootfs.tar alone.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=deploy/docker
+image=${1:-${RAFTQ_IMAGE:-raftq:latest}}
+arch=$(uname -m)
+triple=$arch-unknown-linux-gnu
+target_dir=${CARGO_TARGET_DIR:-target}
+ctx=$target_dir/docker-image
+# The uid the server runs as; the Helm chart's securityContext uses the same.
+uid=10001
+
+say() { echo "[build.sh] $*" >&2; }
+started=$SECONDS
+
+say "static raftq binary ($triple, crt-static)"
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target "$triple" --bin raftq
+bin=$target_dir/$triple/release/raftq
+if readelf -lW "$bin" | grep -q 'program interpreter'; then
+  say "error: $bin is dynamically linked; the image has no shared libraries"
+  exit 1
+fi
+
+rm -rf "$ctx"
+mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/data" "$ctx/rootfs/tmp"
+cp "$bin" "$ctx/rootfs/usr/local/bin/raftq"
+strip --strip-all "$ctx/rootfs/usr/local/bin/raftq" 2>/dev/null || say "strip not found: the binary keeps its symbols"
+say "raftq-probe and raftq-entrypoint"
+for tool in probe entrypoint; do
+  rustc --edition 2021 -O -C target-feature=+crt-static -C strip=symbols \
+    -o "$ctx/rootfs/usr/local/bin/raftq-$tool" "$here/$tool.rs"
+done
+cp -r "$here/rootfs/etc" "$ctx/rootfs/etc"
+chmod 0755 "$ctx/rootfs/usr/local/bin/"*
+chmod 0644 "$ctx/rootfs/etc/"*
+chmod 1777 "$ctx/rootfs/tmp"
+chmod 0750 "$ctx/rootfs/data"
+
+# One archive, two owners: ADD keeps the owners written in a local tar archive, which COPY cannot do for a
+# directory in a FROM-scratch image (there is no shell to chown with).
+tar_opts=(--sort=name --mtime=@0 --numeric-owner -C "$ctx/rootfs")
+tar -cf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner=0 --group=0 --exclude=./data .
+tar -rf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner="$uid" --group="$uid" ./data
+cp "$here/Dockerfile" "$ctx/Dockerfile"
+rm -rf "$ctx/rootfs"
+
+version=$(awk -F'"' '/^version *=/ {print $2; exit}' Cargo.toml)
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+dirty=
+if git status --porcelain --untracked-files=no 2>/dev/null | grep -q .; then dirty=-dirty; fi
+say "docker build $image"
+docker build -q -t "$image" -t "raftq:$version" -t "raftq:$version-$commit$dirty" \
+  --label org.opencontainers.image.title=raftq \
+  --label org.opencontainers.image.version="$version" \
+  --label org.opencontainers.image.revision="$commit$dirty" \
+  "$ctx" >/dev/null
+
+size=$(docker image inspect -f '{{.Size}}' "$image")
+say "built $image (also raftq:$version, raftq:$version-$commit$dirty): $((size / 1024 / 1024)) MiB ($size bytes) in $((SECONDS - started)) s"

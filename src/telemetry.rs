@@ -86,6 +86,8 @@ pub struct Metrics {
     pub claim_to_end: Histogram,
     pub enqueue_to_end: Histogram,
     pub stream_sessions: AtomicU64,
+    pub snapshots_installed: AtomicU64,
+    pub snapshots_built: AtomicU64,
 }
 
 impl Metrics {
@@ -109,6 +111,16 @@ impl Metrics {
         self.enqueue_to_claim.render(out, ENQUEUE_TO_CLAIM, "Time from enqueue to first claim.");
         self.claim_to_end.render(out, CLAIM_TO_END, "Time from claim to the end of the delivery.");
         self.enqueue_to_end.render(out, ENQUEUE_TO_END, "Time from enqueue to the task's end.");
+        for (name, help, v) in [
+            ("raftq_snapshots_built_total", "State-machine snapshots built by this node.", &self.snapshots_built),
+            (
+                "raftq_snapshots_installed_total",
+                "Snapshots received from a leader and installed.",
+                &self.snapshots_installed,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
+        }
         let _ = writeln!(out, "# HELP {STREAM_SESSIONS} Open worker and producer streams.");
         let _ =
             writeln!(out, "# TYPE {STREAM_SESSIONS} gauge\n{STREAM_SESSIONS} {}", self.stream_sessions.load(Relaxed));

@@ -103,6 +103,8 @@ impl Admin for AdminApi {
             committed_index: m.local_committed.as_ref().map(|l| l.index).unwrap_or(0),
             replication_lag,
             members: members(&m.membership_config),
+            snapshot_index: m.snapshot.as_ref().map(|l| l.index).unwrap_or(0),
+            purged_index: m.purged.as_ref().map(|l| l.index).unwrap_or(0),
         }))
     }
 

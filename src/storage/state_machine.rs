@@ -626,6 +626,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         let shared = self.shared.clone();
         let dir = self.dir.clone();
+        self.shared.metrics.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let built = tokio::task::spawn_blocking(move || -> io::Result<SnapshotBuilder> {
             let mut g = shared.shards.write().unwrap_or_else(|p| p.into_inner());
             Self::sync_all(&mut g)?;
@@ -656,6 +657,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let file = snapshot.into_std().await;
         tokio::task::spawn_blocking(move || install_blocking(&shared, &dir, &meta2, file)).await.map_err(io_err)??;
         let idx = meta.last_log_id.as_ref().map(|l| l.index).unwrap_or(0);
+        self.shared.metrics.snapshots_installed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.shared.applied.send_replace(idx);
         self.shared.work.send_modify(|v| *v += 1);
         Ok(())

@@ -16,6 +16,7 @@ pub struct ProcNode {
     pub id: u64,
     pub grpc: String,
     pub raft: String,
+    pub http: String,
     pub dir: PathBuf,
     pub config: PathBuf,
     child: Option<Child>,
@@ -41,7 +42,7 @@ impl ProcNode {
             format!("127.0.0.1:{}", free_port()),
         );
         let config = write_config(root, id, &grpc, &raft, &http, extra);
-        ProcNode { id, grpc, raft, dir: root.join(format!("data{id}")), config, child: None }
+        ProcNode { id, grpc, raft, http, dir: root.join(format!("data{id}")), config, child: None }
     }
 
     pub fn start(&mut self) {
@@ -127,6 +128,16 @@ impl ProcNode {
         Some(AdminClient::new(ch))
     }
 
+    /// One metric from the node's `/metrics` (a sample without labels), or None.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.http).await.ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.ok()?;
+        raw.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// The node's status, or None when it does not answer within 2 s (down or paused).
     pub async fn status(&self) -> Option<pb::NodeStatus> {
         let call = async { self.admin().await?.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()) };
@@ -179,6 +190,7 @@ impl ProcCluster {
                 id,
                 grpc: g,
                 raft: r,
+                http: h,
                 dir: root.path().join(format!("data{id}")),
                 config,
                 child: None,

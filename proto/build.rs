@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["."])?;
+    // The descriptor set is also served by gRPC reflection.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("raftq_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure().bytes(".raftq.v1").compile_fds(fds)?;
     Ok(())
 }

@@ -188,9 +188,18 @@ impl Node {
             node_id: cfg.node_id,
         });
         let admin_svc = raftq_proto::v1::admin_server::AdminServer::from_arc(admin_api.clone());
+        // The standard gRPC health service (ready by the /readyz rule) and reflection, on the public port.
+        let (health, health_svc) = tonic_health::server::health_reporter();
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(raftq_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| StartError::Raft(format!("reflection: {e}")))?;
+        tasks.spawn(health_loop(raft.clone(), health, shutdown.clone()));
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
+                .add_service(health_svc)
+                .add_service(reflection)
                 .add_service(task_svc)
                 .add_service(admin_svc)
                 .add_service(worker_svc)
@@ -267,6 +276,33 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::info!("raftq node stopped");
+    }
+}
+
+/// Keeps the gRPC health status (the whole server, "", and each raftq service) in line with readiness.
+async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, shutdown: CancellationToken) {
+    const SERVICES: [&str; 5] =
+        ["", "raftq.v1.TaskService", "raftq.v1.WorkerStream", "raftq.v1.ProducerStream", "raftq.v1.Admin"];
+    let mut last = None;
+    let mut metrics = raft.metrics();
+    loop {
+        let ready = api::http::is_ready(&crate::raft::metrics(&raft));
+        if last != Some(ready) {
+            let status =
+                if ready { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+            for s in SERVICES {
+                health.set_service_status(s, status).await;
+            }
+            last = Some(ready);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = openraft::type_config::async_runtime::watch::WatchReceiver::changed(&mut metrics) => {
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 

@@ -107,11 +107,18 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Ready: the node knows a leader and has applied what it knows to be committed (within a bound). The same rule
+/// answers `/readyz` and the gRPC health service.
+pub fn is_ready(m: &openraft::RaftMetrics<crate::raft::types::TypeConfig>) -> bool {
+    let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
+    let committed = m.local_committed.as_ref().map(|l| l.index).unwrap_or(0);
+    m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES
+}
+
 async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {
     let m = crate::raft::metrics(&p.raft);
     let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
-    let committed = m.local_committed.as_ref().map(|l| l.index).unwrap_or(0);
-    let ready = m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES;
+    let ready = is_ready(&m);
     let body = json!({
         "ready": ready,
         "node_id": m.id,

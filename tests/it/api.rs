@@ -412,3 +412,48 @@ async fn queue_stats_count_tasks_by_state() {
     let names: Vec<&str> = all.queues.iter().map(|q| q.queue.as_str()).collect();
     assert_eq!(names, vec!["other", "stats"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let n = TestNode::start().await;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.node().grpc_addr))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(ch.clone());
+    for service in ["", "raftq.v1.TaskService", "raftq.v1.WorkerStream"] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+            let s = health.check(req).await.expect("health").into_inner().status;
+            if s == ServingStatus::Serving as i32 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{service:?} not serving: {s}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(ch)
+        .server_reflection_info(futures::stream::iter(vec![req]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let resp = stream.message().await.expect("ok").expect("a response");
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else { panic!("{resp:?}") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["raftq.v1.TaskService", "raftq.v1.WorkerStream", "raftq.v1.ProducerStream", "raftq.v1.Admin"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+}

@@ -199,16 +199,17 @@ impl NewTaskBody {
     }
 }
 
-/// A JSON body, with a JSON error (not axum's text) when it does not parse.
+/// A JSON body, with a JSON error (not axum's text) when it does not parse. The content type is not insisted on:
+/// `curl -d '{...}'` sends a form content type, and the body is JSON all the same.
 struct Body<T>(T);
 
 impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
     type Rejection = RestError;
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(Body(v)),
-            Err(e) => Err(RestError::bad(format!("request body: {}", e.body_text()))),
-        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| RestError::bad(format!("request body: {}", e.body_text())))?;
+        serde_json::from_slice(&bytes).map(Body).map_err(|e| RestError::bad(format!("request body: {e}")))
     }
 }
 

@@ -623,18 +623,27 @@ async fn admin(addr: &str) -> Result<AdminClient<Channel>> {
     Ok(AdminClient::new(ch))
 }
 
+/// The members the node at `addr` knows, each with an Admin client when it can be reached.
+async fn members(addr: &str) -> Result<Vec<(pb::Member, Option<AdminClient<Channel>>)>> {
+    let me = admin(addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
+    let mut out = Vec::new();
+    for m in me.members {
+        let c = admin(&m.api_addr).await.ok();
+        out.push((m, c));
+    }
+    Ok(out)
+}
+
 async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Status { client } => {
-            let me =
-                admin(&client.addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
             let mut rows = Vec::new();
-            for m in &me.members {
-                let st = match admin(&m.api_addr).await {
-                    Ok(mut c) => c.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()),
-                    Err(_) => None,
+            for (m, c) in members(&client.addr).await? {
+                let st = match c {
+                    Some(mut c) => c.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()),
+                    None => None,
                 };
-                rows.push((m.clone(), st));
+                rows.push((m, st));
             }
             let leader = rows.iter().find_map(|(_, s)| s.as_ref().filter(|s| s.role == "LEADER").cloned());
             if client.output == Output::Json {
@@ -711,13 +720,11 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             print_members(client.output, &r.members);
         }
         ClusterCmd::Digest { client } => {
-            let me =
-                admin(&client.addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
             let mut out = Vec::new();
-            for m in &me.members {
-                let d = match admin(&m.api_addr).await {
-                    Ok(mut c) => c.digest(pb::DigestRequest {}).await.ok().map(|r| r.into_inner()),
-                    Err(_) => None,
+            for (m, c) in members(&client.addr).await? {
+                let d = match c {
+                    Some(mut c) => c.digest(pb::DigestRequest {}).await.ok().map(|r| r.into_inner()),
+                    None => None,
                 };
                 out.push((m.node_id, d));
             }

@@ -88,8 +88,15 @@ impl PeerClient {
             .ok_or_else(|| RPCError::Unreachable(Unreachable::from_string(format!("bad address {}", self.addr))))
     }
 
-    fn message<T: Serialize>(&self, req: &T) -> Result<RaftMessage, RPCError<TypeConfig>> {
-        Ok(RaftMessage { from: self.from, to: self.target, data: enc(req)?.into() })
+    /// An openraft request as a gRPC request to this peer, with openraft's deadline.
+    fn request<T: Serialize>(
+        &self,
+        rpc: &T,
+        option: &RPCOption,
+    ) -> Result<tonic::Request<RaftMessage>, RPCError<TypeConfig>> {
+        let mut req = tonic::Request::new(RaftMessage { from: self.from, to: self.target, data: enc(rpc)?.into() });
+        req.set_timeout(option.hard_ttl());
+        Ok(req)
     }
 
     /// Decodes a reply: the remote `Result`, whose error (the peer is shutting down) reads as unreachable.
@@ -114,10 +121,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let mut req = tonic::Request::new(self.message(&rpc)?);
-        req.set_timeout(option.hard_ttl());
-        let resp = self.client()?.append_entries(req).await.map_err(status_err)?;
-        Self::reply::<_, RaftErr>(resp.into_inner())
+        let req = self.request(&rpc, &option)?;
+        Self::reply::<_, RaftErr>(self.client()?.append_entries(req).await.map_err(status_err)?.into_inner())
     }
 
     async fn vote(
@@ -125,10 +130,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let mut req = tonic::Request::new(self.message(&rpc)?);
-        req.set_timeout(option.hard_ttl());
-        let resp = self.client()?.vote(req).await.map_err(status_err)?;
-        Self::reply::<_, RaftErr>(resp.into_inner())
+        let req = self.request(&rpc, &option)?;
+        Self::reply::<_, RaftErr>(self.client()?.vote(req).await.map_err(status_err)?.into_inner())
     }
 
     async fn pre_vote(
@@ -136,10 +139,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let mut req = tonic::Request::new(self.message(&rpc)?);
-        req.set_timeout(option.hard_ttl());
-        let resp = self.client()?.pre_vote(req).await.map_err(status_err)?;
-        Self::reply::<_, RaftErr>(resp.into_inner())
+        let req = self.request(&rpc, &option)?;
+        Self::reply::<_, RaftErr>(self.client()?.pre_vote(req).await.map_err(status_err)?.into_inner())
     }
 
     async fn transfer_leader(
@@ -147,10 +148,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let mut req = tonic::Request::new(self.message(&rpc)?);
-        req.set_timeout(option.hard_ttl());
-        let resp = self.client()?.transfer_leader(req).await.map_err(status_err)?;
-        Self::reply::<_, Fatal>(resp.into_inner())
+        let req = self.request(&rpc, &option)?;
+        Self::reply::<_, Fatal>(self.client()?.transfer_leader(req).await.map_err(status_err)?.into_inner())
     }
 
     async fn full_snapshot(

@@ -1,0 +1,535 @@
+//! raftq-jepsen: runs a cluster of real `raftq serve` processes, drives a workload through the SDK while
+//! injecting faults, records every operation in a history, heals, drains, and checks the history.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `cluster` | node processes (ports, configs, data dirs, signals, corruption) and admin calls |
+//! | `relay` | fault-injecting TCP relays in front of every node's Raft and API ports (why: see there) |
+//! | `workload` | producers and workers through `raftq-client`, recording each operation |
+//! | `nemesis` | the faults and their schedule from the seed; healing |
+//! | `history` | the event types and the JSON-lines history file |
+//! | `checker` | the checkers (pure) and their tests on crafted histories |
+//! | `report` | the JSON summary and the readable report |
+//!
+//! Exit status: 0 when every check passes, 1 on any violation, 2 when the harness itself failed (no cluster,
+//! an unreadable history).
+
+mod checker;
+mod cluster;
+mod history;
+mod nemesis;
+mod relay;
+mod report;
+mod workload;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use raftq_client::{CancellationToken, Producer, ProducerConfig, TaskState};
+use raftq_proto::v1 as pb;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::time::Instant;
+
+use crate::cluster::{Cluster, ClusterOptions, SERVER_SETTINGS};
+use crate::history::{Op, Phase, Recorder};
+use crate::nemesis::{Fault, Nemesis, Schedule};
+use crate::workload::WorkloadConfig;
+
+#[derive(Parser)]
+#[command(name = "raftq-jepsen", about = "Fault injection, recorded histories and checkers for raftq")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a cluster under faults, record the history, heal, drain and check.
+    Run(Box<RunArgs>),
+    /// Check a recorded history file again.
+    Check {
+        #[arg(long)]
+        history: PathBuf,
+    },
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// The raftq binary (default: next to this binary, then target/release/raftq, then target/debug/raftq).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Seconds of faults (the run adds start, heal, drain and checks).
+    #[arg(long, default_value_t = 60)]
+    time_limit: u64,
+    /// Seed of every random choice (the schedule, the targets, the workload); random when not given.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Faults to draw from, comma-separated, or `all`; `none` runs the workload without faults.
+    #[arg(long, value_delimiter = ',', default_value = "all")]
+    faults: Vec<String>,
+    /// Output directory (history.jsonl, summary.json, report.txt, node data and logs).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    producers: u32,
+    #[arg(long, default_value_t = 8)]
+    workers: u32,
+    /// Enqueue requests per second per producer (a fifth of them are batches of 2-8).
+    #[arg(long, default_value_t = 10.0)]
+    rate: f64,
+    /// Lease asked for each delivery, ms.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// Share of deliveries whose handler sleeps past the lease (their results must be refused), on the slow
+    /// workers only.
+    #[arg(long, default_value_t = 0.25)]
+    slow: f64,
+    /// How many of the workers are slow sometimes (the others answer at once, so the longest time without a
+    /// delivery measures the cluster, not the handlers).
+    #[arg(long, default_value_t = 1)]
+    slow_workers: u32,
+    /// Quiet time between faults, seconds (min,max).
+    #[arg(long, value_delimiter = ',', default_value = "2,5")]
+    quiet_s: Vec<u64>,
+    /// How long a fault is held, seconds (min,max).
+    #[arg(long, value_delimiter = ',', default_value = "3,10")]
+    hold_s: Vec<u64>,
+    /// Longest drain after heal, seconds.
+    #[arg(long, default_value_t = 180)]
+    drain_timeout: u64,
+    /// Extra TOML appended to every node's config (after the harness's own settings).
+    #[arg(long)]
+    server_config: Option<PathBuf>,
+    /// RAFTQ_LOG for the nodes.
+    #[arg(long, default_value = "warn")]
+    node_log: String,
+    /// Keep the nodes' data directories after a passing run.
+    #[arg(long)]
+    keep_data: bool,
+}
+
+fn parse_faults(names: &[String]) -> anyhow::Result<Vec<Fault>> {
+    let mut out = Vec::new();
+    for n in names.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        match n {
+            "all" => out.extend(Fault::ALL),
+            "none" => {}
+            _ => match Fault::ALL.iter().find(|f| f.name() == n) {
+                Some(f) => out.push(*f),
+                None => bail!(
+                    "unknown fault {n:?}; known: {}",
+                    Fault::ALL.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+                ),
+            },
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn workspace_target() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target")
+}
+
+fn find_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(b) = given {
+        if !b.exists() {
+            bail!("{} does not exist", b.display());
+        }
+        return Ok(b);
+    }
+    let mut candidates = Vec::new();
+    if let Ok(me) = std::env::current_exe() {
+        if let Some(dir) = me.parent() {
+            candidates.push(dir.join("raftq"));
+        }
+    }
+    candidates.push(workspace_target().join("release").join("raftq"));
+    candidates.push(workspace_target().join("debug").join("raftq"));
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .context("no raftq binary: build it (cargo build --release -p raftq) or pass --bin")
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    // Interrupted: no node process may outlive the harness.
+    tokio::spawn(async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        cluster::kill_all();
+        eprintln!("raftq-jepsen: interrupted; node processes killed");
+        std::process::exit(2);
+    });
+    let code = match cli.cmd {
+        Cmd::Check { history } => match history::read_history(&history) {
+            Ok(events) => {
+                let a = checker::check(&events);
+                print!("{}", report::text(&report::Summary::offline(&history, a.clone())));
+                if a.valid {
+                    0
+                } else {
+                    1
+                }
+            }
+            Err(e) => {
+                eprintln!("raftq-jepsen: {e:#}");
+                2
+            }
+        },
+        Cmd::Run(args) => match run(*args).await {
+            Ok(valid) => {
+                if valid {
+                    0
+                } else {
+                    1
+                }
+            }
+            Err(e) => {
+                eprintln!("raftq-jepsen: {e:#}");
+                2
+            }
+        },
+    };
+    std::process::exit(code);
+}
+
+/// Polls every position's node for the leader and records each change.
+async fn monitor(addrs: Vec<String>, rec: Arc<Recorder>, stop: CancellationToken) {
+    let clients: Vec<_> = addrs
+        .iter()
+        .filter_map(|a| {
+            tonic::transport::Endpoint::from_shared(format!("http://{a}")).ok().map(|e| {
+                e.connect_timeout(Duration::from_millis(300)).timeout(Duration::from_millis(800)).connect_lazy()
+            })
+        })
+        .map(pb::admin_client::AdminClient::new)
+        .collect();
+    let mut last: Option<(Option<u64>, u64)> = None;
+    while !stop.is_cancelled() {
+        let mut set = tokio::task::JoinSet::new();
+        for c in &clients {
+            let mut c = c.clone();
+            set.spawn(async move { c.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()) });
+        }
+        let mut best: Option<(u64, u64)> = None;
+        let mut max_term = 0;
+        while let Some(r) = set.join_next().await {
+            if let Ok(Some(s)) = r {
+                max_term = max_term.max(s.term);
+                if s.role == "LEADER" && best.is_none_or(|b| s.term > b.1) {
+                    best = Some((s.node_id, s.term));
+                }
+            }
+        }
+        let now = match best {
+            Some((l, t)) => (Some(l), t),
+            None => (None, max_term),
+        };
+        if last != Some(now) {
+            rec.record(Op::Leader { leader: now.0, term: now.1 });
+            last = Some(now);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+}
+
+fn state_name(s: TaskState) -> &'static str {
+    match s {
+        TaskState::Pending => "pending",
+        TaskState::InProgress => "in_progress",
+        TaskState::Completed => "completed",
+        TaskState::Failed => "failed",
+        TaskState::Cancelled => "cancelled",
+        TaskState::DeadLettered => "dead_lettered",
+        _ => "unknown",
+    }
+}
+
+/// (state, attempts, result) as read from the cluster.
+type FinalRead = (String, u32, String);
+
+/// Task ids the history knows: acknowledged enqueues and deliveries.
+fn known_tasks(rec: &Recorder) -> HashSet<String> {
+    rec.with_events(|evs| {
+        let mut ids = HashSet::new();
+        for e in evs {
+            match &e.op {
+                Op::Enqueue { phase: Phase::Ok, task_id: Some(id), .. } => {
+                    ids.insert(id.clone());
+                }
+                Op::Deliver { task_id, .. } => {
+                    ids.insert(task_id.clone());
+                }
+                _ => {}
+            }
+        }
+        ids
+    })
+}
+
+/// Reads each task's result (a linearizable read through the leader), 32 at a time, until `deadline`; a
+/// task whose read fails or does not finish in time is left out.
+async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashMap<String, FinalRead> {
+    let mut out = HashMap::new();
+    for chunk in ids.chunks(32) {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for id in chunk {
+            let (p, id) = (p.clone(), id.clone());
+            set.spawn(async move {
+                let r = tokio::time::timeout_at(deadline, p.result(&id, Duration::ZERO)).await;
+                (id, r)
+            });
+        }
+        while let Some(Ok((id, r))) = set.join_next().await {
+            let f = match r {
+                Ok(Ok(r)) => {
+                    (state_name(r.state).to_string(), r.attempts, String::from_utf8_lossy(&r.result).into_owned())
+                }
+                Ok(Err(e)) if e.reason() == Some("NOT_FOUND") => ("not_found".to_string(), 0, String::new()),
+                _ => continue,
+            };
+            out.insert(id, f);
+        }
+    }
+    out
+}
+
+fn terminal(state: &str) -> bool {
+    matches!(state, "completed" | "failed" | "cancelled" | "dead_lettered")
+}
+
+/// Keeps the workers running until every known task is terminal and the server holds no task the history
+/// has not seen, or until `limit`. Returns the terminal tasks read, and why it stopped.
+async fn drain(rec: &Recorder, p: &Producer, c: &Cluster, limit: Duration) -> (HashMap<String, FinalRead>, String) {
+    let deadline = Instant::now() + limit;
+    let mut done: HashMap<String, FinalRead> = HashMap::new();
+    loop {
+        let known = known_tasks(rec);
+        let todo: Vec<String> = known.iter().filter(|id| !done.contains_key(*id)).cloned().collect();
+        for (id, f) in read_finals(p, todo, deadline).await {
+            if terminal(&f.0) {
+                done.insert(id, f);
+            }
+        }
+        let left = known.iter().filter(|id| !done.contains_key(*id)).count();
+        let on_server = match tokio::time::timeout_at(deadline, c.digests()).await {
+            Ok(d) => d.values().map(|d| d.tasks).max().unwrap_or(0),
+            Err(_) => 0,
+        };
+        let unseen = on_server.saturating_sub(known.len() as u64);
+        if left == 0 && unseen == 0 {
+            return (done, format!("drained: {} tasks terminal", known.len()));
+        }
+        if Instant::now() >= deadline {
+            return (
+                done,
+                format!(
+                    "drain timed out after {limit:?}: {left} known tasks not terminal, {unseen} unseen on the server"
+                ),
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let faults = parse_faults(&args.faults)?;
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let bin = find_bin(args.bin.clone())?;
+    if args.nodes < 3 {
+        bail!("--nodes must be at least 3 (faults need a majority to survive)");
+    }
+    let (quiet, hold) = match (args.quiet_s.as_slice(), args.hold_s.as_slice()) {
+        ([q0, q1], [h0, h1]) if q0 <= q1 && h0 <= h1 => ((q0 * 1000, q1 * 1000), (h0 * 1000, h1 * 1000)),
+        _ => bail!("--quiet-s and --hold-s take MIN,MAX"),
+    };
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => {
+            let secs =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            workspace_target().join("jepsen").join(format!("{secs}-{seed}"))
+        }
+    };
+    std::fs::create_dir_all(&out)?;
+    let mut settings = SERVER_SETTINGS.to_string();
+    if let Some(extra) = &args.server_config {
+        settings.push_str(&std::fs::read_to_string(extra)?);
+    }
+    let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    eprintln!(
+        "raftq-jepsen: seed {seed}, {} nodes, {} s of faults [{}], binary {}, output {}",
+        args.nodes,
+        args.time_limit,
+        fault_names.join(","),
+        bin.display(),
+        out.display()
+    );
+
+    let rec = Arc::new(Recorder::create(&out.join("history.jsonl"))?);
+    let started = Instant::now();
+    let mut cluster = Cluster::start(ClusterOptions {
+        bin: bin.clone(),
+        root: out.join("nodes"),
+        nodes: args.nodes,
+        settings,
+        node_log: args.node_log.clone(),
+    })
+    .await?;
+    let addrs: Vec<String> = cluster.slots.iter().map(|(grpc, _)| grpc.to_string()).collect();
+    let wl = Arc::new(WorkloadConfig {
+        queue: "jepsen".into(),
+        addrs: addrs.clone(),
+        producers: args.producers,
+        workers: args.workers,
+        rate: args.rate,
+        lease: Duration::from_millis(args.lease_ms),
+        fail_retryable: 0.08,
+        fail_final: 0.02,
+        slow: args.slow,
+        slow_workers: args.slow_workers,
+        batch: 0.2,
+        seed,
+    });
+
+    let monitor_stop = CancellationToken::new();
+    let monitor = tokio::spawn(monitor(addrs.clone(), rec.clone(), monitor_stop.clone()));
+    let (producers_stop, workers_stop) = (CancellationToken::new(), CancellationToken::new());
+    rec.record(Op::Mark { what: "workload_start".into() });
+    let mut producer_jobs = Vec::new();
+    for p in 0..wl.producers {
+        producer_jobs.push(tokio::spawn(workload::producer(p, wl.clone(), rec.clone(), producers_stop.clone())));
+    }
+    let mut worker_jobs = Vec::new();
+    for w in 0..wl.workers {
+        worker_jobs.push(tokio::spawn(workload::worker(w, wl.clone(), rec.clone(), workers_stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    rec.record(Op::Mark { what: "faults_start".into() });
+    let until = Instant::now() + Duration::from_secs(args.time_limit);
+    let mut nemesis = Nemesis::new(&mut cluster, rec.clone(), StdRng::seed_from_u64(seed));
+    if faults.is_empty() {
+        tokio::time::sleep_until(until).await;
+    } else {
+        nemesis.run(&faults, until, &Schedule { quiet_ms: quiet, hold_ms: hold }).await;
+    }
+    rec.record(Op::Mark { what: "faults_end".into() });
+    producers_stop.cancel();
+    for j in producer_jobs {
+        let _ = tokio::time::timeout(Duration::from_secs(40), j).await;
+    }
+    eprintln!("[{:>7.1}s] healing", rec.now() as f64 / 1000.0);
+    let healed = nemesis.heal().await;
+    rec.record(Op::Mark { what: "healed".into() });
+    let mut notes = Vec::new();
+    if let Err(e) = &healed {
+        notes.push(format!("heal: {e:#}"));
+        eprintln!("raftq-jepsen: heal: {e:#}");
+    }
+
+    let reader = Producer::connect(ProducerConfig {
+        addrs: addrs.clone(),
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(10),
+        max_retries: 3,
+        ..Default::default()
+    })
+    .await
+    .context("connecting the final reader")?;
+    eprintln!("[{:>7.1}s] draining", rec.now() as f64 / 1000.0);
+    let (mut finals, drain_note) = drain(&rec, &reader, &cluster, Duration::from_secs(args.drain_timeout)).await;
+    rec.record(Op::Mark { what: "drained".into() });
+    eprintln!("[{:>7.1}s] {drain_note}", rec.now() as f64 / 1000.0);
+    notes.push(drain_note);
+    workers_stop.cancel();
+    for j in worker_jobs {
+        let _ = tokio::time::timeout(Duration::from_secs(30), j).await;
+    }
+
+    // Final states: tasks found terminal during the drain cannot change; read the rest again.
+    let known = known_tasks(&rec);
+    let again: Vec<String> = known.iter().filter(|id| !finals.contains_key(*id)).cloned().collect();
+    finals.extend(read_finals(&reader, again, Instant::now() + Duration::from_secs(60)).await);
+    let mut ids: Vec<&String> = known.iter().collect();
+    ids.sort();
+    for id in ids {
+        if let Some((state, attempts, result)) = finals.get(id) {
+            rec.record(Op::Final {
+                task_id: id.clone(),
+                state: state.clone(),
+                attempts: *attempts,
+                result: result.clone(),
+            });
+        }
+    }
+
+    // Convergence: every running member at the same applied index with the same digest.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let digests: BTreeMap<u64, pb::DigestResponse> = loop {
+        let d = cluster.digests().await;
+        let ups = cluster.up_ids().len();
+        let mut it = d.values();
+        let agree = it.next().is_some_and(|f| it.all(|x| x.applied_index == f.applied_index && x.digest == f.digest));
+        if (agree && d.len() == ups) || Instant::now() >= deadline {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    for d in digests.values() {
+        rec.record(Op::Digest { node: d.node_id, applied_index: d.applied_index, digest: d.digest, tasks: d.tasks });
+    }
+    monitor_stop.cancel();
+    let _ = monitor.await;
+    rec.record(Op::Mark { what: "done".into() });
+    rec.flush()?;
+    let external = cluster.net.external.load(std::sync::atomic::Ordering::Relaxed);
+    cluster.shutdown().await;
+
+    let analysis = checker::check(&rec.events());
+    let summary = report::Summary {
+        seed,
+        nodes: args.nodes,
+        faults: fault_names.iter().map(|s| s.to_string()).collect(),
+        time_limit_s: args.time_limit,
+        duration_s: started.elapsed().as_secs_f64(),
+        history: out.join("history.jsonl").display().to_string(),
+        notes,
+        external_relay_connections: external,
+        analysis,
+    };
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    let text = report::text(&summary);
+    std::fs::write(out.join("report.txt"), &text)?;
+    print!("{text}");
+    if summary.analysis.valid && !args.keep_data {
+        for n in &cluster.nodes {
+            let _ = std::fs::remove_dir_all(n.data_dir());
+        }
+    }
+    Ok(summary.analysis.valid)
+}

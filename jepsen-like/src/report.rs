@@ -1,0 +1,151 @@
+//! The run's JSON summary and its readable report.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::checker::{Analysis, Finding};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub seed: u64,
+    pub nodes: u64,
+    pub faults: Vec<String>,
+    pub time_limit_s: u64,
+    pub duration_s: f64,
+    pub history: String,
+    /// How heal and drain went.
+    pub notes: Vec<String>,
+    /// Connections to node relays that came from the harness (following leader hints), never faulted.
+    pub external_relay_connections: u64,
+    pub analysis: Analysis,
+}
+
+impl Summary {
+    /// A summary for a history checked offline.
+    pub fn offline(history: &Path, analysis: Analysis) -> Summary {
+        Summary {
+            seed: 0,
+            nodes: 0,
+            faults: Vec::new(),
+            time_limit_s: 0,
+            duration_s: 0.0,
+            history: history.display().to_string(),
+            notes: Vec::new(),
+            external_relay_connections: 0,
+            analysis,
+        }
+    }
+}
+
+fn finding(out: &mut String, name: &str, f: &Finding) {
+    let _ = writeln!(out, "  {name:<38} {}", f.count);
+    for e in f.examples.iter().take(5) {
+        let _ = writeln!(out, "      {e}");
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+pub fn text(s: &Summary) -> String {
+    let a = &s.analysis;
+    let mut o = String::new();
+    let _ = writeln!(o, "== raftq-jepsen report");
+    if s.nodes > 0 {
+        let _ = writeln!(
+            o,
+            "seed {}  nodes {}  faults [{}]  fault time {} s  run {:.0} s",
+            s.seed,
+            s.nodes,
+            s.faults.join(","),
+            s.time_limit_s,
+            s.duration_s
+        );
+    }
+    let _ = writeln!(o, "history {}", s.history);
+    for n in &s.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    let _ = writeln!(o, "faults injected: {:?}", a.faults);
+    let _ = writeln!(o, "\n-- total queue");
+    let e = &a.enqueues;
+    let _ = writeln!(
+        o,
+        "  enqueues: {} attempted, {} ok, {} failed, {} unknown ({} of them delivered)",
+        e.attempted, e.ok, e.failed, e.unknown, e.unknown_delivered
+    );
+    let _ = writeln!(o, "  deliveries: {} of {} distinct values", a.deliveries, a.values_delivered);
+    finding(&mut o, "lost", &a.lost);
+    finding(&mut o, "unexpected", &a.unexpected);
+    finding(&mut o, "failed enqueue delivered", &a.failed_but_delivered);
+    finding(&mut o, "one value, two tasks", &a.one_value_two_tasks);
+    let r = &a.redeliveries;
+    let _ = writeln!(
+        o,
+        "  redeliveries {}: {} retries after a failure, {} duplicates ({} lease expired, {} leader change)",
+        r.total, r.retries, r.duplicates, r.explained_by_lease_expiry, r.explained_by_leader_change
+    );
+    finding(&mut o, "unexplained duplicates", &r.unexplained);
+    finding(&mut o, "one token delivered twice", &a.token_reused);
+    let _ = writeln!(o, "  dead-lettered without a seen delivery: {}", a.dead_lettered_unseen);
+    let _ = writeln!(o, "\n-- fencing and outcomes");
+    let _ = writeln!(
+        o,
+        "  results: {} sent, {} accepted, {} unknown, refused {:?}",
+        a.results.sent, a.results.accepted, a.results.unknown, a.results.refused
+    );
+    finding(&mut o, "stale token accepted", &a.stale_token_accepted);
+    finding(&mut o, "two accepted outcomes", &a.two_accepted_outcomes);
+    finding(&mut o, "delivered after a terminal result", &a.delivered_after_end);
+    finding(&mut o, "final state disagrees with results", &a.final_state_mismatch);
+    let _ = writeln!(o, "\n-- attempts and drain");
+    finding(&mut o, "attempts above max", &a.attempts_above_max);
+    finding(&mut o, "not terminal after the drain", &a.not_terminal);
+    let _ = writeln!(o, "  final states: {:?}", a.final_states);
+    let _ = writeln!(o, "  tasks on the server the history never saw: {}", a.unseen_on_server);
+    let _ = writeln!(o, "\n-- convergence");
+    let _ = writeln!(o, "  digests agree: {}", a.convergence.agree);
+    for (node, (applied, digest, tasks)) in &a.convergence.nodes {
+        let _ = writeln!(o, "    node {node}: applied {applied}, digest {digest:016x}, {tasks} tasks");
+    }
+    finding(&mut o, "node refused to start (not corrupted)", &a.refused_to_start);
+    finding(&mut o, "node process exited by itself", &a.exited_by_itself);
+    if !a.corrupted_nodes.is_empty() {
+        let _ = writeln!(o, "  nodes whose files were corrupted: {:?}", a.corrupted_nodes);
+    }
+    let av = &a.availability;
+    let _ = writeln!(o, "\n-- availability");
+    let _ = writeln!(
+        o,
+        "  enqueues ok: {} of {} overall, {} of {} during faults",
+        pct(av.ok_share),
+        av.enqueues,
+        pct(av.ok_share_during_faults),
+        av.enqueues_during_faults
+    );
+    let _ = writeln!(
+        o,
+        "  longest time without a delivery during the fault phase: {} ms (from {:.1} s)",
+        av.longest_claim_gap_ms,
+        av.longest_claim_gap_at_ms as f64 / 1000.0
+    );
+    for (f, fa) in &av.per_fault {
+        let _ = writeln!(
+            o,
+            "    {f:<18} {:>2} windows {:>6.1} s  enqueues ok {:>6} of {:<5} longest claim gap {} ms",
+            fa.windows,
+            fa.seconds,
+            pct(fa.ok_share),
+            fa.enqueues,
+            fa.longest_claim_gap_ms
+        );
+    }
+    let _ = writeln!(o, "\n== {}", if a.valid { "VALID: no violation" } else { "INVALID" });
+    for v in &a.violations {
+        let _ = writeln!(o, "  violation: {v}");
+    }
+    o
+}

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use openraft::type_config::async_runtime::watch::WatchReceiver;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
@@ -92,6 +93,21 @@ impl Forwarder {
         let m = crate::raft::metrics(&self.raft);
         let addr = m.current_leader.and_then(|l| m.membership_config.get_node(&l).map(|n| n.api_addr.clone()));
         (m.current_leader, addr)
+    }
+
+    /// Resolves once this node sees a leader other than `from` (or none). A call forwarded to `from` may then
+    /// never be answered (a paused or cut-off old leader keeps the connection open), so the caller routes it
+    /// again instead of waiting for the old leader to come back.
+    pub async fn leader_moved(&self, from: Option<NodeId>) {
+        let mut rx = self.raft.metrics();
+        loop {
+            if rx.borrow_watched().current_leader != from {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, ApiError> {

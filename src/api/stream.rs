@@ -176,11 +176,19 @@ impl StreamApi {
                     Err(e) => Err(ApiError::from(e)),
                 },
                 Route::Leader(ch) => {
+                    let routed_to = self.fwd.leader().0;
                     let req = authorized(
                         caller,
                         pb::AckBatchRequest { items: items.iter().map(convert::ack_to_pb).collect() },
                     );
-                    match TaskServiceClient::new(ch).ack_batch(req).await {
+                    let mut c = TaskServiceClient::new(ch);
+                    // A leader change abandons the forwarded call: sent again to the new leader, an ack that was
+                    // applied meanwhile is answered as applied (same token and outcome).
+                    let answer = tokio::select! {
+                        r = c.ack_batch(req) => r,
+                        _ = self.fwd.leader_moved(routed_to) => Err(tonic::Status::unavailable("the leader changed")),
+                    };
+                    match answer {
                         Ok(r) => Ok(r
                             .into_inner()
                             .results
@@ -279,12 +287,16 @@ impl StreamApi {
                             wait_ms: wait.as_millis() as u64,
                         },
                     );
+                    let routed_to = self.fwd.leader().0;
                     let mut c = TaskServiceClient::new(ch).max_decoding_message_size(64 << 20);
                     tokio::select! {
                         r = c.claim(req) => match r {
                             Ok(r) => Ok(r.into_inner().tasks),
                             Err(s) => Err(ApiError::from_status(&s)),
                         },
+                        // The old leader may be paused or cut off: ask the new one (tasks a lost answer had
+                        // claimed come back when their leases expire).
+                        _ = self.fwd.leader_moved(routed_to) => Err(ApiError::NotLeader { leader_addr: None }),
                         _ = out.closed() => return None,
                     }
                 }

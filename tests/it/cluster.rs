@@ -445,3 +445,49 @@ async fn sdk_worker_whose_node_dies_reconnects_to_another_listed_node() {
     let summary = run.await.expect("join").expect("run");
     assert_eq!(summary.rejected, 0, "{summary:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_a_follower_is_served_by_the_new_leader_while_the_old_one_is_paused() {
+    let mut c = ProcCluster::start(3, FAST).await;
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.nodes.iter().map(|n| n.id).find(|id| *id != old).expect("a follower");
+    let stop = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(Mutex::new(WorkLog::default()));
+    let job = tokio::spawn(stream_worker(c.node(follower).grpc.clone(), "moved", stop.clone(), log.clone()));
+    // Nothing to claim yet: the worker's Ready is forwarded to the leader and parked there when it stops.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.node(old).signal("STOP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let mut found = None;
+        for n in c.nodes.iter().filter(|n| n.id != old) {
+            if let Some(s) = n.status().await {
+                if s.role == "LEADER" {
+                    found = Some(n.id);
+                }
+            }
+        }
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut client = c.node(new).client().await;
+    for i in 0..10 {
+        client.enqueue(enq("moved", &format!("{i}"))).await.expect("the new leader serves");
+    }
+    // The follower asks the new leader again instead of waiting for the paused one to come back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while log.lock().expect("lock").completed.len() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker on node {follower} got {} of 10 tasks while the old leader {old} stayed paused",
+            log.lock().expect("lock").completed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    c.node(old).signal("CONT");
+    let _ = tokio::time::timeout(Duration::from_secs(5), job).await;
+}

@@ -68,6 +68,58 @@ pub struct Config {
     pub stream_send_buffer: usize,
     /// Requests of one stream being served at once; more wait (backpressure on the client's sends).
     pub stream_max_in_flight: usize,
+
+    /// `jwt` (the default): every call needs a valid token. `none`: anyone may call, as tenant `default`.
+    pub auth: AuthMode,
+    /// A directory of verification keys named `<kid>.<alg>[.pem]` (alg: hs256, rs256, es256, eddsa).
+    pub auth_keys_dir: Option<PathBuf>,
+    /// A file holding an HS256 secret (at least 32 bytes); also the cluster secret unless one is set.
+    pub auth_hs256_secret_file: Option<PathBuf>,
+    /// The HS256 secret itself (prefer the file; env RAFTQ_AUTH_HS256_SECRET).
+    pub auth_hs256_secret: Option<Secret>,
+    /// Required `iss` of tokens, when set.
+    pub auth_issuer: Option<String>,
+    /// Required `aud` of tokens, when set.
+    pub auth_audience: Option<String>,
+    /// Clock leeway for `exp` and `nbf`, in seconds.
+    pub auth_leeway_s: u64,
+    /// The secret peers prove on the Raft port (a file; or `cluster_secret`, env RAFTQ_CLUSTER_SECRET).
+    pub cluster_secret_file: Option<PathBuf>,
+    pub cluster_secret: Option<Secret>,
+    /// Tasks a tenant may enqueue per second, cluster-wide (checked by the leader); 0: no limit.
+    pub tenant_enqueue_per_s: f64,
+    /// Tasks a tenant may enqueue at once above its rate.
+    pub tenant_enqueue_burst: u64,
+    /// Tasks a tenant's workers may claim per second, cluster-wide; 0: no limit.
+    pub tenant_claim_per_s: f64,
+    pub tenant_claim_burst: u64,
+    /// Worker and producer streams one tenant may hold open on one node.
+    pub tenant_max_streams: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    Jwt,
+    None,
+}
+
+/// A secret from the configuration: never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Default for Config {
@@ -112,6 +164,20 @@ impl Default for Config {
             ready_hold_ms: 30_000,
             stream_send_buffer: 256,
             stream_max_in_flight: 1024,
+            auth: AuthMode::Jwt,
+            auth_keys_dir: None,
+            auth_hs256_secret_file: None,
+            auth_hs256_secret: None,
+            auth_issuer: None,
+            auth_audience: None,
+            auth_leeway_s: 30,
+            cluster_secret_file: None,
+            cluster_secret: None,
+            tenant_enqueue_per_s: 0.0,
+            tenant_enqueue_burst: 10_000,
+            tenant_claim_per_s: 0.0,
+            tenant_claim_burst: 10_000,
+            tenant_max_streams: 1_000,
         }
     }
 }
@@ -195,6 +261,17 @@ impl Config {
         );
         check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
         check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
+        check(
+            self.tenant_enqueue_per_s >= 0.0 && self.tenant_claim_per_s >= 0.0,
+            "tenant_enqueue_per_s and tenant_claim_per_s must be >= 0 (0: no limit)",
+        );
+        check(
+            self.tenant_enqueue_burst >= self.max_batch_items as u64 || self.tenant_enqueue_per_s == 0.0,
+            "tenant_enqueue_burst must be >= max_batch_items (a full batch must be able to pass)",
+        );
+        check(self.tenant_claim_burst >= 1, "tenant_claim_burst must be >= 1");
+        check(self.tenant_max_streams >= 1, "tenant_max_streams must be >= 1");
+        check(self.auth_leeway_s <= 600, "auth_leeway_s must be <= 600");
         if e.is_empty() {
             Ok(())
         } else {

@@ -4,10 +4,12 @@
 //! - `storage`: redb log store and sharded state machine, snapshots; openraft's storage traits.
 //! - `raft`: openraft type config, network client, internal Raft service, the proposer (group commit, claims).
 //! - `api`: public gRPC task service, HTTP health, conversions and the error mapping.
+//! - `auth`: JWT verification, scopes and queue patterns, the local secret, the Raft port's credential.
 //! - `config`: configuration defaults and validation.
 //! - `node`: wires the layers together and runs a node.
 //! - `telemetry`: metric names and the Prometheus exposition.
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod node;
 pub mod queue;

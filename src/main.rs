@@ -56,6 +56,43 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// Tokens: mint one from an HS256 secret (by default the local node's).
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Print a signed JWT for a tenant with the given scopes.
+    Issue {
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Comma separated: enqueue, work, read, admin.
+        #[arg(long, value_delimiter = ',', default_value = "enqueue,work,read")]
+        scopes: Vec<String>,
+        /// Queue name patterns the token may use (`*` matches anything); default: every queue.
+        #[arg(long = "queue", value_delimiter = ',')]
+        queues: Vec<String>,
+        /// Who the token is for (`sub`).
+        #[arg(long, default_value = "raftq-cli")]
+        subject: String,
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// The HS256 secret file (default: the local node's, under --data-dir).
+        #[arg(long)]
+        secret_file: Option<PathBuf>,
+        /// Key id to put in the token header (default: `local` for the local secret, else the file's `<kid>`).
+        #[arg(long)]
+        kid: Option<String>,
+        #[arg(long, env = "RAFTQ_DATA_DIR", default_value = "./raftq-data")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        issuer: Option<String>,
+        #[arg(long)]
+        audience: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -133,6 +170,22 @@ struct ServeArgs {
     /// Address clients use for this node's gRPC port, when it differs from --grpc-addr.
     #[arg(long, env = "RAFTQ_ADVERTISE_GRPC_ADDR")]
     advertise_grpc_addr: Option<String>,
+    /// `jwt` (default): every call needs a token. `none`: no authentication, every caller is tenant `default`.
+    #[arg(long, env = "RAFTQ_AUTH", value_enum)]
+    auth: Option<raftq::config::AuthMode>,
+    /// Verification keys, named `<kid>.<hs256|rs256|es256|eddsa>[.pem]`.
+    #[arg(long, env = "RAFTQ_AUTH_KEYS_DIR")]
+    auth_keys_dir: Option<PathBuf>,
+    /// An HS256 secret file (tokens and, unless a cluster secret is set, the Raft port).
+    #[arg(long, env = "RAFTQ_AUTH_HS256_SECRET_FILE")]
+    auth_hs256_secret_file: Option<PathBuf>,
+    #[arg(long, env = "RAFTQ_AUTH_ISSUER")]
+    auth_issuer: Option<String>,
+    #[arg(long, env = "RAFTQ_AUTH_AUDIENCE")]
+    auth_audience: Option<String>,
+    /// The secret peers prove on the Raft port.
+    #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -140,6 +193,13 @@ struct ClientArgs {
     /// The node's public gRPC address.
     #[arg(long, env = "RAFTQ_ADDR", default_value = "http://127.0.0.1:9091", global = true)]
     addr: String,
+    /// Bearer token (a JWT). Without one, a token is minted from the local node's secret when this user can
+    /// read it (`<data dir>/auth/local.hs256`).
+    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// Data directory of the local node, for the fallback token (default ./raftq-data).
+    #[arg(long = "local-data-dir", env = "RAFTQ_DATA_DIR", default_value = "./raftq-data", global = true)]
+    local_data_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
 }
@@ -292,6 +352,7 @@ async fn run() -> Result<()> {
         Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
         Cmd::Bench(a) => cmd::bench::run(a).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
+        Cmd::Token { cmd } => token_cmd(cmd),
         Cmd::Worker(a) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();
@@ -345,6 +406,30 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     if let Some(v) = &a.advertise_grpc_addr {
         cfg.advertise_grpc_addr = Some(v.clone());
     }
+    if let Some(v) = a.auth {
+        cfg.auth = v;
+    }
+    let set = |to: &mut Option<PathBuf>, v: &Option<PathBuf>| {
+        if v.is_some() {
+            *to = v.clone();
+        }
+    };
+    set(&mut cfg.auth_keys_dir, &a.auth_keys_dir);
+    set(&mut cfg.auth_hs256_secret_file, &a.auth_hs256_secret_file);
+    set(&mut cfg.cluster_secret_file, &a.cluster_secret_file);
+    if a.auth_issuer.is_some() {
+        cfg.auth_issuer = a.auth_issuer.clone();
+    }
+    if a.auth_audience.is_some() {
+        cfg.auth_audience = a.auth_audience.clone();
+    }
+    // Secrets by value come from the environment only (a flag would show in `ps`).
+    if let Ok(v) = std::env::var("RAFTQ_AUTH_HS256_SECRET") {
+        cfg.auth_hs256_secret = Some(raftq::config::Secret(v));
+    }
+    if let Ok(v) = std::env::var("RAFTQ_CLUSTER_SECRET") {
+        cfg.cluster_secret = Some(raftq::config::Secret(v));
+    }
     if let Err(errs) = cfg.validate() {
         bail!("invalid configuration:\n  {}", errs.join("\n  "));
     }
@@ -381,15 +466,83 @@ async fn wait_for_signal() {
     }
 }
 
-async fn connect(addr: &str) -> Result<TaskServiceClient<Channel>> {
+/// Adds the bearer token to every call.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
+/// The token a client command sends: `--token`/`RAFTQ_TOKEN`, else one minted (for an hour, every scope,
+/// tenant `default`) from the local node's secret when it can be read, else none.
+fn client_token(c: &ClientArgs) -> Result<Option<String>> {
+    if let Some(t) = &c.token {
+        return Ok(Some(t.trim().to_string()));
+    }
+    raftq::auth::local_cli_token(&c.local_data_dir).map_err(|e| anyhow::anyhow!(e))
+}
+
+fn bearer(c: &ClientArgs) -> Result<Bearer> {
+    let v = client_token(c)?
+        .map(|t| format!("Bearer {t}").parse().context("the token must be printable ASCII"))
+        .transpose()?;
+    Ok(Bearer(v))
+}
+
+async fn channel_to(addr: &str, timeout: Option<Duration>) -> Result<Channel> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let ch = tonic::transport::Endpoint::from_shared(url.clone())?
+    let mut ep = tonic::transport::Endpoint::from_shared(url.clone())?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
-    Ok(TaskServiceClient::new(ch).max_decoding_message_size(64 * 1024 * 1024))
+        .tcp_nodelay(true);
+    if let Some(t) = timeout {
+        ep = ep.timeout(t);
+    }
+    ep.connect().await.with_context(|| format!("connecting to {url}"))
+}
+
+async fn connect(c: &ClientArgs) -> Result<TaskServiceClient<Authed>> {
+    let ch = channel_to(&c.addr, None).await?;
+    Ok(TaskServiceClient::with_interceptor(ch, bearer(c)?).max_decoding_message_size(64 * 1024 * 1024))
+}
+
+fn token_cmd(cmd: TokenCmd) -> Result<()> {
+    let TokenCmd::Issue { tenant, scopes, queues, subject, ttl, secret_file, kid, data_dir, issuer, audience } = cmd;
+    let scopes = scopes
+        .iter()
+        .map(|s| raftq::auth::Scope::parse(s.trim()).with_context(|| format!("unknown scope {s:?}: enqueue, work, read, admin")))
+        .collect::<Result<Vec<_>>>()?;
+    let (path, default_kid) = match secret_file {
+        Some(p) => {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("hs256");
+            let stem = name.strip_suffix(".pem").unwrap_or(name);
+            let kid = stem.rsplit_once('.').map(|(k, _)| k.to_string()).unwrap_or_else(|| "hs256".into());
+            (p, kid)
+        }
+        None => (data_dir.join(raftq::auth::LOCAL_SECRET_FILE), raftq::auth::LOCAL_KID.to_string()),
+    };
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!("reading the secret {} (start the node once with authentication on, or pass --secret-file)", path.display())
+    })?;
+    let spec = raftq::auth::TokenSpec {
+        subject: &subject,
+        tenant: &tenant,
+        scopes: &scopes,
+        queues: (!queues.is_empty()).then_some(queues),
+        ttl_s: ttl.as_secs().max(1),
+        issuer: issuer.as_deref(),
+        audience: audience.as_deref(),
+    };
+    let kid = kid.unwrap_or(default_kid);
+    println!("{}", raftq::auth::issue(raftq::auth::trim_secret(&bytes), &kid, &spec).map_err(|e| anyhow::anyhow!(e))?);
+    Ok(())
 }
 
 fn state_name(s: i32) -> &'static str {
@@ -433,7 +586,7 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 async fn task_cmd(cmd: TaskCmd) -> Result<()> {
     match cmd {
         TaskCmd::Enqueue { queue, payload, priority, delay, max_attempts, idempotency_key, webhook_url, client } => {
-            let mut c = connect(&client.addr).await?;
+            let mut c = connect(&client).await?;
             let r = c
                 .enqueue(pb::EnqueueRequest {
                     queue,
@@ -454,12 +607,12 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
             }
         }
         TaskCmd::Get { id, client } => {
-            let t = connect(&client.addr).await?.get_task(pb::GetTaskRequest { id }).await.map_err(status_err)?;
+            let t = connect(&client).await?.get_task(pb::GetTaskRequest { id }).await.map_err(status_err)?;
             print_task(client.output, t.get_ref());
         }
         TaskCmd::Result { id, wait, client } => {
             let wait_ms = wait.map(|d| d.as_millis() as u64).unwrap_or(0);
-            let r = connect(&client.addr)
+            let r = connect(&client)
                 .await?
                 .get_result(pb::GetResultRequest { id, wait_ms })
                 .await
@@ -484,11 +637,11 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
             }
         }
         TaskCmd::Cancel { id, client } => {
-            let r = connect(&client.addr).await?.cancel(pb::CancelRequest { id }).await.map_err(status_err)?;
+            let r = connect(&client).await?.cancel(pb::CancelRequest { id }).await.map_err(status_err)?;
             println!("{}", state_name(r.get_ref().state));
         }
         TaskCmd::Claim { queue, worker, count, lease, wait, client } => {
-            let r = connect(&client.addr)
+            let r = connect(&client)
                 .await?
                 .claim(pb::ClaimRequest {
                     worker_id: worker,
@@ -522,7 +675,7 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
 }
 
 async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_request::Action) -> Result<()> {
-    let r = connect(&client.addr)
+    let r = connect(&client)
         .await?
         .ack(pb::AckRequest { task_id, token, action: Some(action) })
         .await
@@ -536,7 +689,7 @@ async fn queues_cmd(queues: Vec<String>, stale: bool, client: ClientArgs) -> Res
     if stale {
         req.metadata_mut().insert("x-raftq-read", "stale".parse()?);
     }
-    let r = connect(&client.addr).await?.queue_stats(req).await.map_err(status_err)?.into_inner();
+    let r = connect(&client).await?.queue_stats(req).await.map_err(status_err)?.into_inner();
     if client.output == Output::Json {
         let v: Vec<serde_json::Value> = r
             .queues
@@ -566,7 +719,7 @@ async fn queues_cmd(queues: Vec<String>, stale: bool, client: ClientArgs) -> Res
 async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
     match cmd {
         DlqCmd::List { queue, limit, client } => {
-            let r = connect(&client.addr)
+            let r = connect(&client)
                 .await?
                 .list_dead_letters(pb::ListDeadLettersRequest { queue, limit })
                 .await
@@ -588,12 +741,12 @@ async fn dlq_cmd(cmd: DlqCmd) -> Result<()> {
         }
         DlqCmd::Redrive { queue, all, ids, client } => {
             let sel = pb::DeadLetterSelection { queue, ids, all };
-            let r = connect(&client.addr).await?.redrive(sel).await.map_err(status_err)?.into_inner();
+            let r = connect(&client).await?.redrive(sel).await.map_err(status_err)?.into_inner();
             print_ids(client.output, "redriven", &r.ids);
         }
         DlqCmd::Purge { queue, all, ids, client } => {
             let sel = pb::DeadLetterSelection { queue, ids, all };
-            let r = connect(&client.addr).await?.purge_dead_letters(sel).await.map_err(status_err)?.into_inner();
+            let r = connect(&client).await?.purge_dead_letters(sel).await.map_err(status_err)?.into_inner();
             print_ids(client.output, "purged", &r.ids);
         }
     }
@@ -612,24 +765,19 @@ fn print_ids(out: Output, what: &str, ids: &[String]) {
     }
 }
 
-async fn admin(addr: &str) -> Result<AdminClient<Channel>> {
-    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let ch = tonic::transport::Endpoint::from_shared(url.clone())?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(30))
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {url}"))?;
-    Ok(AdminClient::new(ch))
+async fn admin(addr: &str, bearer: &Bearer) -> Result<AdminClient<Authed>> {
+    let ch = channel_to(addr, Some(Duration::from_secs(30))).await?;
+    Ok(AdminClient::with_interceptor(ch, bearer.clone()))
 }
 
-/// The members the node at `addr` knows, each with an Admin client when it can be reached.
-async fn members(addr: &str) -> Result<Vec<(pb::Member, Option<AdminClient<Channel>>)>> {
-    let me = admin(addr).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
+/// The members the node at `c.addr` knows, each with an Admin client when it can be reached.
+async fn members(c: &ClientArgs) -> Result<Vec<(pb::Member, Option<AdminClient<Authed>>)>> {
+    let b = bearer(c)?;
+    let me = admin(&c.addr, &b).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
     let mut out = Vec::new();
     for m in me.members {
-        let c = admin(&m.api_addr).await.ok();
-        out.push((m, c));
+        let client = admin(&m.api_addr, &b).await.ok();
+        out.push((m, client));
     }
     Ok(out)
 }
@@ -638,7 +786,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Status { client } => {
             let mut rows = Vec::new();
-            for (m, c) in members(&client.addr).await? {
+            for (m, c) in members(&client).await? {
                 let st = match c {
                     Some(mut c) => c.status(pb::NodeStatusRequest {}).await.ok().map(|r| r.into_inner()),
                     None => None,
@@ -687,7 +835,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             }
         }
         ClusterCmd::TransferLeader { to, timeout, client } => {
-            let r = admin(&client.addr)
+            let r = admin(&client.addr, &bearer(&client)?)
                 .await?
                 .transfer_leader(pb::TransferLeaderRequest {
                     to: to.unwrap_or(0),
@@ -702,7 +850,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             }
         }
         ClusterCmd::AddNode { id, raft_addr, api_addr, learner, client } => {
-            let r = admin(&client.addr)
+            let r = admin(&client.addr, &bearer(&client)?)
                 .await?
                 .add_node(pb::AddNodeRequest { node_id: id, raft_addr, api_addr, learner_only: learner })
                 .await
@@ -711,7 +859,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             print_members(client.output, &r.members);
         }
         ClusterCmd::RemoveNode { id, client } => {
-            let r = admin(&client.addr)
+            let r = admin(&client.addr, &bearer(&client)?)
                 .await?
                 .remove_node(pb::RemoveNodeRequest { node_id: id })
                 .await
@@ -721,7 +869,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
         }
         ClusterCmd::Digest { client } => {
             let mut out = Vec::new();
-            for (m, c) in members(&client.addr).await? {
+            for (m, c) in members(&client).await? {
                 let d = match c {
                     Some(mut c) => c.digest(pb::DigestRequest {}).await.ok().map(|r| r.into_inner()),
                     None => None,

@@ -96,7 +96,11 @@ impl Node {
         let log_closed = log.closed_watch();
         let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
         let shared = sm.shared.clone();
-        let raft = Raft::new(cfg.node_id, raft_cfg, Network { node_id: cfg.node_id }, log, sm)
+        let cluster_credential = crate::auth::cluster_secret(&cfg)
+            .map_err(|e| StartError::Config(vec![e]))?
+            .map(|s| crate::auth::cluster_credential(&s));
+        let network = Network { node_id: cfg.node_id, credential: cluster_credential.as_deref().map(Arc::from) };
+        let raft = Raft::new(cfg.node_id, raft_cfg, network, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
@@ -131,6 +135,8 @@ impl Node {
             },
         );
         let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks, &shutdown);
+        let auth = Arc::new(crate::auth::Authenticator::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?);
+        let limits = Arc::new(api::limits::Limits::new(&cfg));
 
         let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
             raft: raft.clone(),
@@ -139,6 +145,7 @@ impl Node {
         })
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+        let raft_svc = tonic::service::interceptor::InterceptedService::new(raft_svc, peer_check(cluster_credential));
         let token = shutdown.clone();
         tasks.spawn(async move {
             let r = tonic::transport::Server::builder()
@@ -164,16 +171,21 @@ impl Node {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
             fwd: fwd.clone(),
+            auth: auth.clone(),
+            limits: limits.clone(),
         });
         let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::from_arc(task_api.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let task_svc = tonic::service::interceptor::InterceptedService::new(task_svc, api::grpc::interceptor(auth.clone()));
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
             fwd: fwd.clone(),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
+            auth: auth.clone(),
+            limits,
         };
         let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
@@ -188,6 +200,7 @@ impl Node {
             node_id: cfg.node_id,
         });
         let admin_svc = raftq_proto::v1::admin_server::AdminServer::from_arc(admin_api.clone());
+        let admin_svc = tonic::service::interceptor::InterceptedService::new(admin_svc, api::grpc::interceptor(auth));
         // The standard gRPC health service (ready by the /readyz rule) and reflection, on the public port.
         let (health, health_svc) = tonic_health::server::health_reporter();
         let reflection = tonic_reflection::server::Builder::configure()
@@ -276,6 +289,23 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::info!("raftq node stopped");
+    }
+}
+
+/// The Raft port's gate: a call must carry the cluster credential (when the node has a cluster secret).
+fn peer_check(expected: Option<String>) -> impl tonic::service::Interceptor + Clone {
+    move |req: tonic::Request<()>| {
+        let Some(want) = &expected else { return Ok(req) };
+        let got = req.metadata().get(crate::auth::CLUSTER_AUTH_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+        if crate::auth::constant_time_eq(got, want.as_bytes()) {
+            Ok(req)
+        } else {
+            let mut s = tonic::Status::unauthenticated(
+                "CLUSTER_AUTH: the Raft port takes calls from cluster peers only (wrong or missing cluster secret)",
+            );
+            s.metadata_mut().insert(api::error::REASON_HEADER, "CLUSTER_AUTH".parse().expect("ascii"));
+            Err(s)
+        }
     }
 }
 

@@ -47,4 +47,4 @@ pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};
 pub use task::{Enqueued, Lease, NewTask, Task, TaskResult, TaskState, TraceContext};
 /// The shutdown signal [`Worker::run`] takes (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
-pub use worker::{Outcome, Rejection, Worker, WorkerConfig, WorkerStats, WorkerSummary};
+pub use worker::{Outcome, Rejection, TokenProvider, Worker, WorkerConfig, WorkerStats, WorkerSummary};

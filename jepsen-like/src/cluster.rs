@@ -223,7 +223,9 @@ impl Cluster {
         let n = self.node(id);
         let text = format!(
             "node_id = {id}\ndata_dir = {}\ngrpc_addr = \"{}\"\nraft_addr = \"{}\"\nhttp_addr = \"{}\"\n\
-             advertise_raft_addr = \"{}\"\nadvertise_grpc_addr = \"{}\"\n{}\n{peers}",
+             advertise_raft_addr = \"{}\"\nadvertise_grpc_addr = \"{}\"\n\
+             # Clients are not authenticated here (the workload is the subject); peers are, on the Raft port.\n\
+             auth = \"none\"\ncluster_secret = \"jepsen-cluster-secret-0123456789abcdef\"\n{}\n{peers}",
             toml_str(&n.data_dir()),
             n.grpc,
             n.raft,

@@ -11,6 +11,8 @@ use raftq_proto::v1::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use super::error::{invalid, ApiError};
+use super::grpc::caller_with;
+use crate::auth::Scope;
 use super::forward::{forwarded, Forwarder, Route};
 use crate::raft::types::{NodeInfo, Raft};
 use crate::storage::SmShared;
@@ -79,7 +81,8 @@ impl AdminApi {
 
 #[tonic::async_trait]
 impl Admin for AdminApi {
-    async fn status(&self, _req: Request<pb::NodeStatusRequest>) -> Res<pb::NodeStatus> {
+    async fn status(&self, req: Request<pb::NodeStatusRequest>) -> Res<pb::NodeStatus> {
+        caller_with(&req, Scope::Admin)?;
         let m = crate::raft::metrics(&self.raft);
         let last = m.last_log_index.unwrap_or(0);
         let replication_lag = m
@@ -109,6 +112,7 @@ impl Admin for AdminApi {
     }
 
     async fn transfer_leader(&self, req: Request<pb::TransferLeaderRequest>) -> Res<pb::TransferLeaderResponse> {
+        caller_with(&req, Scope::Admin)?;
         if let Some(mut c) = self.leader(&req).await? {
             return c.transfer_leader(forwarded(req)).await;
         }
@@ -149,6 +153,7 @@ impl Admin for AdminApi {
     }
 
     async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Res<pb::MembershipResponse> {
+        caller_with(&req, Scope::Admin)?;
         if let Some(mut c) = self.leader(&req).await? {
             return c.add_node(forwarded(req)).await;
         }
@@ -169,6 +174,7 @@ impl Admin for AdminApi {
     }
 
     async fn remove_node(&self, req: Request<pb::RemoveNodeRequest>) -> Res<pb::MembershipResponse> {
+        caller_with(&req, Scope::Admin)?;
         if let Some(mut c) = self.leader(&req).await? {
             return c.remove_node(forwarded(req)).await;
         }
@@ -198,7 +204,8 @@ impl Admin for AdminApi {
         Ok(Response::new(self.membership_response()))
     }
 
-    async fn digest(&self, _req: Request<pb::DigestRequest>) -> Res<pb::DigestResponse> {
+    async fn digest(&self, req: Request<pb::DigestRequest>) -> Res<pb::DigestResponse> {
+        caller_with(&req, Scope::Admin)?;
         let shared = self.shared.clone();
         let (applied, digest, tasks) = tokio::task::spawn_blocking(move || shared.digest())
             .await

@@ -26,7 +26,33 @@ pub enum ApiError {
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// No valid credentials: the reason says what is wrong with the token.
+    #[error("{message}")]
+    Unauthenticated { reason: &'static str, message: String },
+    /// Valid credentials that do not allow this: a missing scope or a queue outside the token's patterns.
+    #[error("{message}")]
+    PermissionDenied { reason: &'static str, message: String },
+    /// A limit was reached: nothing was applied; try again after `retry_after_ms`.
+    #[error("{message}")]
+    ResourceExhausted { reason: &'static str, message: String, retry_after_ms: u64 },
 }
+
+/// Every reason code of authentication, authorisation and limits, so a forwarded status maps back to its error.
+pub const AUTH_REASONS: [&str; 10] = [
+    "TOKEN_MISSING",
+    "TOKEN_INVALID",
+    "TOKEN_EXPIRED",
+    "TOKEN_NOT_YET_VALID",
+    "TOKEN_WRONG_ISSUER",
+    "TOKEN_WRONG_AUDIENCE",
+    "TOKEN_UNKNOWN_KEY",
+    "TOKEN_BAD_SIGNATURE",
+    "SCOPE_REQUIRED",
+    "QUEUE_NOT_ALLOWED",
+];
+pub const LIMIT_REASONS: [&str; 2] = ["RATE_LIMITED", "TOO_MANY_STREAMS"];
+/// Metadata (and REST `Retry-After`) telling an overloaded client when to try again.
+pub const RETRY_AFTER_HEADER: &str = "x-raftq-retry-after-ms";
 
 impl ApiError {
     pub fn reason(&self) -> &'static str {
@@ -38,6 +64,9 @@ impl ApiError {
             ApiError::Unknown(_) => "UNKNOWN_OUTCOME",
             ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Internal(_) => "INTERNAL",
+            ApiError::Unauthenticated { reason, .. }
+            | ApiError::PermissionDenied { reason, .. }
+            | ApiError::ResourceExhausted { reason, .. } => reason,
         }
     }
 
@@ -53,6 +82,9 @@ impl ApiError {
             ApiError::NotLeader { .. } | ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Unknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
+            ApiError::Unauthenticated { .. } => Code::Unauthenticated,
+            ApiError::PermissionDenied { .. } => Code::PermissionDenied,
+            ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
         }
     }
 }
@@ -97,6 +129,24 @@ impl ApiError {
             },
             "UNAVAILABLE" => ApiError::Unavailable(msg),
             "INTERNAL" => ApiError::Internal(msg),
+            r if AUTH_REASONS.contains(&r) || LIMIT_REASONS.contains(&r) => {
+                let reason = AUTH_REASONS.iter().chain(LIMIT_REASONS.iter()).find(|x| **x == r).copied().unwrap_or("");
+                let message = msg.split_once(": ").map(|(_, m)| m.to_string()).unwrap_or(msg);
+                match s.code() {
+                    Code::Unauthenticated => ApiError::Unauthenticated { reason, message },
+                    Code::PermissionDenied => ApiError::PermissionDenied { reason, message },
+                    _ => ApiError::ResourceExhausted {
+                        reason,
+                        message,
+                        retry_after_ms: s
+                            .metadata()
+                            .get(RETRY_AFTER_HEADER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(1000),
+                    },
+                }
+            }
             _ => ApiError::Unknown(format!("the leader did not answer: {msg}")),
         }
     }
@@ -113,6 +163,9 @@ impl From<ApiError> for Status {
         let mut status = Status::new(e.code(), format!("{reason}: {e}"));
         let md = status.metadata_mut();
         md.insert(REASON_HEADER, reason.parse().expect("reason codes are ascii"));
+        if let ApiError::ResourceExhausted { retry_after_ms, .. } = &e {
+            md.insert(RETRY_AFTER_HEADER, retry_after_ms.to_string().parse().expect("digits"));
+        }
         if let ApiError::NotLeader { leader_addr: Some(addr) } = &e {
             if let Ok(v) = addr.parse() {
                 md.insert(LEADER_HEADER, v);

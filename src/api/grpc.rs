@@ -10,36 +10,58 @@ use tonic::{Request, Response, Status};
 use super::convert;
 use super::error::{invalid, merge_items, valid_items, ApiError};
 use super::forward::{forwarded, stale_read, Forwarder, Route};
+use super::limits::Limits;
 use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
 use crate::raft::dispatcher::Dispatcher;
 use crate::raft::proposer::{wall_clock_ms, Proposer};
 use raftq_proto::v1::task_service_client::TaskServiceClient;
 use tonic::transport::Channel;
 
-/// Who is calling. Authentication (JWT) fills this in one place; until then every caller is the default tenant.
-pub struct Caller {
-    pub tenant: String,
-    /// The token it presented, passed on when its requests are forwarded to the leader.
-    pub token: String,
-}
+pub use crate::auth::Caller;
+use crate::auth::{Authenticator, Scope};
 
-pub const DEFAULT_TENANT: &str = "default";
-
-/// Who sends a unary request: every call is checked here.
-pub fn caller<T>(req: &Request<T>) -> Result<Caller, ApiError> {
-    let token = req
-        .metadata()
+/// The bearer token of a request (`authorization: Bearer <jwt>`), or "".
+pub fn bearer<T>(req: &Request<T>) -> String {
+    req.metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim_start_matches("Bearer ").to_string())
-        .unwrap_or_default();
-    authenticate(&token)
+        .map(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).unwrap_or(v).trim().to_string())
+        .unwrap_or_default()
 }
 
-/// The one place a token becomes a caller. Until authentication is configured every token is accepted and
-/// every caller is the default tenant.
-pub fn authenticate(token: &str) -> Result<Caller, ApiError> {
-    Ok(Caller { tenant: DEFAULT_TENANT.to_string(), token: token.to_string() })
+/// Authenticates a request once, where it enters (the gRPC interceptor, REST): the caller rides in its
+/// extensions. A request without a token passes here and is refused by [`caller`].
+pub fn authenticate_request<T>(auth: &Authenticator, req: &mut Request<T>) -> Result<(), ApiError> {
+    let token = bearer(req);
+    if token.is_empty() && auth.enabled() {
+        return Ok(());
+    }
+    let who = auth.authenticate(&token)?;
+    req.extensions_mut().insert(who);
+    Ok(())
+}
+
+/// The interceptor of the public gRPC services that take a bearer token with every call.
+pub fn interceptor(auth: Arc<Authenticator>) -> impl tonic::service::Interceptor + Clone {
+    move |mut req: Request<()>| {
+        authenticate_request(&auth, &mut req)?;
+        Ok(req)
+    }
+}
+
+/// Who sends a unary request: authenticated on the way in, or `UNAUTHENTICATED`.
+pub fn caller<T>(req: &Request<T>) -> Result<Caller, ApiError> {
+    req.extensions().get::<Caller>().cloned().ok_or_else(|| ApiError::Unauthenticated {
+        reason: "TOKEN_MISSING",
+        message: "a bearer token is required (authorization: Bearer <jwt>)".into(),
+    })
+}
+
+/// The caller, if it holds `scope`.
+pub fn caller_with<T>(req: &Request<T>, scope: Scope) -> Result<Caller, ApiError> {
+    let who = caller(req)?;
+    who.require(scope)?;
+    Ok(who)
 }
 
 pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::EnqueueResult {
@@ -60,6 +82,8 @@ pub struct TaskApi {
     pub proposer: Arc<Proposer>,
     pub dispatcher: Dispatcher,
     pub fwd: Arc<Forwarder>,
+    pub auth: Arc<Authenticator>,
+    pub limits: Arc<Limits>,
 }
 
 type Res<T> = Result<Response<T>, Status>;
@@ -69,17 +93,46 @@ impl TaskApi {
         Duration::from_millis(ms.min(self.proposer.cfg.max_wait_ms))
     }
 
-    fn selection(&self, tenant: &str, sel: pb::DeadLetterSelection) -> Result<(String, String, DlqSelector), ApiError> {
+    fn selection(&self, who: &Caller, sel: pb::DeadLetterSelection) -> Result<(String, String, DlqSelector), ApiError> {
         let pb::DeadLetterSelection { queue, ids, all } = sel;
         convert::validate_queue(&self.proposer.cfg, &queue)?;
+        who.check_queue(&queue)?;
         let select = match (all, ids.is_empty()) {
             (true, true) => DlqSelector::All,
             (false, false) => DlqSelector::Ids(ids.iter().map(|s| convert::parse_id(s)).collect::<Result<_, _>>()?),
             (true, false) => return Err(invalid("give either ids or all, not both")),
             (false, true) => return Err(invalid("give the ids to take, or all")),
         };
-        Ok((tenant.to_string(), queue, select))
+        Ok((who.tenant.clone(), queue, select))
     }
+
+    /// For a token limited to some queues: `PERMISSION_DENIED` when the task is in another queue (a linearized
+    /// read; the task of another tenant, or none, is left to the command to answer `NOT_FOUND`).
+    async fn check_task_queue(&self, who: &Caller, id: &TaskId) -> Result<(), ApiError> {
+        if !who.limited_to_queues() {
+            return Ok(());
+        }
+        match self.proposer.read_task(id, true).await.map_err(ApiError::from)? {
+            Some(t) if t.tenant == who.tenant => who.check_queue(&t.queue),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The tasks of an enqueue batch, each checked on its own: a queue outside the token's patterns fails that item.
+pub fn new_tasks(
+    cfg: &crate::config::Config,
+    who: &Caller,
+    items: Vec<pb::EnqueueRequest>,
+    now: u64,
+) -> Vec<Result<crate::queue::NewTask, ApiError>> {
+    items
+        .into_iter()
+        .map(|i| {
+            who.check_queue(&i.queue)?;
+            convert::new_task(cfg, &who.tenant, i, now)
+        })
+        .collect()
 }
 
 fn ids(v: Vec<TaskId>) -> pb::DeadLetterIds {
@@ -88,15 +141,17 @@ fn ids(v: Vec<TaskId>) -> pb::DeadLetterIds {
 
 impl TaskApi {
     async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Enqueue)?;
+        who.check_queue(&req.get_ref().queue)?;
         let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
+        self.limits.enqueue(&who.tenant, 1)?;
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
         Ok(Response::new(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate }))
     }
 
     async fn enqueue_batch_local(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Enqueue)?;
         let cfg = &self.proposer.cfg;
         let pb::EnqueueBatchRequest { items } = req.into_inner();
         if items.is_empty() || items.len() > cfg.max_batch_items {
@@ -104,36 +159,45 @@ impl TaskApi {
         }
         let now = wall_clock_ms();
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
-        let checked: Vec<Result<_, ApiError>> =
-            items.into_iter().map(|i| convert::new_task(cfg, &who.tenant, i, now)).collect();
-        let applied = self.proposer.enqueue(valid_items(&checked)).await.map_err(ApiError::from)?;
+        let checked = new_tasks(cfg, &who, items, now);
+        let valid = valid_items(&checked);
+        self.limits.enqueue(&who.tenant, valid.len())?;
+        let applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?;
         let results = merge_items(checked, applied).into_iter().map(enqueue_result).collect();
         Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
 
     async fn get_task_local(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Read)?;
         let id = convert::parse_id(&req.get_ref().id)?;
         match self.proposer.read_task(&id, !stale_read(&req)).await.map_err(ApiError::from)? {
-            Some(t) if t.tenant == who.tenant => Ok(Response::new(convert::task(t))),
+            Some(t) if t.tenant == who.tenant => {
+                who.check_queue(&t.queue)?;
+                Ok(Response::new(convert::task(t)))
+            }
             _ => Err(ApiError::NotFound.into()),
         }
     }
 
     async fn get_result_local(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::GetResultRequest { id, wait_ms } = req.into_inner();
         let id = convert::parse_id(&id)?;
+        // Another tenant's task is not found, also after a wait: its existence is not revealed.
         match self.proposer.wait_result(&id, self.wait(wait_ms), linearize).await.map_err(ApiError::from)? {
-            Some(t) if t.tenant == who.tenant => Ok(Response::new(convert::result(t))),
+            Some(t) if t.tenant == who.tenant => {
+                who.check_queue(&t.queue)?;
+                Ok(Response::new(convert::result(t)))
+            }
             _ => Err(ApiError::NotFound.into()),
         }
     }
 
     async fn cancel_local(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Enqueue)?;
         let task_id = convert::parse_id(&req.get_ref().id)?;
+        self.check_task_queue(&who, &task_id).await?;
         match self.proposer.write(Command::Cancel { tenant: who.tenant, task_id }).await.map_err(ApiError::from)? {
             SmResponse::Cancelled(Ok(s)) => Ok(Response::new(pb::CancelResponse { state: convert::state(s) as i32 })),
             SmResponse::Cancelled(Err(r)) => Err(ApiError::from(r).into()),
@@ -145,10 +209,11 @@ impl TaskApi {
         &self,
         req: Request<pb::ListDeadLettersRequest>,
     ) -> Res<pb::ListDeadLettersResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::ListDeadLettersRequest { queue, limit } = req.into_inner();
         convert::validate_queue(&self.proposer.cfg, &queue)?;
+        who.check_queue(&queue)?;
         let limit = if limit == 0 { 100 } else { limit.min(10_000) } as usize;
         if linearize {
             self.proposer.linearize().await.map_err(ApiError::from)?;
@@ -162,8 +227,8 @@ impl TaskApi {
     }
 
     async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
-        let who = caller(&req)?;
-        let (tenant, queue, select) = self.selection(&who.tenant, req.into_inner())?;
+        let who = caller_with(&req, Scope::Enqueue)?;
+        let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
         match self.proposer.write(Command::Redrive { tenant, queue, select }).await.map_err(ApiError::from)? {
             SmResponse::Redriven(v) => Ok(Response::new(ids(v))),
             other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
@@ -171,8 +236,8 @@ impl TaskApi {
     }
 
     async fn purge_dead_letters_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
-        let who = caller(&req)?;
-        let (tenant, queue, select) = self.selection(&who.tenant, req.into_inner())?;
+        let who = caller_with(&req, Scope::Admin)?;
+        let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
         match self.proposer.write(Command::PurgeDeadLetters { tenant, queue, select }).await.map_err(ApiError::from)? {
             SmResponse::Purged(v) => Ok(Response::new(ids(v))),
             other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
@@ -180,7 +245,7 @@ impl TaskApi {
     }
 
     async fn claim_local(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Work)?;
         let cfg = &self.proposer.cfg;
         let pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms } = req.into_inner();
         if worker_id.is_empty() || worker_id.len() > 256 {
@@ -191,21 +256,25 @@ impl TaskApi {
         }
         for q in &queues {
             convert::validate_queue(cfg, q)?;
+            who.check_queue(q)?;
         }
         if count == 0 || count as usize > cfg.max_batch_items {
             return Err(invalid(format!("count must be 1 to {}", cfg.max_batch_items)).into());
         }
         let lease = convert::lease_ms(cfg, lease_ms)?;
-        let tasks = self
-            .dispatcher
-            .claim(&who.tenant, &worker_id, &queues, count as usize, lease, self.wait(wait_ms))
-            .await
-            .map_err(ApiError::from)?;
+        let granted = self.limits.claim(&who.tenant, count as usize)?;
+        let claimed =
+            self.dispatcher.claim(&who.tenant, &worker_id, &queues, granted, lease, self.wait(wait_ms)).await;
+        let tasks = claimed.map_err(|e| {
+            self.limits.unclaimed(&who.tenant, granted);
+            ApiError::from(e)
+        })?;
+        self.limits.unclaimed(&who.tenant, granted - tasks.len());
         Ok(Response::new(pb::ClaimResponse { tasks: tasks.into_iter().map(convert::task).collect() }))
     }
 
     async fn ack_local(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Work)?;
         let pb::AckRequest { task_id, token, action } = req.into_inner();
         let item = AckItem {
             task_id: convert::parse_id(&task_id)?,
@@ -222,7 +291,7 @@ impl TaskApi {
     }
 
     async fn ack_batch_local(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Work)?;
         let cfg = &self.proposer.cfg;
         let pb::AckBatchRequest { items } = req.into_inner();
         if items.is_empty() || items.len() > cfg.max_batch_items {
@@ -245,7 +314,7 @@ impl TaskApi {
     }
 
     async fn queue_stats_local(&self, req: Request<pb::QueueStatsRequest>) -> Res<pb::QueueStatsResponse> {
-        let who = caller(&req)?;
+        let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::QueueStatsRequest { queues } = req.into_inner();
         for q in &queues {
@@ -259,7 +328,7 @@ impl TaskApi {
             .shared
             .counts(Some(&who.tenant))
             .into_iter()
-            .filter(|(qk, _)| queues.is_empty() || queues.contains(&qk.queue))
+            .filter(|(qk, _)| (queues.is_empty() || queues.contains(&qk.queue)) && who.may_use_queue(&qk.queue))
             .map(|(qk, c)| pb::QueueStats {
                 queue: qk.queue,
                 pending: c.pending,

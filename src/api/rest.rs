@@ -49,11 +49,17 @@ pub fn routes(rest: Rest) -> Router {
 }
 
 /// A REST error: the gRPC status's reason and message, with the matching HTTP status.
-pub struct RestError(StatusCode, Value, Option<String>);
+/// The third field is the leader's address (for NOT_LEADER), the fourth the retry hint in ms (for 429).
+pub struct RestError(StatusCode, Value, Option<String>, Option<u64>);
 
 impl RestError {
     fn bad(msg: impl Into<String>) -> RestError {
-        RestError(StatusCode::BAD_REQUEST, json!({"error": {"code": "INVALID_ARGUMENT", "message": msg.into()}}), None)
+        RestError(
+            StatusCode::BAD_REQUEST,
+            json!({"error": {"code": "INVALID_ARGUMENT", "message": msg.into()}}),
+            None,
+            None,
+        )
     }
 }
 
@@ -75,7 +81,12 @@ impl From<tonic::Status> for RestError {
         let reason = md.get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("INTERNAL");
         let leader = md.get(super::error::LEADER_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
         let message = s.message().split_once(": ").map(|(_, m)| m).unwrap_or(s.message()).to_string();
-        RestError(http, json!({"error": {"code": reason, "message": message}}), leader)
+        let retry = md.get(super::error::RETRY_AFTER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let mut body = json!({"error": {"code": reason, "message": message}});
+        if let Some(ms) = retry {
+            body["error"]["retry_after_ms"] = json!(ms);
+        }
+        RestError(http, body, leader, retry)
     }
 }
 
@@ -85,21 +96,26 @@ impl IntoResponse for RestError {
         if let Some(l) = self.2.and_then(|l| l.parse().ok()) {
             r.headers_mut().insert(super::error::LEADER_HEADER, l);
         }
+        if let Some(ms) = self.3 {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, ms.div_ceil(1000).max(1).into());
+        }
         r
     }
 }
 
 type Res = Result<Response, RestError>;
 
-/// The same request as gRPC would carry it: the headers that matter become metadata.
-fn request<T>(headers: &HeaderMap, msg: T) -> tonic::Request<T> {
+/// The same request as gRPC would carry it: the headers that matter become metadata, and the bearer token is
+/// authenticated as the gRPC interceptor does it.
+fn request<T>(rest: &Rest, headers: &HeaderMap, msg: T) -> Result<tonic::Request<T>, RestError> {
     let mut r = tonic::Request::new(msg);
     for name in ["authorization", super::forward::REDIRECT_HEADER, super::forward::READ_HEADER] {
         if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
             r.metadata_mut().insert(name, v);
         }
     }
-    r
+    super::grpc::authenticate_request(&rest.tasks.auth, &mut r).map_err(tonic::Status::from)?;
+    Ok(r)
 }
 
 fn ok(v: Value) -> Res {
@@ -214,7 +230,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
 }
 
 async fn enqueue(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<NewTaskBody>) -> Res {
-    let resp = r.tasks.enqueue(request(&headers, body.into_pb()?)).await?.into_inner();
+    let resp = r.tasks.enqueue(request(&r, &headers, body.into_pb()?)?).await?.into_inner();
     Ok((StatusCode::CREATED, Json(json!({"task_id": resp.task_id, "duplicate": resp.duplicate}))).into_response())
 }
 
@@ -226,7 +242,7 @@ struct BatchBody {
 
 async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<BatchBody>) -> Res {
     let items = body.items.into_iter().map(NewTaskBody::into_pb).collect::<Result<Vec<_>, _>>()?;
-    let resp = r.tasks.enqueue_batch(request(&headers, pb::EnqueueBatchRequest { items })).await?.into_inner();
+    let resp = r.tasks.enqueue_batch(request(&r, &headers, pb::EnqueueBatchRequest { items })?).await?.into_inner();
     let results: Vec<Value> = resp
         .results
         .into_iter()
@@ -240,7 +256,7 @@ async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Bo
 }
 
 async fn get_task(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    let t = r.tasks.get_task(request(&headers, pb::GetTaskRequest { id })).await?.into_inner();
+    let t = r.tasks.get_task(request(&r, &headers, pb::GetTaskRequest { id })?).await?.into_inner();
     ok(task_json(&t))
 }
 
@@ -256,7 +272,7 @@ async fn get_result(
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> Res {
-    let t = r.tasks.get_result(request(&headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })).await?.into_inner();
+    let t = r.tasks.get_result(request(&r, &headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })?).await?.into_inner();
     let (result, result_base64) = bytes_json(&t.result);
     ok(json!({
         "id": t.id, "state": state_name(t.state), "done": t.done, "result": result, "result_base64": result_base64,
@@ -265,7 +281,7 @@ async fn get_result(
 }
 
 async fn cancel(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    let c = r.tasks.cancel(request(&headers, pb::CancelRequest { id })).await?.into_inner();
+    let c = r.tasks.cancel(request(&r, &headers, pb::CancelRequest { id })?).await?.into_inner();
     ok(json!({"state": state_name(c.state)}))
 }
 
@@ -320,11 +336,12 @@ async fn ack(
                 StatusCode::NOT_FOUND,
                 json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: complete, fail, nack, abandon or heartbeat")}}),
                 None,
+                None,
             ))
         }
     };
     let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
-    let a = r.tasks.ack(request(&headers, req)).await?.into_inner();
+    let a = r.tasks.ack(request(&r, &headers, req)?).await?.into_inner();
     ok(json!({"state": state_name(a.state), "at_ms": a.at_ms}))
 }
 
@@ -348,12 +365,12 @@ fn one() -> u32 {
 async fn claim(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ClaimBody>) -> Res {
     let ClaimBody { worker_id, queues, count, lease_ms, wait_ms } = b;
     let req = pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms };
-    let c = r.tasks.claim(request(&headers, req)).await?.into_inner();
+    let c = r.tasks.claim(request(&r, &headers, req)?).await?.into_inner();
     ok(json!({"tasks": c.tasks.iter().map(task_json).collect::<Vec<_>>()}))
 }
 
 async fn queues(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    let s = r.tasks.queue_stats(request(&headers, pb::QueueStatsRequest { queues: vec![] })).await?.into_inner();
+    let s = r.tasks.queue_stats(request(&r, &headers, pb::QueueStatsRequest { queues: vec![] })?).await?.into_inner();
     let v: Vec<Value> = s
         .queues
         .iter()
@@ -378,7 +395,7 @@ async fn dead_letters(
     Query(q): Query<LimitQuery>,
 ) -> Res {
     let req = pb::ListDeadLettersRequest { queue, limit: q.limit };
-    let d = r.tasks.list_dead_letters(request(&headers, req)).await?.into_inner();
+    let d = r.tasks.list_dead_letters(request(&r, &headers, req)?).await?.into_inner();
     ok(json!({"tasks": d.tasks.iter().map(task_json).collect::<Vec<_>>()}))
 }
 
@@ -398,18 +415,18 @@ async fn redrive(
     Body(b): Body<SelectBody>,
 ) -> Res {
     let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
-    let d = r.tasks.redrive(request(&headers, sel)).await?.into_inner();
+    let d = r.tasks.redrive(request(&r, &headers, sel)?).await?.into_inner();
     ok(json!({"redriven": d.ids}))
 }
 
 async fn purge(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>, Body(b): Body<SelectBody>) -> Res {
     let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
-    let d = r.tasks.purge_dead_letters(request(&headers, sel)).await?.into_inner();
+    let d = r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?.into_inner();
     ok(json!({"purged": d.ids}))
 }
 
 async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    let s = r.admin.status(request(&headers, pb::NodeStatusRequest {})).await?.into_inner();
+    let s = r.admin.status(request(&r, &headers, pb::NodeStatusRequest {})?).await?.into_inner();
     ok(json!({
         "node_id": s.node_id, "role": s.role, "term": s.term, "leader_id": s.has_leader.then_some(s.leader_id),
         "last_log_index": s.last_log_index, "applied_index": s.applied_index, "committed_index": s.committed_index,
@@ -430,6 +447,6 @@ struct TransferBody {
 
 async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<TransferBody>) -> Res {
     let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
-    let t = r.admin.transfer_leader(request(&headers, req)).await?.into_inner();
+    let t = r.admin.transfer_leader(request(&r, &headers, req)?).await?.into_inner();
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
 }

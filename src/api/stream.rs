@@ -21,7 +21,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::error::{invalid, merge_items, valid_items, ApiError};
 use super::forward::{Forwarder, Route};
-use super::grpc::{authenticate, Caller};
+use super::grpc::Caller;
+use super::limits::{Limits, StreamSlot};
+use crate::auth::{Authenticator, Scope};
 use crate::queue::{AckAction, AckItem};
 use crate::raft::dispatcher::Dispatcher;
 use crate::raft::proposer::{wall_clock_ms, Proposer};
@@ -38,6 +40,8 @@ pub struct StreamApi {
     pub shutdown: CancellationToken,
     /// The node's tracker: stream sessions are tracked, so shutdown waits for them.
     pub tasks: tokio_util::task::TaskTracker,
+    pub auth: Arc<Authenticator>,
+    pub limits: Arc<Limits>,
 }
 
 /// A request to the leader on behalf of a stream's caller, with its token.
@@ -62,20 +66,24 @@ type Out<T> = mpsc::Sender<Result<T, Status>>;
 
 /// Reads the Hello every stream starts with; anything else first ends the stream.
 async fn hello<T>(
+    api: &StreamApi,
+    scope: Scope,
     inbound: &mut Streaming<T>,
     take: impl Fn(T) -> Option<pb::Hello>,
-) -> Result<(Caller, String), Status> {
+) -> Result<(Caller, String, StreamSlot), Status> {
     let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
         .await
         .map_err(|_| Status::from(invalid("HELLO_REQUIRED: no Hello within 10 s")))??
         .ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the stream ended before Hello")))?;
     let h = take(first).ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the first message must be Hello")))?;
-    let caller = authenticate(&h.token)?;
+    let caller = api.auth.authenticate(&h.token)?;
+    caller.require(scope)?;
     if h.worker_id.len() > 256 {
         return Err(invalid("worker_id is longer than 256 characters").into());
     }
+    let slot = api.limits.open_stream(&caller.tenant)?;
     let id = if h.worker_id.is_empty() { format!("anon-{:016x}", rand::random::<u64>()) } else { h.worker_id };
-    Ok((caller, id))
+    Ok((caller, id, slot))
 }
 
 fn stream_error(request_id: u64, e: ApiError) -> pb::ServerEvent {
@@ -204,7 +212,9 @@ impl StreamApi {
                 }
             };
             match attempt {
-                Err(ApiError::InvalidArgument(m)) => return Err(ApiError::InvalidArgument(m)),
+                Err(e @ (ApiError::InvalidArgument(_)
+                | ApiError::Unauthenticated { .. }
+                | ApiError::PermissionDenied { .. })) => return Err(e),
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(error = %e, "acks not applied yet, retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -262,19 +272,30 @@ impl StreamApi {
             let attempt = match self.fwd.leader_route().await {
                 Err(e) => Err(e),
                 Ok(Route::Local) => {
-                    let rx = self.dispatcher.submit(&caller.tenant, worker_id, queues, count, lease, wait);
-                    match rx {
+                    let tenant = &caller.tenant;
+                    let granted = match self.limits.claim(tenant, count) {
+                        Ok(n) => n,
+                        // Over the tenant's claim rate: answered now, the worker's Ready comes back later.
+                        Err(e) => return Some(Err(e)),
+                    };
+                    let rx = self.dispatcher.submit(tenant, worker_id, queues, granted, lease, wait);
+                    let r = match rx {
                         Err(e) => Err(ApiError::from(e)),
                         Ok(rx) => tokio::select! {
                             r = rx => match r {
-                                Ok(Ok(tasks)) => Ok(tasks.into_iter().map(convert::task).collect()),
+                                Ok(Ok(tasks)) => Ok(tasks.into_iter().map(convert::task).collect::<Vec<_>>()),
                                 Ok(Err(e)) => Err(ApiError::from(e)),
                                 Err(_) => Err(ApiError::Unavailable("shutting down".into())),
                             },
                             // The client left: dropping `rx` withdraws the parked claim.
-                            _ = out.closed() => return None,
+                            _ = out.closed() => {
+                                self.limits.unclaimed(tenant, granted);
+                                return None;
+                            }
                         },
-                    }
+                    };
+                    self.limits.unclaimed(tenant, granted - r.as_ref().map_or(0, |t| t.len()));
+                    r
                 }
                 Ok(Route::Leader(ch)) => {
                     let req = authorized(
@@ -302,7 +323,10 @@ impl StreamApi {
                 }
             };
             match attempt {
-                Err(ApiError::InvalidArgument(m)) => return Some(Err(ApiError::InvalidArgument(m))),
+                Err(e @ (ApiError::InvalidArgument(_)
+                | ApiError::Unauthenticated { .. }
+                | ApiError::PermissionDenied { .. }
+                | ApiError::ResourceExhausted { .. })) => return Some(Err(e)),
                 // Leadership moved or the leader went away: ask the next leader while the hold lasts. Tasks
                 // a lost answer had claimed come back when their leases expire.
                 Err(e) if tokio::time::Instant::now() + Duration::from_millis(50) < deadline => {
@@ -324,6 +348,7 @@ impl StreamApi {
             }
             for q in &queues {
                 convert::validate_queue(cfg, q)?;
+                caller.check_queue(q)?;
             }
             if count as usize > cfg.max_batch_items {
                 return Err(invalid(format!("count must be at most {}", cfg.max_batch_items)));
@@ -352,19 +377,32 @@ impl StreamApi {
 }
 
 /// Runs `serve` for each inbound message with at most `limit` at once, until the client closes the stream, it
-/// fails, or the node shuts down.
+/// fails, the node shuts down or the caller's token expires (then `true`).
 async fn serve_inbound<T: Send + 'static>(
     mut inbound: Streaming<T>,
     limit: usize,
     shutdown: CancellationToken,
+    expires_at_ms: Option<u64>,
     serve: impl Fn(T) -> Option<futures::future::BoxFuture<'static, ()>>,
-) {
+) -> bool {
     let permits = Arc::new(Semaphore::new(limit));
     let mut tasks = tokio::task::JoinSet::new();
+    let expiry = async {
+        match expires_at_ms {
+            Some(at) => tokio::time::sleep(Duration::from_millis(at.saturating_sub(wall_clock_ms()))).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expiry);
+    let mut expired = false;
     loop {
         let msg = tokio::select! {
             m = inbound.message() => m,
             _ = shutdown.cancelled() => break,
+            _ = &mut expiry => {
+                expired = true;
+                break;
+            }
         };
         let msg = match msg {
             Ok(Some(m)) => m,
@@ -386,6 +424,12 @@ async fn serve_inbound<T: Send + 'static>(
     }
     // Requests already received are still answered while the client listens.
     while tasks.join_next().await.is_some() {}
+    expired
+}
+
+/// The status a stream ends with when its token expires: the client reconnects with a fresh token.
+fn token_expired() -> Status {
+    ApiError::Unauthenticated { reason: "TOKEN_EXPIRED", message: "the stream's token has expired".into() }.into()
 }
 
 #[tonic::async_trait]
@@ -394,7 +438,7 @@ impl WorkerStream for StreamApi {
 
     async fn stream(&self, req: Request<Streaming<pb::WorkerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = req.into_inner();
-        let (caller, worker_id) = hello(&mut inbound, |e: pb::WorkerEvent| match e.event {
+        let (caller, worker_id, slot) = hello(self, Scope::Work, &mut inbound, |e: pb::WorkerEvent| match e.event {
             Some(pb::worker_event::Event::Hello(h)) => Some(h),
             _ => None,
         })
@@ -410,7 +454,8 @@ impl WorkerStream for StreamApi {
         let shutdown = api.shutdown.clone();
         let sessions = self.proposer.shared.metrics.clone();
         sessions.stream_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = serve_inbound(inbound, limit, shutdown, move |ev: pb::WorkerEvent| {
+        let (expires, end) = (caller.expires_at_ms, tx.clone());
+        let session = serve_inbound(inbound, limit, shutdown, expires, move |ev: pb::WorkerEvent| {
             use pb::worker_event::Event;
             let (api, caller, worker_id, out) = (api.clone(), caller.clone(), worker_id.clone(), tx.clone());
             let tenant = caller.tenant.clone();
@@ -457,7 +502,10 @@ impl WorkerStream for StreamApi {
             }) as futures::future::BoxFuture<'static, ()>)
         });
         self.tasks.spawn(async move {
-            session.await;
+            if session.await {
+                let _ = end.send(Err(token_expired())).await;
+            }
+            drop(slot);
             sessions.stream_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -476,7 +524,7 @@ impl ProducerStream for StreamApi {
 
     async fn stream(&self, req: Request<Streaming<pb::ProducerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = req.into_inner();
-        let (caller, id) = hello(&mut inbound, |e: pb::ProducerEvent| match e.event {
+        let (caller, id, slot) = hello(self, Scope::Enqueue, &mut inbound, |e: pb::ProducerEvent| match e.event {
             Some(pb::producer_event::Event::Hello(h)) => Some(h),
             _ => None,
         })
@@ -491,7 +539,8 @@ impl ProducerStream for StreamApi {
         let shutdown = api.shutdown.clone();
         let sessions = self.proposer.shared.metrics.clone();
         sessions.stream_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = serve_inbound(inbound, limit, shutdown, move |ev: pb::ProducerEvent| {
+        let (expires, end) = (caller.expires_at_ms, tx.clone());
+        let session = serve_inbound(inbound, limit, shutdown, expires, move |ev: pb::ProducerEvent| {
             use pb::producer_event::Event;
             let (api, caller, out) = (api.clone(), caller.clone(), tx.clone());
             let (seq, items) = match ev.event? {
@@ -507,7 +556,10 @@ impl ProducerStream for StreamApi {
             }) as futures::future::BoxFuture<'static, ()>)
         });
         self.tasks.spawn(async move {
-            session.await;
+            if session.await {
+                let _ = end.send(Err(token_expired())).await;
+            }
+            drop(slot);
             sessions.stream_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -529,7 +581,7 @@ impl StreamApi {
         loop {
             let attempt = match self.fwd.leader_route().await {
                 Err(e) => Err(e),
-                Ok(Route::Local) => self.create_here(&caller.tenant, items.clone()).await,
+                Ok(Route::Local) => self.create_here(caller, items.clone()).await,
                 Ok(Route::Leader(ch)) => {
                     let req = authorized(caller, pb::EnqueueBatchRequest { items: items.clone() });
                     let mut c = TaskServiceClient::new(ch).max_encoding_message_size(64 << 20);
@@ -551,16 +603,11 @@ impl StreamApi {
         }
     }
 
-    async fn create_here(
-        &self,
-        tenant: &str,
-        items: Vec<pb::EnqueueRequest>,
-    ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
-        let cfg = &self.proposer.cfg;
-        let now = wall_clock_ms();
-        let checked: Vec<Result<_, ApiError>> =
-            items.into_iter().map(|i| convert::new_task(cfg, tenant, i, now)).collect();
-        let applied = self.proposer.enqueue(valid_items(&checked)).await?;
+    async fn create_here(&self, caller: &Caller, items: Vec<pb::EnqueueRequest>) -> Result<Vec<pb::EnqueueResult>, ApiError> {
+        let checked = super::grpc::new_tasks(&self.proposer.cfg, caller, items, wall_clock_ms());
+        let valid = valid_items(&checked);
+        self.limits.enqueue(&caller.tenant, valid.len())?;
+        let applied = self.proposer.enqueue(valid).await?;
         Ok(merge_items(checked, applied).into_iter().map(super::grpc::enqueue_result).collect())
     }
 }

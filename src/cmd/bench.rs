@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// Nodes to load (repeat, or comma-separated); clients are spread over them. None: an embedded node.
     #[arg(long = "addr", value_delimiter = ',')]
     pub addrs: Vec<String>,
+    /// Bearer token for --addr (the embedded node's token is minted from its own secret).
+    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub duration: Duration,
     /// Producers (streams for `cycle`, concurrent unary clients for `enqueue`).
@@ -73,6 +76,21 @@ pub struct BenchArgs {
 pub enum Workload {
     Enqueue,
     Cycle,
+}
+
+/// The bearer token every bench client sends (set once, before any client starts).
+static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn token() -> String {
+    TOKEN.get().cloned().unwrap_or_default()
+}
+
+fn authorized<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Ok(v) = format!("Bearer {}", token()).parse() {
+        r.metadata_mut().insert("authorization", v);
+    }
+    r
 }
 
 fn now_us() -> u64 {
@@ -147,11 +165,29 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let addr = node.grpc_addr.to_string();
+        if cfg.auth == raftq::config::AuthMode::Jwt && cfg.auth_keys_dir.is_none() && cfg.auth_hs256_secret_file.is_none()
+        {
+            let secret = raftq::auth::local_secret(&dir)?;
+            let spec = raftq::auth::TokenSpec {
+                subject: "raftq-bench",
+                tenant: raftq::auth::DEFAULT_TENANT,
+                scopes: &raftq::auth::Scope::ALL,
+                queues: None,
+                ttl_s: 24 * 3600,
+                issuer: cfg.auth_issuer.as_deref(),
+                audience: cfg.auth_audience.as_deref(),
+            };
+            let t = raftq::auth::issue(&secret, raftq::auth::LOCAL_KID, &spec).map_err(|e| anyhow::anyhow!(e))?;
+            let _ = TOKEN.set(t);
+        }
         embedded = Some((node, dir, a.data_dir.is_none()));
         vec![addr]
     } else {
         a.addrs.clone()
     };
+    if let Some(t) = &a.token {
+        let _ = TOKEN.set(t.clone());
+    }
     let stats = Arc::new(Counters::default());
     let log0 = embedded
         .as_ref()
@@ -302,7 +338,7 @@ async fn stream_producer(
 ) {
     let (tx, rx) = mpsc::channel(inflight + 1);
     let ev = |e| pb::ProducerEvent { event: Some(e) };
-    let _ = tx.send(ev(pb::producer_event::Event::Hello(pb::Hello::default()))).await;
+    let _ = tx.send(ev(pb::producer_event::Event::Hello(pb::Hello { token: token(), ..Default::default() }))).await;
     let Ok(resp) = ProducerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await else {
         stats.enqueue_errors.fetch_add(1, Ordering::Relaxed);
         return;
@@ -356,13 +392,13 @@ async fn unary_producer(
         let item = || pb::EnqueueRequest { queue: queue.clone(), payload: payload(payload_len), ..Default::default() };
         if batch == 0 {
             pacer.wait(1).await;
-            match c.enqueue(item()).await {
+            match c.enqueue(authorized(item())).await {
                 Ok(_) => stats.enqueued.fetch_add(1, Ordering::Relaxed),
                 Err(_) => stats.enqueue_errors.fetch_add(1, Ordering::Relaxed),
             };
         } else {
             pacer.wait(batch as u64).await;
-            match c.enqueue_batch(pb::EnqueueBatchRequest { items: (0..batch).map(|_| item()).collect() }).await {
+            match c.enqueue_batch(authorized(pb::EnqueueBatchRequest { items: (0..batch).map(|_| item()).collect() })).await {
                 Ok(r) => {
                     let ok = r
                         .get_ref()
@@ -393,7 +429,7 @@ async fn stream_worker(
 ) {
     let (tx, rx) = mpsc::channel(slots * 2 + 1);
     let ev = |e| pb::WorkerEvent { event: Some(e) };
-    let hello = pb::Hello { token: String::new(), worker_id: format!("bench-{n}") };
+    let hello = pb::Hello { token: token(), worker_id: format!("bench-{n}") };
     let _ = tx.send(ev(pb::worker_event::Event::Hello(hello))).await;
     let Ok(resp) = WorkerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await else { return };
     let mut inbound = resp.into_inner();

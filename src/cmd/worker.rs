@@ -92,7 +92,14 @@ pub async fn run(a: WorkerArgs, shutdown: CancellationToken) -> Result<()> {
     }
     let mut cfg = WorkerConfig {
         addrs: a.addrs.clone(),
-        token: a.token.clone(),
+        // Without a token: one minted from the local node's secret, when readable (as the other commands do).
+        token: match &a.token {
+            Some(t) => Some(t.clone()),
+            None => {
+                let dir = std::env::var_os("RAFTQ_DATA_DIR").map(std::path::PathBuf::from);
+                raftq::auth::local_cli_token(&dir.unwrap_or_else(|| "./raftq-data".into())).map_err(|e| anyhow::anyhow!(e))?
+            }
+        },
         queues: a.queues.clone(),
         concurrency: a.concurrency.max(1),
         lease: a.lease,

@@ -5,6 +5,7 @@
 //! Connection failures are `Unreachable`, so openraft backs off instead of spinning.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -31,10 +32,13 @@ const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 #[derive(Clone)]
 pub struct Network {
     pub node_id: NodeId,
+    /// The cluster credential every call to a peer carries (see `auth::cluster_credential`).
+    pub credential: Option<Arc<str>>,
 }
 
 pub struct PeerClient {
     from: NodeId,
+    credential: Option<Arc<str>>,
     target: NodeId,
     client: Option<RaftServiceClient<Channel>>,
     addr: String,
@@ -65,7 +69,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
-        PeerClient { from: self.node_id, target, client, addr: node.raft_addr.clone() }
+        PeerClient { from: self.node_id, credential: self.credential.clone(), target, client, addr: node.raft_addr.clone() }
     }
 }
 
@@ -96,7 +100,15 @@ impl PeerClient {
     ) -> Result<tonic::Request<RaftMessage>, RPCError<TypeConfig>> {
         let mut req = tonic::Request::new(RaftMessage { from: self.from, to: self.target, data: enc(rpc)?.into() });
         req.set_timeout(option.hard_ttl());
+        self.sign(&mut req);
         Ok(req)
+    }
+
+    /// Adds the cluster credential, so the peer's Raft port accepts the call.
+    fn sign<T>(&self, req: &mut tonic::Request<T>) {
+        if let Some(v) = self.credential.as_deref().and_then(|c| c.parse().ok()) {
+            req.metadata_mut().insert(crate::auth::CLUSTER_AUTH_HEADER, v);
+        }
     }
 
     /// Decodes a reply: the remote `Result`, whose error (the peer is shutting down) reads as unreachable.
@@ -178,7 +190,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             }
         });
         let mut client = self.client().map_err(|e| unreachable(e.to_string()))?;
-        let call = client.install_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        self.sign(&mut req);
+        let call = client.install_snapshot(req);
         let resp = tokio::select! {
             r = call => r.map_err(|s| unreachable(s.to_string()))?,
             closed = cancel => {

@@ -26,8 +26,10 @@ pub struct ProcNode {
 pub fn write_config(dir: &Path, id: u64, grpc: &str, raft: &str, http: &str, extra: &str) -> PathBuf {
     std::fs::create_dir_all(dir).expect("mkdir");
     let path = dir.join(format!("node{id}.toml"));
+    // Without authentication unless `extra` configures it (tests/it/auth.rs does).
+    let auth = if extra.lines().any(|l| l.trim_start().starts_with("auth ")) { "" } else { "auth = \"none\"\n" };
     let text = format!(
-        "node_id = {id}\ndata_dir = {:?}\ngrpc_addr = {grpc:?}\nraft_addr = {raft:?}\nhttp_addr = {http:?}\n{extra}\n",
+        "node_id = {id}\ndata_dir = {:?}\ngrpc_addr = {grpc:?}\nraft_addr = {raft:?}\nhttp_addr = {http:?}\n{auth}{extra}\n",
         dir.join(format!("data{id}")).display().to_string(),
     );
     std::fs::write(&path, text).expect("write config");

@@ -28,6 +28,8 @@ pub fn test_config(dir: &Path) -> Config {
         heartbeat_interval_ms: 50,
         election_timeout_min_ms: 200,
         election_timeout_max_ms: 400,
+        // Tests of other behaviour run without authentication; tests/it/auth.rs turns it on.
+        auth: raftq::config::AuthMode::None,
         ..Config::default()
     }
 }

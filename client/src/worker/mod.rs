@@ -54,6 +54,9 @@ const MAX_CONCURRENCY: usize = 4096;
 /// Largest `batch_size`: the server's default `max_batch_items`.
 const MAX_BATCH_SIZE: u32 = 1000;
 
+/// Gives the token to open a stream with (called on every open); `None` opens without one.
+pub type TokenProvider = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// How a [`Worker`] runs. Build it with struct update syntax over `Default`:
 ///
 /// ```
@@ -74,6 +77,10 @@ pub struct WorkerConfig {
     pub addrs: Vec<String>,
     /// Bearer token sent in Hello and with the stream request.
     pub token: Option<String>,
+    /// Asked for a token each time a stream opens (the first and every reconnect), so a worker outlives its
+    /// tokens: the server closes a stream when its token expires (`TOKEN_EXPIRED`) and the worker reopens it
+    /// with the provider's next token. Takes precedence over `token`.
+    pub token_provider: Option<TokenProvider>,
     /// This worker's name in leases; 1-256 characters.
     pub worker_id: String,
     /// Queues to take tasks from (1 to 64).
@@ -104,6 +111,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             addrs: vec![DEFAULT_ADDR.into()],
             token: None,
+            token_provider: None,
             worker_id: format!("worker-{}-{:08x}", std::process::id(), rand::random::<u32>()),
             queues: Vec::new(),
             concurrency: 1,
@@ -124,6 +132,7 @@ impl fmt::Debug for WorkerConfig {
         f.debug_struct("WorkerConfig")
             .field("addrs", &self.addrs)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_provider", &self.token_provider.as_ref().map(|_| "<fn>"))
             .field("worker_id", &self.worker_id)
             .field("queues", &self.queues)
             .field("concurrency", &self.concurrency)
@@ -458,11 +467,15 @@ impl Ctx {
     }
 }
 
-/// Errors on opening a stream that another try will not fix.
-fn fatal_on_open(e: &Error) -> bool {
+/// Errors on opening a stream that another try will not fix. An expired token is fixed by a token provider.
+fn fatal_on_open(e: &Error, has_provider: bool) -> bool {
     match e {
+        Error::Server { reason, .. } if reason == "TOKEN_EXPIRED" => !has_provider,
         Error::Server { reason, .. } => {
-            matches!(reason.as_str(), "UNAUTHENTICATED" | "PERMISSION_DENIED" | "INVALID_ARGUMENT" | "UNIMPLEMENTED")
+            matches!(
+                reason.as_str(),
+                "UNAUTHENTICATED" | "PERMISSION_DENIED" | "INVALID_ARGUMENT" | "UNIMPLEMENTED" | "SCOPE_REQUIRED"
+            ) || reason.starts_with("TOKEN_")
         }
         Error::Config(_) | Error::Protocol(_) => true,
         _ => false,
@@ -474,10 +487,13 @@ fn fatal_on_open(e: &Error) -> bool {
 async fn supervise(ctx: Arc<Ctx>) {
     let cfg = ctx.cfg.clone();
     let mut backoff = Backoff::new(cfg.reconnect_backoff_min, cfg.reconnect_backoff_max);
-    let token = cfg.token.clone().unwrap_or_default();
     // The next open replaces a lost stream (not the first one, nor one retired on purpose).
     let mut replaces_lost = false;
     loop {
+        let token = match &cfg.token_provider {
+            Some(p) => p().unwrap_or_default(),
+            None => cfg.token.clone().unwrap_or_default(),
+        };
         let opened = tokio::select! {
             r = Session::open(&ctx.conn, &token, &cfg.worker_id) => r,
             _ = ctx.closing.cancelled() => return,
@@ -511,7 +527,7 @@ async fn supervise(ctx: Arc<Ctx>) {
                     }
                 }
             }
-            Err(e) if fatal_on_open(&e) => {
+            Err(e) if fatal_on_open(&e, cfg.token_provider.is_some()) => {
                 tracing::error!(error = %e, "the server refused the worker stream");
                 ctx.fail(e, true);
                 return;
@@ -968,11 +984,16 @@ mod tests {
 
     #[test]
     fn only_errors_no_retry_can_fix_end_the_run() {
-        assert!(fatal_on_open(&Error::from_reason("UNAUTHENTICATED", "", None)));
-        assert!(fatal_on_open(&Error::from_reason("UNIMPLEMENTED", "", None)));
-        assert!(!fatal_on_open(&Error::from_reason("UNAVAILABLE", "", None)));
-        assert!(!fatal_on_open(&Error::NotLeader { leader: None }));
-        assert!(!fatal_on_open(&Error::Transport { message: "refused".into(), source: None }));
+        assert!(fatal_on_open(&Error::from_reason("UNAUTHENTICATED", "", None), false));
+        assert!(fatal_on_open(&Error::from_reason("UNIMPLEMENTED", "", None), false));
+        assert!(fatal_on_open(&Error::from_reason("TOKEN_BAD_SIGNATURE", "", None), true));
+        assert!(fatal_on_open(&Error::from_reason("SCOPE_REQUIRED", "", None), true));
+        assert!(fatal_on_open(&Error::from_reason("TOKEN_EXPIRED", "", None), false));
+        assert!(!fatal_on_open(&Error::from_reason("TOKEN_EXPIRED", "", None), true), "a provider has a new token");
+        assert!(!fatal_on_open(&Error::from_reason("UNAVAILABLE", "", None), false));
+        assert!(!fatal_on_open(&Error::from_reason("TOO_MANY_STREAMS", "", None), false));
+        assert!(!fatal_on_open(&Error::NotLeader { leader: None }, false));
+        assert!(!fatal_on_open(&Error::Transport { message: "refused".into(), source: None }, false));
     }
 
     #[test]

@@ -249,7 +249,9 @@ fn load_dir(dir: &Path) -> Result<Vec<Key>, String> {
         let stem = name.strip_suffix(".pem").unwrap_or(name);
         match stem.rsplit_once('.').and_then(|(kid, alg)| parse_alg(alg).map(|a| (kid, a))) {
             Some((kid, alg)) if !kid.is_empty() => keys.push(load_key(kid, alg, &path)?),
-            _ => tracing::warn!(file = %path.display(), "not a key file (<kid>.<hs256|rs256|es256|eddsa>[.pem]); skipped"),
+            _ => {
+                tracing::warn!(file = %path.display(), "not a key file (<kid>.<hs256|rs256|es256|eddsa>[.pem]); skipped")
+            }
         }
     }
     Ok(keys)
@@ -257,15 +259,20 @@ fn load_dir(dir: &Path) -> Result<Vec<Key>, String> {
 
 /// Creates (once) and reads the secret of a node started with authentication on and no keys configured.
 pub fn local_secret(data_dir: &Path) -> std::io::Result<Vec<u8>> {
-    let path = data_dir.join(LOCAL_SECRET_FILE);
-    if let Ok(b) = std::fs::read(&path) {
+    ensure_secret(&data_dir.join(LOCAL_SECRET_FILE))
+}
+
+/// Reads the secret at `path`, creating a random one first when there is none. Creation is atomic and the
+/// first creator wins, so nodes sharing a volume may all start at once and agree.
+pub fn ensure_secret(path: &Path) -> std::io::Result<Vec<u8>> {
+    if let Ok(b) = std::fs::read(path) {
         return Ok(trim_secret(&b).to_vec());
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let secret: String = (0..4).map(|_| format!("{:016x}", rand::random::<u64>())).collect();
-    let tmp = path.with_extension("tmp");
+    let tmp = path.with_extension(format!("tmp{:08x}", rand::random::<u32>()));
     {
         use std::io::Write;
         let mut opts = std::fs::OpenOptions::new();
@@ -277,9 +284,17 @@ pub fn local_secret(data_dir: &Path) -> std::io::Result<Vec<u8>> {
         f.write_all(b"\n")?;
         f.sync_all()?;
     }
-    std::fs::rename(&tmp, &path)?;
-    tracing::info!(file = %path.display(), "created this node's token secret; mint tokens with `raftq token issue`");
-    Ok(secret.into_bytes())
+    // A hard link never replaces: whoever links first created the secret everyone reads.
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            tracing::info!(file = %path.display(), "created a token secret; mint tokens with `raftq token issue`")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    Ok(trim_secret(&std::fs::read(path)?).to_vec())
 }
 
 impl Authenticator {
@@ -298,6 +313,9 @@ impl Authenticator {
             keys.extend(load_dir(dir)?);
         }
         if let Some(path) = &cfg.auth_hs256_secret_file {
+            if cfg.auth_hs256_secret_create {
+                ensure_secret(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+            }
             keys.push(load_key("hs256", Algorithm::HS256, path)?);
         }
         if let Some(s) = &cfg.auth_hs256_secret {
@@ -373,7 +391,9 @@ impl Authenticator {
         Err(match e.kind() {
             ErrorKind::ExpiredSignature => unauthenticated("TOKEN_EXPIRED", "the token has expired"),
             ErrorKind::ImmatureSignature => unauthenticated("TOKEN_NOT_YET_VALID", "the token is not valid yet (nbf)"),
-            ErrorKind::InvalidIssuer => unauthenticated("TOKEN_WRONG_ISSUER", "the token's issuer (iss) is not accepted"),
+            ErrorKind::InvalidIssuer => {
+                unauthenticated("TOKEN_WRONG_ISSUER", "the token's issuer (iss) is not accepted")
+            }
             ErrorKind::InvalidAudience => {
                 unauthenticated("TOKEN_WRONG_AUDIENCE", "the token's audience (aud) is not accepted")
             }
@@ -397,7 +417,8 @@ fn caller_of(token: &str, c: Claims) -> Result<Caller, ApiError> {
         return Err(unauthenticated("TOKEN_INVALID", "the token's tenant must be 1 to 64 of [A-Za-z0-9._-]"));
     }
     let mut scopes = 0u8;
-    let named = c.scope.iter().flat_map(|s| s.split_whitespace().map(String::from)).chain(c.scopes.into_iter().flatten());
+    let named =
+        c.scope.iter().flat_map(|s| s.split_whitespace().map(String::from)).chain(c.scopes.into_iter().flatten());
     for s in named {
         // Unknown scopes are other services' business: ignored.
         if let Some(s) = Scope::parse(&s) {
@@ -425,8 +446,9 @@ pub struct TokenSpec<'a> {
     pub audience: Option<&'a str>,
 }
 
-/// Signs an HS256 token with `secret` under key id `kid`.
-pub fn issue(secret: &[u8], kid: &str, spec: &TokenSpec<'_>) -> Result<String, String> {
+/// Signs an HS256 token with `secret`, naming key id `kid` in its header when given (without one, the server
+/// tries each HS256 key it has).
+pub fn issue(secret: &[u8], kid: Option<&str>, spec: &TokenSpec<'_>) -> Result<String, String> {
     let now = jsonwebtoken::get_current_timestamp();
     let claims = Claims {
         sub: Some(spec.subject.to_string()),
@@ -441,14 +463,22 @@ pub fn issue(secret: &[u8], kid: &str, spec: &TokenSpec<'_>) -> Result<String, S
         ..Default::default()
     };
     let mut header = Header::new(Algorithm::HS256);
-    header.kid = Some(kid.to_string());
+    header.kid = kid.map(String::from);
     jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(secret)).map_err(|e| e.to_string())
 }
 
 /// A short-lived token with every scope for tenant `default`, minted from the local node's secret when this
 /// user can read it: the CLI's fallback when no token is given, so a local single node needs no set-up.
 pub fn local_cli_token(data_dir: &Path) -> Result<Option<String>, String> {
-    let path = data_dir.join(LOCAL_SECRET_FILE);
+    // The local node's own secret, or the secret file the environment gives a node (inside its container).
+    let local = data_dir.join(LOCAL_SECRET_FILE);
+    let (path, kid) = match std::fs::read(&local) {
+        Ok(_) => (local, Some(LOCAL_KID)),
+        Err(_) => match std::env::var_os("RAFTQ_AUTH_HS256_SECRET_FILE") {
+            Some(p) => (PathBuf::from(p), None),
+            None => return Ok(None),
+        },
+    };
     let Ok(bytes) = std::fs::read(&path) else { return Ok(None) };
     let spec = TokenSpec {
         subject: "raftq-cli",
@@ -459,7 +489,9 @@ pub fn local_cli_token(data_dir: &Path) -> Result<Option<String>, String> {
         issuer: None,
         audience: None,
     };
-    issue(trim_secret(&bytes), LOCAL_KID, &spec).map(Some).map_err(|e| format!("minting a token from {}: {e}", path.display()))
+    issue(trim_secret(&bytes), kid, &spec)
+        .map(Some)
+        .map_err(|e| format!("minting a token from {}: {e}", path.display()))
 }
 
 /// The credential a peer presents on the Raft port: a digest of the cluster secret (the secret itself never
@@ -490,7 +522,8 @@ pub fn cluster_secret(cfg: &Config) -> Result<Option<Vec<u8>>, String> {
         return Ok(None);
     }
     if let Some(p) = &cfg.auth_hs256_secret_file {
-        let b = std::fs::read(p).map_err(|e| format!("auth_hs256_secret_file {}: {e}", p.display()))?;
+        let b = if cfg.auth_hs256_secret_create { ensure_secret(p) } else { std::fs::read(p) };
+        let b = b.map_err(|e| format!("auth_hs256_secret_file {}: {e}", p.display()))?;
         return Ok(Some(trim_secret(&b).to_vec()));
     }
     if let Some(s) = &cfg.auth_hs256_secret {

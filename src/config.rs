@@ -75,6 +75,8 @@ pub struct Config {
     pub auth_keys_dir: Option<PathBuf>,
     /// A file holding an HS256 secret (at least 32 bytes); also the cluster secret unless one is set.
     pub auth_hs256_secret_file: Option<PathBuf>,
+    /// Create `auth_hs256_secret_file` with a random secret when it does not exist (nodes sharing a volume).
+    pub auth_hs256_secret_create: bool,
     /// The HS256 secret itself (prefer the file; env RAFTQ_AUTH_HS256_SECRET).
     pub auth_hs256_secret: Option<Secret>,
     /// Required `iss` of tokens, when set.
@@ -167,6 +169,7 @@ impl Default for Config {
             auth: AuthMode::Jwt,
             auth_keys_dir: None,
             auth_hs256_secret_file: None,
+            auth_hs256_secret_create: false,
             auth_hs256_secret: None,
             auth_issuer: None,
             auth_audience: None,

@@ -83,7 +83,8 @@ enum TokenCmd {
         /// The HS256 secret file (default: the local node's, under --data-dir).
         #[arg(long)]
         secret_file: Option<PathBuf>,
-        /// Key id to put in the token header (default: `local` for the local secret, else the file's `<kid>`).
+        /// Key id to put in the token header (default: `local` for the local secret, else none: the server then
+        /// tries each of its HS256 keys).
         #[arg(long)]
         kid: Option<String>,
         #[arg(long, env = "RAFTQ_DATA_DIR", default_value = "./raftq-data")]
@@ -183,6 +184,9 @@ struct ServeArgs {
     auth_issuer: Option<String>,
     #[arg(long, env = "RAFTQ_AUTH_AUDIENCE")]
     auth_audience: Option<String>,
+    /// Create the --auth-hs256-secret-file with a random secret when it does not exist.
+    #[arg(long, env = "RAFTQ_AUTH_HS256_SECRET_CREATE")]
+    auth_hs256_secret_create: bool,
     /// The secret peers prove on the Raft port.
     #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
@@ -417,6 +421,9 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     set(&mut cfg.auth_keys_dir, &a.auth_keys_dir);
     set(&mut cfg.auth_hs256_secret_file, &a.auth_hs256_secret_file);
     set(&mut cfg.cluster_secret_file, &a.cluster_secret_file);
+    if a.auth_hs256_secret_create {
+        cfg.auth_hs256_secret_create = true;
+    }
     if a.auth_issuer.is_some() {
         cfg.auth_issuer = a.auth_issuer.clone();
     }
@@ -499,9 +506,8 @@ fn bearer(c: &ClientArgs) -> Result<Bearer> {
 
 async fn channel_to(addr: &str, timeout: Option<Duration>) -> Result<Channel> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let mut ep = tonic::transport::Endpoint::from_shared(url.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
+    let mut ep =
+        tonic::transport::Endpoint::from_shared(url.clone())?.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true);
     if let Some(t) = timeout {
         ep = ep.timeout(t);
     }
@@ -517,19 +523,20 @@ fn token_cmd(cmd: TokenCmd) -> Result<()> {
     let TokenCmd::Issue { tenant, scopes, queues, subject, ttl, secret_file, kid, data_dir, issuer, audience } = cmd;
     let scopes = scopes
         .iter()
-        .map(|s| raftq::auth::Scope::parse(s.trim()).with_context(|| format!("unknown scope {s:?}: enqueue, work, read, admin")))
+        .map(|s| {
+            raftq::auth::Scope::parse(s.trim())
+                .with_context(|| format!("unknown scope {s:?}: enqueue, work, read, admin"))
+        })
         .collect::<Result<Vec<_>>>()?;
     let (path, default_kid) = match secret_file {
-        Some(p) => {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("hs256");
-            let stem = name.strip_suffix(".pem").unwrap_or(name);
-            let kid = stem.rsplit_once('.').map(|(k, _)| k.to_string()).unwrap_or_else(|| "hs256".into());
-            (p, kid)
-        }
-        None => (data_dir.join(raftq::auth::LOCAL_SECRET_FILE), raftq::auth::LOCAL_KID.to_string()),
+        Some(p) => (p, None),
+        None => (data_dir.join(raftq::auth::LOCAL_SECRET_FILE), Some(raftq::auth::LOCAL_KID.to_string())),
     };
     let bytes = std::fs::read(&path).with_context(|| {
-        format!("reading the secret {} (start the node once with authentication on, or pass --secret-file)", path.display())
+        format!(
+            "reading the secret {} (start the node once with authentication on, or pass --secret-file)",
+            path.display()
+        )
     })?;
     let spec = raftq::auth::TokenSpec {
         subject: &subject,
@@ -540,8 +547,9 @@ fn token_cmd(cmd: TokenCmd) -> Result<()> {
         issuer: issuer.as_deref(),
         audience: audience.as_deref(),
     };
-    let kid = kid.unwrap_or(default_kid);
-    println!("{}", raftq::auth::issue(raftq::auth::trim_secret(&bytes), &kid, &spec).map_err(|e| anyhow::anyhow!(e))?);
+    let kid = kid.or(default_kid);
+    let token = raftq::auth::issue(raftq::auth::trim_secret(&bytes), kid.as_deref(), &spec);
+    println!("{}", token.map_err(|e| anyhow::anyhow!(e))?);
     Ok(())
 }
 
@@ -675,7 +683,7 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
 }
 
 async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_request::Action) -> Result<()> {
-    let r = connect(&client)
+    let r = connect(client)
         .await?
         .ack(pb::AckRequest { task_id, token, action: Some(action) })
         .await

@@ -100,9 +100,8 @@ impl Node {
             .map_err(|e| StartError::Config(vec![e]))?
             .map(|s| crate::auth::cluster_credential(&s));
         let network = Network { node_id: cfg.node_id, credential: cluster_credential.as_deref().map(Arc::from) };
-        let raft = Raft::new(cfg.node_id, raft_cfg, network, log, sm)
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let raft =
+            Raft::new(cfg.node_id, raft_cfg, network, log, sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
 
         let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
         if cfg.bootstraps() && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
@@ -177,7 +176,8 @@ impl Node {
         let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::from_arc(task_api.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
-        let task_svc = tonic::service::interceptor::InterceptedService::new(task_svc, api::grpc::interceptor(auth.clone()));
+        let task_svc =
+            tonic::service::interceptor::InterceptedService::new(task_svc, api::grpc::interceptor(auth.clone()));
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),

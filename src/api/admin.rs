@@ -11,9 +11,9 @@ use raftq_proto::v1::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use super::error::{invalid, ApiError};
+use super::forward::{forwarded, Forwarder, Route};
 use super::grpc::caller_with;
 use crate::auth::Scope;
-use super::forward::{forwarded, Forwarder, Route};
 use crate::raft::types::{NodeInfo, Raft};
 use crate::storage::SmShared;
 

@@ -349,4 +349,90 @@ mod tests {
         assert_ne!(t1.id, t2.id);
         assert_eq!(t1.id.placement(), t2.id.placement());
     }
+
+    /// Fuzzing by property: arbitrary bytes decoded as the public requests, then validated, never panic; what
+    /// validation accepts is within every limit (so nothing malformed reaches the log); what it refuses has a
+    /// reason and a message. `PROPTEST_CASES` sets the number of cases (2,000 by default).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+        use prost::Message;
+
+        const NOW: TimeMs = 1_700_000_000_000;
+
+        fn cases() -> ProptestConfig {
+            let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+            ProptestConfig { cases, ..ProptestConfig::default() }
+        }
+
+        fn check_accepted(cfg: &Config, t: &NewTask) {
+            assert!(validate_queue(cfg, &t.queue).is_ok(), "{:?}", t.queue);
+            assert!(t.payload.len() <= cfg.max_payload_bytes);
+            assert!(t.priority <= 9);
+            assert!(t.visible_at <= NOW + cfg.max_delay_ms);
+            assert!((1..=cfg.max_attempts_limit).contains(&t.max_attempts));
+            assert!(t.idempotency_key.as_ref().is_none_or(|k| k.len() <= cfg.max_idempotency_key_len));
+        }
+
+        fn check_refused(e: &ApiError) {
+            assert!(!e.reason().is_empty());
+            assert!(!e.to_string().is_empty());
+        }
+
+        proptest! {
+            #![proptest_config(cases())]
+
+            #[test]
+            fn arbitrary_bytes_decode_and_validate_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let cfg = Config::default();
+                if let Ok(r) = pb::EnqueueRequest::decode(&bytes[..]) {
+                    match new_task(&cfg, "t", r, NOW) {
+                        Ok(t) => check_accepted(&cfg, &t),
+                        Err(e) => check_refused(&e),
+                    }
+                }
+                if let Ok(b) = pb::EnqueueBatchRequest::decode(&bytes[..]) {
+                    for r in b.items {
+                        if let Err(e) = new_task(&cfg, "t", r, NOW) {
+                            check_refused(&e);
+                        }
+                    }
+                }
+                if let Ok(a) = pb::AckRequest::decode(&bytes[..]) {
+                    let _ = parse_id(&a.task_id).map_err(|e| check_refused(&e));
+                    let _ = ack_action(&cfg, a.action).map_err(|e| check_refused(&e));
+                }
+                if let Ok(c) = pb::ClaimRequest::decode(&bytes[..]) {
+                    for q in &c.queues {
+                        let _ = validate_queue(&cfg, q);
+                    }
+                    let _ = lease_ms(&cfg, c.lease_ms);
+                }
+            }
+
+            #[test]
+            fn arbitrary_field_values_are_accepted_only_within_limits(
+                queue in ".{0,140}",
+                payload in proptest::collection::vec(any::<u8>(), 0..64),
+                priority in any::<u32>(),
+                delay_ms in prop_oneof![any::<u64>(), 0u64..100_000],
+                run_at_ms in prop_oneof![any::<i64>(), 0i64..(NOW as i64 + 100_000)],
+                max_attempts in prop_oneof![any::<u32>(), 0u32..5],
+                key in ".{0,300}",
+                webhook in prop_oneof![Just(String::new()), ".{0,40}", "https?://[a-z]{1,10}(:[0-9]{1,6})?/.{0,20}"],
+                traceparent in prop_oneof![Just(String::new()), ".{0,60}", "00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]"],
+            ) {
+                let cfg = Config::default();
+                let r = pb::EnqueueRequest {
+                    queue, payload: payload.into(), priority, delay_ms, run_at_ms, max_attempts,
+                    idempotency_key: key, webhook_url: webhook,
+                    trace: Some(pb::TraceContext { traceparent, tracestate: String::new() }),
+                };
+                match new_task(&cfg, "t", r, NOW) {
+                    Ok(t) => check_accepted(&cfg, &t),
+                    Err(e) => check_refused(&e),
+                }
+            }
+        }
+    }
 }

@@ -229,7 +229,10 @@ impl TaskApi {
     async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
+        let by_id = matches!(select, DlqSelector::Ids(_));
         match self.proposer.write(Command::Redrive { tenant, queue, select }).await.map_err(ApiError::from)? {
+            // Ids of which none is a dead letter of this tenant's queue (another tenant's task, say): not found.
+            SmResponse::Redriven(v) if by_id && v.is_empty() => Err(ApiError::NotFound.into()),
             SmResponse::Redriven(v) => Ok(Response::new(ids(v))),
             other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
         }
@@ -238,7 +241,9 @@ impl TaskApi {
     async fn purge_dead_letters_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
         let who = caller_with(&req, Scope::Admin)?;
         let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
+        let by_id = matches!(select, DlqSelector::Ids(_));
         match self.proposer.write(Command::PurgeDeadLetters { tenant, queue, select }).await.map_err(ApiError::from)? {
+            SmResponse::Purged(v) if by_id && v.is_empty() => Err(ApiError::NotFound.into()),
             SmResponse::Purged(v) => Ok(Response::new(ids(v))),
             other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
         }
@@ -263,8 +268,7 @@ impl TaskApi {
         }
         let lease = convert::lease_ms(cfg, lease_ms)?;
         let granted = self.limits.claim(&who.tenant, count as usize)?;
-        let claimed =
-            self.dispatcher.claim(&who.tenant, &worker_id, &queues, granted, lease, self.wait(wait_ms)).await;
+        let claimed = self.dispatcher.claim(&who.tenant, &worker_id, &queues, granted, lease, self.wait(wait_ms)).await;
         let tasks = claimed.map_err(|e| {
             self.limits.unclaimed(&who.tenant, granted);
             ApiError::from(e)

@@ -272,7 +272,8 @@ async fn get_result(
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> Res {
-    let t = r.tasks.get_result(request(&r, &headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })?).await?.into_inner();
+    let t =
+        r.tasks.get_result(request(&r, &headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })?).await?.into_inner();
     let (result, result_base64) = bytes_json(&t.result);
     ok(json!({
         "id": t.id, "state": state_name(t.state), "done": t.done, "result": result, "result_base64": result_base64,

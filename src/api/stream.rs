@@ -212,9 +212,11 @@ impl StreamApi {
                 }
             };
             match attempt {
-                Err(e @ (ApiError::InvalidArgument(_)
-                | ApiError::Unauthenticated { .. }
-                | ApiError::PermissionDenied { .. })) => return Err(e),
+                Err(
+                    e @ (ApiError::InvalidArgument(_)
+                    | ApiError::Unauthenticated { .. }
+                    | ApiError::PermissionDenied { .. }),
+                ) => return Err(e),
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(error = %e, "acks not applied yet, retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -323,10 +325,12 @@ impl StreamApi {
                 }
             };
             match attempt {
-                Err(e @ (ApiError::InvalidArgument(_)
-                | ApiError::Unauthenticated { .. }
-                | ApiError::PermissionDenied { .. }
-                | ApiError::ResourceExhausted { .. })) => return Some(Err(e)),
+                Err(
+                    e @ (ApiError::InvalidArgument(_)
+                    | ApiError::Unauthenticated { .. }
+                    | ApiError::PermissionDenied { .. }
+                    | ApiError::ResourceExhausted { .. }),
+                ) => return Some(Err(e)),
                 // Leadership moved or the leader went away: ask the next leader while the hold lasts. Tasks
                 // a lost answer had claimed come back when their leases expire.
                 Err(e) if tokio::time::Instant::now() + Duration::from_millis(50) < deadline => {
@@ -421,6 +425,11 @@ async fn serve_inbound<T: Send + 'static>(
         }
         // Reap finished requests so the set stays small on long-lived streams.
         while tasks.try_join_next().is_some() {}
+    }
+    if expired {
+        // An expired caller is served no more: requests in flight are dropped (a parked claim is withdrawn; a
+        // result in flight may or may not apply, and the worker sends it again on its next stream).
+        tasks.abort_all();
     }
     // Requests already received are still answered while the client listens.
     while tasks.join_next().await.is_some() {}
@@ -603,7 +612,11 @@ impl StreamApi {
         }
     }
 
-    async fn create_here(&self, caller: &Caller, items: Vec<pb::EnqueueRequest>) -> Result<Vec<pb::EnqueueResult>, ApiError> {
+    async fn create_here(
+        &self,
+        caller: &Caller,
+        items: Vec<pb::EnqueueRequest>,
+    ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
         let checked = super::grpc::new_tasks(&self.proposer.cfg, caller, items, wall_clock_ms());
         let valid = valid_items(&checked);
         self.limits.enqueue(&caller.tenant, valid.len())?;

@@ -165,7 +165,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let addr = node.grpc_addr.to_string();
-        if cfg.auth == raftq::config::AuthMode::Jwt && cfg.auth_keys_dir.is_none() && cfg.auth_hs256_secret_file.is_none()
+        if cfg.auth == raftq::config::AuthMode::Jwt
+            && cfg.auth_keys_dir.is_none()
+            && cfg.auth_hs256_secret_file.is_none()
         {
             let secret = raftq::auth::local_secret(&dir)?;
             let spec = raftq::auth::TokenSpec {
@@ -177,7 +179,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
                 issuer: cfg.auth_issuer.as_deref(),
                 audience: cfg.auth_audience.as_deref(),
             };
-            let t = raftq::auth::issue(&secret, raftq::auth::LOCAL_KID, &spec).map_err(|e| anyhow::anyhow!(e))?;
+            let t = raftq::auth::issue(&secret, Some(raftq::auth::LOCAL_KID), &spec).map_err(|e| anyhow::anyhow!(e))?;
             let _ = TOKEN.set(t);
         }
         embedded = Some((node, dir, a.data_dir.is_none()));
@@ -398,7 +400,10 @@ async fn unary_producer(
             };
         } else {
             pacer.wait(batch as u64).await;
-            match c.enqueue_batch(authorized(pb::EnqueueBatchRequest { items: (0..batch).map(|_| item()).collect() })).await {
+            match c
+                .enqueue_batch(authorized(pb::EnqueueBatchRequest { items: (0..batch).map(|_| item()).collect() }))
+                .await
+            {
                 Ok(r) => {
                     let ok = r
                         .get_ref()

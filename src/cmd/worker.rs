@@ -97,7 +97,8 @@ pub async fn run(a: WorkerArgs, shutdown: CancellationToken) -> Result<()> {
             Some(t) => Some(t.clone()),
             None => {
                 let dir = std::env::var_os("RAFTQ_DATA_DIR").map(std::path::PathBuf::from);
-                raftq::auth::local_cli_token(&dir.unwrap_or_else(|| "./raftq-data".into())).map_err(|e| anyhow::anyhow!(e))?
+                raftq::auth::local_cli_token(&dir.unwrap_or_else(|| "./raftq-data".into()))
+                    .map_err(|e| anyhow::anyhow!(e))?
             }
         },
         queues: a.queues.clone(),

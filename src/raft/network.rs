@@ -69,7 +69,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
-        PeerClient { from: self.node_id, credential: self.credential.clone(), target, client, addr: node.raft_addr.clone() }
+        PeerClient {
+            from: self.node_id,
+            credential: self.credential.clone(),
+            target,
+            client,
+            addr: node.raft_addr.clone(),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! `raftq serve` processes where a test is about processes dying.
 
 mod api;
+mod auth;
 mod cluster;
 mod crash;
 mod metrics;

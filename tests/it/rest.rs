@@ -9,10 +9,21 @@ use crate::support::*;
 
 /// One HTTP/1.1 exchange (Connection: close): status, headers (lower-case names), JSON body.
 async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Vec<(String, String)>, Value) {
+    http_with(addr, method, path, &[], body.map(|b| b.to_string()).unwrap_or_default()).await
+}
+
+/// The same with extra request headers and a raw body.
+pub async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: String,
+) -> (u16, Vec<(String, String)>, Value) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: raftq\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: raftq\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");
@@ -28,7 +39,11 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -
         .collect();
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
     let body = if chunked { dechunk(body) } else { body.to_string() };
-    let json = if body.is_empty() { Value::Null } else { serde_json::from_str(&body).expect("a JSON body") };
+    let json = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("not a JSON body ({e}): {body}"))
+    };
     (status, headers, json)
 }
 

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 bin=${RAFTQ_BIN:-target/release/raftq}
 data=cluster/data
 mkdir -p "$data"
+# The nodes' shared token secret: the CLI mints its tokens from it (see README).
+export RAFTQ_AUTH_HS256_SECRET_FILE=$data/secret.hs256
 
 start_node() {
   local i=$1

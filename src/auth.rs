@@ -470,14 +470,11 @@ pub fn issue(secret: &[u8], kid: Option<&str>, spec: &TokenSpec<'_>) -> Result<S
 /// A short-lived token with every scope for tenant `default`, minted from the local node's secret when this
 /// user can read it: the CLI's fallback when no token is given, so a local single node needs no set-up.
 pub fn local_cli_token(data_dir: &Path) -> Result<Option<String>, String> {
-    // The local node's own secret, or the secret file the environment gives a node (inside its container).
-    let local = data_dir.join(LOCAL_SECRET_FILE);
-    let (path, kid) = match std::fs::read(&local) {
-        Ok(_) => (local, Some(LOCAL_KID)),
-        Err(_) => match std::env::var_os("RAFTQ_AUTH_HS256_SECRET_FILE") {
-            Some(p) => (PathBuf::from(p), None),
-            None => return Ok(None),
-        },
+    // The secret file the environment names (as it names it to a node, e.g. inside its container), else the
+    // local node's own secret.
+    let (path, kid) = match std::env::var_os("RAFTQ_AUTH_HS256_SECRET_FILE") {
+        Some(p) => (PathBuf::from(p), None),
+        None => (data_dir.join(LOCAL_SECRET_FILE), Some(LOCAL_KID)),
     };
     let Ok(bytes) = std::fs::read(&path) else { return Ok(None) };
     let spec = TokenSpec {

@@ -97,6 +97,11 @@ pub struct Config {
     pub tenant_claim_burst: u64,
     /// Worker and producer streams one tenant may hold open on one node.
     pub tenant_max_streams: usize,
+    /// TLS on every port (gRPC, HTTP, Raft) with this certificate chain and key (PEM).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA peers are verified with; the Raft port then also demands a peer certificate it signed.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -181,6 +186,9 @@ impl Default for Config {
             tenant_claim_per_s: 0.0,
             tenant_claim_burst: 10_000,
             tenant_max_streams: 1_000,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - `auth`: JWT verification, scopes and queue patterns, the local secret, the Raft port's credential.
 //! - `config`: configuration defaults and validation.
 //! - `node`: wires the layers together and runs a node.
+//! - `tls`: optional rustls on every port, from PEM files.
 //! - `telemetry`: metric names and the Prometheus exposition.
 pub mod api;
 pub mod auth;
@@ -16,3 +17,4 @@ pub mod queue;
 pub mod raft;
 pub mod storage;
 pub mod telemetry;
+pub mod tls;

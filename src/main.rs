@@ -190,6 +190,15 @@ struct ServeArgs {
     /// The secret peers prove on the Raft port.
     #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
+    /// TLS on every port: certificate chain (PEM).
+    #[arg(long, env = "RAFTQ_TLS_CERT_FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, env = "RAFTQ_TLS_KEY_FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// CA that peers' certificates are verified with (mutual TLS on the Raft port).
+    #[arg(long, env = "RAFTQ_TLS_CA_FILE")]
+    tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -201,6 +210,9 @@ struct ClientArgs {
     /// read it (`<data dir>/auth/local.hs256`).
     #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
+    /// CA certificate (PEM) to verify a TLS server with; addresses without a scheme then use https.
+    #[arg(long, env = "RAFTQ_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
     /// Data directory of the local node, for the fallback token (default ./raftq-data).
     #[arg(long = "local-data-dir", env = "RAFTQ_DATA_DIR", default_value = "./raftq-data", global = true)]
     local_data_dir: PathBuf,
@@ -421,6 +433,9 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     set(&mut cfg.auth_keys_dir, &a.auth_keys_dir);
     set(&mut cfg.auth_hs256_secret_file, &a.auth_hs256_secret_file);
     set(&mut cfg.cluster_secret_file, &a.cluster_secret_file);
+    set(&mut cfg.tls_cert_file, &a.tls_cert_file);
+    set(&mut cfg.tls_key_file, &a.tls_key_file);
+    set(&mut cfg.tls_ca_file, &a.tls_ca_file);
     if a.auth_hs256_secret_create {
         cfg.auth_hs256_secret_create = true;
     }
@@ -504,10 +519,15 @@ fn bearer(c: &ClientArgs) -> Result<Bearer> {
     Ok(Bearer(v))
 }
 
-async fn channel_to(addr: &str, timeout: Option<Duration>) -> Result<Channel> {
-    let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+async fn channel_to(addr: &str, ca: Option<&PathBuf>, timeout: Option<Duration>) -> Result<Channel> {
+    let url = raftq::tls::url(addr, ca.is_some());
     let mut ep =
         tonic::transport::Endpoint::from_shared(url.clone())?.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true);
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        ep = ep.tls_config(tls)?;
+    }
     if let Some(t) = timeout {
         ep = ep.timeout(t);
     }
@@ -515,7 +535,7 @@ async fn channel_to(addr: &str, timeout: Option<Duration>) -> Result<Channel> {
 }
 
 async fn connect(c: &ClientArgs) -> Result<TaskServiceClient<Authed>> {
-    let ch = channel_to(&c.addr, None).await?;
+    let ch = channel_to(&c.addr, c.ca_file.as_ref(), None).await?;
     Ok(TaskServiceClient::with_interceptor(ch, bearer(c)?).max_decoding_message_size(64 * 1024 * 1024))
 }
 
@@ -773,18 +793,23 @@ fn print_ids(out: Output, what: &str, ids: &[String]) {
     }
 }
 
-async fn admin(addr: &str, bearer: &Bearer) -> Result<AdminClient<Authed>> {
-    let ch = channel_to(addr, Some(Duration::from_secs(30))).await?;
+async fn admin(addr: &str, ca: Option<&PathBuf>, bearer: &Bearer) -> Result<AdminClient<Authed>> {
+    let ch = channel_to(addr, ca, Some(Duration::from_secs(30))).await?;
     Ok(AdminClient::with_interceptor(ch, bearer.clone()))
 }
 
 /// The members the node at `c.addr` knows, each with an Admin client when it can be reached.
 async fn members(c: &ClientArgs) -> Result<Vec<(pb::Member, Option<AdminClient<Authed>>)>> {
     let b = bearer(c)?;
-    let me = admin(&c.addr, &b).await?.status(pb::NodeStatusRequest {}).await.map_err(status_err)?.into_inner();
+    let me = admin(&c.addr, c.ca_file.as_ref(), &b)
+        .await?
+        .status(pb::NodeStatusRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
     let mut out = Vec::new();
     for m in me.members {
-        let client = admin(&m.api_addr, &b).await.ok();
+        let client = admin(&m.api_addr, c.ca_file.as_ref(), &b).await.ok();
         out.push((m, client));
     }
     Ok(out)
@@ -843,7 +868,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             }
         }
         ClusterCmd::TransferLeader { to, timeout, client } => {
-            let r = admin(&client.addr, &bearer(&client)?)
+            let r = admin(&client.addr, client.ca_file.as_ref(), &bearer(&client)?)
                 .await?
                 .transfer_leader(pb::TransferLeaderRequest {
                     to: to.unwrap_or(0),
@@ -858,7 +883,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             }
         }
         ClusterCmd::AddNode { id, raft_addr, api_addr, learner, client } => {
-            let r = admin(&client.addr, &bearer(&client)?)
+            let r = admin(&client.addr, client.ca_file.as_ref(), &bearer(&client)?)
                 .await?
                 .add_node(pb::AddNodeRequest { node_id: id, raft_addr, api_addr, learner_only: learner })
                 .await
@@ -867,7 +892,7 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
             print_members(client.output, &r.members);
         }
         ClusterCmd::RemoveNode { id, client } => {
-            let r = admin(&client.addr, &bearer(&client)?)
+            let r = admin(&client.addr, client.ca_file.as_ref(), &bearer(&client)?)
                 .await?
                 .remove_node(pb::RemoveNodeRequest { node_id: id })
                 .await

@@ -99,7 +99,12 @@ impl Node {
         let cluster_credential = crate::auth::cluster_secret(&cfg)
             .map_err(|e| StartError::Config(vec![e]))?
             .map(|s| crate::auth::cluster_credential(&s));
-        let network = Network { node_id: cfg.node_id, credential: cluster_credential.as_deref().map(Arc::from) };
+        let tls = crate::tls::Tls::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?;
+        let network = Network {
+            node_id: cfg.node_id,
+            credential: cluster_credential.as_deref().map(Arc::from),
+            tls: tls.clone(),
+        };
         let raft =
             Raft::new(cfg.node_id, raft_cfg, network, log, sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
 
@@ -145,9 +150,16 @@ impl Node {
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let raft_svc = tonic::service::interceptor::InterceptedService::new(raft_svc, peer_check(cluster_credential));
+        let tls_err = |e: tonic::transport::Error| StartError::Config(vec![format!("tls: {e}")]);
+        let mut raft_server = tonic::transport::Server::builder();
+        let mut api_server = tonic::transport::Server::builder();
+        if let Some(t) = &tls {
+            raft_server = raft_server.tls_config(t.raft_server()).map_err(tls_err)?;
+            api_server = api_server.tls_config(t.public_server()).map_err(tls_err)?;
+        }
         let token = shutdown.clone();
         tasks.spawn(async move {
-            let r = tonic::transport::Server::builder()
+            let r = raft_server
                 .add_service(raft_svc)
                 .serve_with_incoming_shutdown(no_delay(listeners.raft), token.cancelled())
                 .await;
@@ -165,7 +177,7 @@ impl Node {
             &tasks,
             shutdown.clone(),
         );
-        let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id));
+        let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone()));
         let task_api = Arc::new(api::grpc::TaskApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -210,7 +222,7 @@ impl Node {
         tasks.spawn(health_loop(raft.clone(), health, shutdown.clone()));
         let token = shutdown.clone();
         tasks.spawn(async move {
-            let r = tonic::transport::Server::builder()
+            let r = api_server
                 .add_service(health_svc)
                 .add_service(reflection)
                 .add_service(task_svc)
@@ -227,12 +239,20 @@ impl Node {
         let rest = api::rest::Rest { tasks: task_api, admin: admin_api };
         let router = api::http::router(proposer.clone(), log_stats.clone(), rest);
         let token = shutdown.clone();
-        tasks.spawn(async move {
-            let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "http server failed");
+        match &tls {
+            Some(t) => {
+                let acceptor = t.http_acceptor().map_err(|e| StartError::Config(vec![e]))?;
+                tasks.spawn(crate::tls::serve_http(listeners.http, acceptor, router, token));
             }
-        });
+            None => {
+                tasks.spawn(async move {
+                    let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
+                    if let Err(e) = r {
+                        tracing::error!(error = %e, "http server failed");
+                    }
+                });
+            }
+        }
 
         tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 

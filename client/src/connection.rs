@@ -32,18 +32,17 @@ pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// server uses the same depth for its side).
 pub(crate) const STREAM_SEND_BUFFER: usize = 256;
 
-/// `host:port` or `http://host:port` as a URI tonic can dial; explains what is wrong otherwise.
-pub(crate) fn normalize_addr(addr: &str) -> std::result::Result<String, String> {
+/// `host:port`, `http://host:port` or `https://host:port` as a URI tonic can dial (a bare `host:port` is https
+/// when `tls`); explains what is wrong otherwise.
+pub(crate) fn normalize_addr(addr: &str, tls: bool) -> std::result::Result<String, String> {
     let a = addr.trim();
     if a.is_empty() {
         return Err("an address is empty".into());
     }
     let uri = match a.split_once("://") {
-        Some(("http", _)) => a.to_string(),
-        Some(("https", _)) => {
-            return Err(format!("address {a:?}: https is not supported by this build (no TLS); use http://"))
-        }
+        Some(("http", _)) | Some(("https", _)) => a.to_string(),
         Some((scheme, _)) => return Err(format!("address {a:?}: unknown scheme {scheme:?}")),
+        None if tls => format!("https://{a}"),
         None => format!("http://{a}"),
     };
     match Endpoint::from_shared(uri.clone()) {
@@ -52,15 +51,22 @@ pub(crate) fn normalize_addr(addr: &str) -> std::result::Result<String, String> 
     }
 }
 
-/// Checks an address list and a token; pushes one line per problem.
-pub(crate) fn validate_target(addrs: &[String], token: Option<&str>, errors: &mut Vec<String>) {
+/// Checks an address list, a token and a CA; pushes one line per problem.
+pub(crate) fn validate_target(addrs: &[String], token: Option<&str>, ca: Option<&[u8]>, errors: &mut Vec<String>) {
     if addrs.is_empty() {
         errors.push("addrs must list at least one server address".into());
     }
     for a in addrs {
-        if let Err(e) = normalize_addr(a) {
-            errors.push(e);
+        match normalize_addr(a, ca.is_some()) {
+            Err(e) => errors.push(e),
+            Ok(u) if u.starts_with("https://") && ca.is_none() => {
+                errors.push(format!("address {a:?} is https: give tls_ca_pem, the CA to verify the server with"))
+            }
+            Ok(_) => {}
         }
+    }
+    if ca.is_some_and(|c| !String::from_utf8_lossy(c).contains("-----BEGIN CERTIFICATE-----")) {
+        errors.push("tls_ca_pem must hold a PEM certificate".into());
     }
     if let Some(t) = token {
         if bearer(t).is_none() {
@@ -85,21 +91,29 @@ struct State {
 pub(crate) struct Connector {
     addrs: Vec<String>,
     auth: Option<AsciiMetadataValue>,
+    /// The CA servers are verified with, for https addresses.
+    tls_ca: Option<tonic::transport::Certificate>,
     connect_timeout: Duration,
     state: Mutex<State>,
 }
 
 impl Connector {
     /// `addrs` and `token` must have passed [`validate_target`].
-    pub(crate) fn new(addrs: &[String], token: Option<&str>, connect_timeout: Duration) -> Result<Connector> {
+    pub(crate) fn new(
+        addrs: &[String],
+        token: Option<&str>,
+        ca: Option<&[u8]>,
+        connect_timeout: Duration,
+    ) -> Result<Connector> {
         let mut errors = Vec::new();
-        validate_target(addrs, token, &mut errors);
+        validate_target(addrs, token, ca, &mut errors);
         if !errors.is_empty() {
             return Err(Error::Config(errors));
         }
         Ok(Connector {
-            addrs: addrs.iter().map(|a| normalize_addr(a).expect("validated above")).collect(),
+            addrs: addrs.iter().map(|a| normalize_addr(a, ca.is_some()).expect("validated above")).collect(),
             auth: token.and_then(bearer),
+            tls_ca: ca.map(tonic::transport::Certificate::from_pem),
             connect_timeout,
             state: Mutex::new(State { next: 0, leader: None, current: None }),
         })
@@ -163,7 +177,7 @@ impl Connector {
 
     /// `addr` is not the leader: forget its channel and try `leader` (when known) first next time.
     pub(crate) fn redirect(&self, addr: &str, leader: Option<&str>) {
-        let leader = leader.and_then(|l| match normalize_addr(l) {
+        let leader = leader.and_then(|l| match normalize_addr(l, self.tls_ca.is_some()) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(leader = %l, error = %e, "ignoring an unusable leader address");
@@ -183,8 +197,12 @@ impl Connector {
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel> {
-        let ep = Endpoint::from_shared(addr.to_string())
-            .map_err(Error::transport_error)?
+        let mut ep = Endpoint::from_shared(addr.to_string()).map_err(Error::transport_error)?;
+        if let (true, Some(ca)) = (addr.starts_with("https://"), &self.tls_ca) {
+            let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(ca.clone());
+            ep = ep.tls_config(tls).map_err(Error::transport_error)?;
+        }
+        let ep = ep
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
@@ -218,29 +236,31 @@ mod tests {
 
     #[test]
     fn bare_host_port_gets_http_scheme() {
-        assert_eq!(normalize_addr("127.0.0.1:9091").as_deref(), Ok("http://127.0.0.1:9091"));
-        assert_eq!(normalize_addr(" http://node-2:9091 ").as_deref(), Ok("http://node-2:9091"));
+        assert_eq!(normalize_addr("127.0.0.1:9091", false).as_deref(), Ok("http://127.0.0.1:9091"));
+        assert_eq!(normalize_addr("127.0.0.1:9091", true).as_deref(), Ok("https://127.0.0.1:9091"));
+        assert_eq!(normalize_addr(" http://node-2:9091 ", false).as_deref(), Ok("http://node-2:9091"));
     }
 
     #[test]
     fn https_and_garbage_are_rejected_with_the_address_named() {
-        assert!(normalize_addr("https://x:1").unwrap_err().contains("https"));
-        assert!(normalize_addr("ftp://x:1").unwrap_err().contains("ftp"));
-        assert!(normalize_addr("").is_err());
-        assert!(normalize_addr("a b:1").unwrap_err().contains("a b:1"));
+        assert_eq!(normalize_addr("https://x:1", false).as_deref(), Ok("https://x:1"));
+        assert!(normalize_addr("ftp://x:1", false).unwrap_err().contains("ftp"));
+        assert!(normalize_addr("", false).is_err());
+        assert!(normalize_addr("a b:1", false).unwrap_err().contains("a b:1"));
     }
 
     #[test]
     fn validate_target_reports_every_problem() {
         let mut errors = Vec::new();
-        validate_target(&[], Some("bad\ntoken"), &mut errors);
+        validate_target(&[], Some("bad\ntoken"), None, &mut errors);
         assert_eq!(errors.len(), 2, "{errors:?}");
     }
 
     #[tokio::test]
     async fn redirect_tries_the_named_leader_first_and_then_the_list() {
-        let c = Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], Some("t"), Duration::from_millis(200))
-            .expect("valid");
+        let c =
+            Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], Some("t"), None, Duration::from_millis(200))
+                .expect("valid");
         c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
         assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:3"));
         // Nothing listens on these ports: every candidate is tried, the hint is used once.
@@ -253,7 +273,7 @@ mod tests {
 
     #[test]
     fn redirect_without_leader_moves_to_the_next_address() {
-        let c = Connector::new(&["a:1".into(), "b:1".into()], None, Duration::from_secs(1)).expect("valid");
+        let c = Connector::new(&["a:1".into(), "b:1".into()], None, None, Duration::from_secs(1)).expect("valid");
         c.redirect("http://a:1", None);
         assert_eq!(c.state.lock().unwrap().next, 1);
         assert!(c.state.lock().unwrap().leader.is_none());

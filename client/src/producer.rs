@@ -29,6 +29,8 @@ pub struct ProducerConfig {
     pub addrs: Vec<String>,
     /// Bearer token sent with every request.
     pub token: Option<String>,
+    /// The CA (PEM) servers are verified with; addresses without a scheme then use https.
+    pub tls_ca_pem: Option<Vec<u8>>,
     /// Longest wait for a connection to one address.
     pub connect_timeout: Duration,
     /// Longest wait for the answer to one request (a result wait is added on top).
@@ -48,6 +50,7 @@ impl Default for ProducerConfig {
         ProducerConfig {
             addrs: vec![DEFAULT_ADDR.into()],
             token: None,
+            tls_ca_pem: None,
             connect_timeout: Duration::from_secs(5),
             // Long enough for a write that waits out a leader election (the server reports UNKNOWN_OUTCOME
             // after its own write timeout, 10 s by default).
@@ -81,7 +84,7 @@ impl ProducerConfig {
     /// Every violated rule, one line each.
     pub fn validate(&self) -> Result<()> {
         let mut e = Vec::new();
-        validate_target(&self.addrs, self.token.as_deref(), &mut e);
+        validate_target(&self.addrs, self.token.as_deref(), self.tls_ca_pem.as_deref(), &mut e);
         if self.connect_timeout.is_zero() {
             e.push("connect_timeout must be > 0".into());
         }
@@ -158,7 +161,7 @@ impl Producer {
     /// Checks the configuration and connects to the first reachable address.
     pub async fn connect(cfg: ProducerConfig) -> Result<Producer> {
         cfg.validate()?;
-        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.connect_timeout)?;
+        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?;
         conn.channel().await?;
         Ok(Producer { inner: Arc::new(ProducerInner { cfg, conn }) })
     }

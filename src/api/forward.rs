@@ -32,6 +32,7 @@ pub enum Route {
 pub struct Forwarder {
     raft: Raft,
     node_id: NodeId,
+    tls: Option<std::sync::Arc<crate::tls::Tls>>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -51,8 +52,8 @@ pub fn forwarded<T>(req: Request<T>) -> Request<T> {
 }
 
 impl Forwarder {
-    pub fn new(raft: Raft, node_id: NodeId) -> Forwarder {
-        Forwarder { raft, node_id, channels: Mutex::new(HashMap::new()) }
+    pub fn new(raft: Raft, node_id: NodeId, tls: Option<std::sync::Arc<crate::tls::Tls>>) -> Forwarder {
+        Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()) }
     }
 
     /// Where a client request goes.
@@ -115,9 +116,12 @@ impl Forwarder {
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let ch = Endpoint::from_shared(url)
-            .map_err(|e| ApiError::Internal(format!("bad leader address {addr}: {e}")))?
+        let bad = |e: tonic::transport::Error| ApiError::Internal(format!("bad leader address {addr}: {e}"));
+        let mut ep = Endpoint::from_shared(crate::tls::url(addr, self.tls.is_some())).map_err(bad)?;
+        if let Some(t) = &self.tls {
+            ep = ep.tls_config(t.client()).map_err(bad)?;
+        }
+        let ch = ep
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

@@ -24,6 +24,9 @@ pub struct WorkerArgs {
     pub addrs: Vec<String>,
     #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) to verify TLS servers with.
+    #[arg(long, env = "RAFTQ_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Commands running at once.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
@@ -92,6 +95,7 @@ pub async fn run(a: WorkerArgs, shutdown: CancellationToken) -> Result<()> {
     }
     let mut cfg = WorkerConfig {
         addrs: a.addrs.clone(),
+        tls_ca_pem: a.ca_file.as_ref().map(std::fs::read).transpose()?,
         // Without a token: one minted from the local node's secret, when readable (as the other commands do).
         token: match &a.token {
             Some(t) => Some(t.clone()),

@@ -34,6 +34,8 @@ pub struct Network {
     pub node_id: NodeId,
     /// The cluster credential every call to a peer carries (see `auth::cluster_credential`).
     pub credential: Option<Arc<str>>,
+    /// TLS to peers, when the node speaks it.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 pub struct PeerClient {
@@ -46,14 +48,12 @@ pub struct PeerClient {
 
 /// Peers connect quickly or not at all: a stopped container's address does not refuse connections, and a leader
 /// waiting seconds on it would let a restarting node's election timer fire first.
-fn channel(addr: &str) -> Result<Channel, String> {
-    let url = if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    Ok(Endpoint::from_shared(url)
-        .map_err(|e| e.to_string())?
+fn channel(addr: &str, tls: Option<&crate::tls::Tls>) -> Result<Channel, String> {
+    let mut ep = Endpoint::from_shared(crate::tls::url(addr, tls.is_some())).map_err(|e| e.to_string())?;
+    if let Some(t) = tls {
+        ep = ep.tls_config(t.client()).map_err(|e| e.to_string())?;
+    }
+    Ok(ep
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -64,7 +64,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
-        let client = channel(&node.raft_addr).ok().map(|c| {
+        let client = channel(&node.raft_addr, self.tls.as_deref()).ok().map(|c| {
             RaftServiceClient::new(c)
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)

@@ -474,8 +474,18 @@ async fn a_worker_on_a_follower_is_served_by_the_new_leader_while_the_old_one_is
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let mut client = c.node(new).client().await;
+    // Through the node that was seen leading (it forwards if an election moved the leadership again meanwhile).
     for i in 0..10 {
-        client.enqueue(enq("moved", &format!("{i}"))).await.expect("the new leader serves");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.enqueue(enq("moved", &format!("{i}"))).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline && ["NOT_LEADER", "UNAVAILABLE"].contains(&reason(&e).as_str()) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("the new leader serves: {e:?}"),
+            }
+        }
     }
     // The follower asks the new leader again instead of waiting for the paused one to come back.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -81,6 +81,8 @@ pub struct WorkerConfig {
     /// tokens: the server closes a stream when its token expires (`TOKEN_EXPIRED`) and the worker reopens it
     /// with the provider's next token. Takes precedence over `token`.
     pub token_provider: Option<TokenProvider>,
+    /// The CA (PEM) servers are verified with; addresses without a scheme then use https.
+    pub tls_ca_pem: Option<Vec<u8>>,
     /// This worker's name in leases; 1-256 characters.
     pub worker_id: String,
     /// Queues to take tasks from (1 to 64).
@@ -112,6 +114,7 @@ impl Default for WorkerConfig {
             addrs: vec![DEFAULT_ADDR.into()],
             token: None,
             token_provider: None,
+            tls_ca_pem: None,
             worker_id: format!("worker-{}-{:08x}", std::process::id(), rand::random::<u32>()),
             queues: Vec::new(),
             concurrency: 1,
@@ -157,7 +160,7 @@ impl WorkerConfig {
     /// Every violated rule, one line each.
     pub fn validate(&self) -> Result<()> {
         let mut e = Vec::new();
-        validate_target(&self.addrs, self.token.as_deref(), &mut e);
+        validate_target(&self.addrs, self.token.as_deref(), self.tls_ca_pem.as_deref(), &mut e);
         if self.worker_id.is_empty() || self.worker_id.len() > 256 {
             e.push("worker_id must be 1 to 256 characters".into());
         }
@@ -241,7 +244,7 @@ impl Worker {
     /// Checks the configuration; connects only when run.
     pub fn new(cfg: WorkerConfig) -> Result<Worker> {
         cfg.validate()?;
-        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.connect_timeout)?;
+        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?;
         let (rejections, _) = broadcast::channel(REJECTIONS_CAPACITY);
         Ok(Worker {
             cfg: Arc::new(cfg),

@@ -91,6 +91,8 @@ struct State {
 pub(crate) struct Connector {
     addrs: Vec<String>,
     auth: Option<AsciiMetadataValue>,
+    /// Asked for the token of each request when set (instead of `auth`).
+    provider: Option<crate::TokenProvider>,
     /// The CA servers are verified with, for https addresses.
     tls_ca: Option<tonic::transport::Certificate>,
     connect_timeout: Duration,
@@ -113,18 +115,37 @@ impl Connector {
         Ok(Connector {
             addrs: addrs.iter().map(|a| normalize_addr(a, ca.is_some()).expect("validated above")).collect(),
             auth: token.and_then(bearer),
+            provider: None,
             tls_ca: ca.map(tonic::transport::Certificate::from_pem),
             connect_timeout,
             state: Mutex::new(State { next: 0, leader: None, current: None }),
         })
     }
 
+    /// Takes each request's token from `provider` from now on.
+    pub(crate) fn with_provider(mut self, provider: Option<crate::TokenProvider>) -> Connector {
+        self.provider = provider;
+        self
+    }
+
+    /// The token requests carry now: the provider's, else the configured one.
+    pub(crate) fn token(&self, configured: Option<&str>) -> String {
+        match &self.provider {
+            Some(p) => p().unwrap_or_default(),
+            None => configured.unwrap_or_default().to_string(),
+        }
+    }
+
     /// A request carrying the bearer token (if one is configured) and asking for redirects.
     pub(crate) fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         r.metadata_mut().insert(REDIRECT_HEADER, AsciiMetadataValue::from_static("1"));
-        if let Some(a) = &self.auth {
-            r.metadata_mut().insert("authorization", a.clone());
+        let auth = match &self.provider {
+            Some(p) => p().as_deref().and_then(bearer),
+            None => self.auth.clone(),
+        };
+        if let Some(a) = auth {
+            r.metadata_mut().insert("authorization", a);
         }
         r
     }

@@ -29,6 +29,9 @@ pub struct ProducerConfig {
     pub addrs: Vec<String>,
     /// Bearer token sent with every request.
     pub token: Option<String>,
+    /// Asked for the token of every request (and of each producer stream's Hello), so a long-lived producer
+    /// outlives its tokens. Takes precedence over `token`.
+    pub token_provider: Option<crate::TokenProvider>,
     /// The CA (PEM) servers are verified with; addresses without a scheme then use https.
     pub tls_ca_pem: Option<Vec<u8>>,
     /// Longest wait for a connection to one address.
@@ -50,6 +53,7 @@ impl Default for ProducerConfig {
         ProducerConfig {
             addrs: vec![DEFAULT_ADDR.into()],
             token: None,
+            token_provider: None,
             tls_ca_pem: None,
             connect_timeout: Duration::from_secs(5),
             // Long enough for a write that waits out a leader election (the server reports UNKNOWN_OUTCOME
@@ -161,7 +165,8 @@ impl Producer {
     /// Checks the configuration and connects to the first reachable address.
     pub async fn connect(cfg: ProducerConfig) -> Result<Producer> {
         cfg.validate()?;
-        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?;
+        let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?
+            .with_provider(cfg.token_provider.clone());
         conn.channel().await?;
         Ok(Producer { inner: Arc::new(ProducerInner { cfg, conn }) })
     }

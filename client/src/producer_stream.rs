@@ -273,7 +273,8 @@ impl Session {
         let conn = &producer.inner.conn;
         let (addr, ch) = conn.channel().await?;
         let (tx, rx) = mpsc::channel(STREAM_SEND_BUFFER);
-        let hello = pb::Hello { token: producer.inner.cfg.token.clone().unwrap_or_default(), worker_id: String::new() };
+        let token = conn.token(producer.inner.cfg.token.as_deref());
+        let hello = pb::Hello { token, worker_id: String::new() };
         tx.try_send(pb::ProducerEvent { event: Some(pb::producer_event::Event::Hello(hello)) })
             .expect("a new channel has room for the Hello");
         let closed = CancellationToken::new();

@@ -567,6 +567,27 @@ async fn a_stream_is_closed_when_its_token_expires_and_the_sdk_reopens_it_with_a
     assert!(minted.load(Ordering::SeqCst) >= 3, "a new token per stream: {}", minted.load(Ordering::SeqCst));
     assert!(summary.reconnects >= 2, "{summary:?}");
     assert_eq!(done.load(Ordering::SeqCst), 9);
+
+    // A producer with a provider outlives its tokens too; one with a fixed short token does not.
+    let fixed = short(1);
+    let provided = raftq_client::Producer::connect(raftq_client::ProducerConfig {
+        addrs: vec![format!("http://{}", n.node().grpc_addr)],
+        token_provider: Some(Arc::new(move || Some(short(1)))),
+        ..Default::default()
+    })
+    .await
+    .expect("producer");
+    let stuck = raftq_client::Producer::connect(raftq_client::ProducerConfig {
+        addrs: vec![format!("http://{}", n.node().grpc_addr)],
+        token: Some(fixed),
+        ..Default::default()
+    })
+    .await
+    .expect("producer");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    provided.enqueue(raftq_client::NewTask::new("expiring", "later")).await.expect("a fresh token per request");
+    let e = stuck.enqueue(raftq_client::NewTask::new("expiring", "later")).await.expect_err("expired");
+    assert_eq!(e.reason(), Some("TOKEN_EXPIRED"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

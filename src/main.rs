@@ -125,10 +125,13 @@ enum ClusterCmd {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Remove a node from the cluster.
+    /// Remove a node from the cluster (refused while too few other voters answer, unless --force).
     RemoveNode {
         #[arg(long)]
         id: u64,
+        /// Remove it even if the change may not commit (the cluster may stop until missing voters return).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -891,10 +894,10 @@ async fn cluster_cmd(cmd: ClusterCmd) -> Result<()> {
                 .into_inner();
             print_members(client.output, &r.members);
         }
-        ClusterCmd::RemoveNode { id, client } => {
+        ClusterCmd::RemoveNode { id, force, client } => {
             let r = admin(&client.addr, client.ca_file.as_ref(), &bearer(&client)?)
                 .await?
-                .remove_node(pb::RemoveNodeRequest { node_id: id })
+                .remove_node(pb::RemoveNodeRequest { node_id: id, force })
                 .await
                 .map_err(status_err)?
                 .into_inner();

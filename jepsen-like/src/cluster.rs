@@ -532,7 +532,7 @@ impl Cluster {
     /// Removes `id` from the membership (through any running member); its process is stopped by the caller.
     pub async fn remove_member(&mut self, via: u64, id: u64) -> Result<(), String> {
         let mut a = self.admin(via);
-        let call = a.remove_node(pb::RemoveNodeRequest { node_id: id });
+        let call = a.remove_node(pb::RemoveNodeRequest { node_id: id, force: false });
         match tokio::time::timeout(Duration::from_secs(20), call).await {
             Ok(Ok(_)) => {
                 self.node_mut(id).state = NodeState::Removed;

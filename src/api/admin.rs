@@ -73,6 +73,35 @@ impl AdminApi {
         })
     }
 
+    /// Removing a voter goes through a joint configuration that needs a majority of the old voters and of the
+    /// new ones: with another voter down it may never commit, and the cluster would stop. Refused unless enough
+    /// voters have answered the leader lately (twice the longest election timeout).
+    fn check_removal_commits(
+        &self,
+        m: &openraft::RaftMetrics<crate::raft::types::TypeConfig>,
+        voters: &BTreeSet<u64>,
+        id: u64,
+    ) -> Result<(), ApiError> {
+        use openraft::Instant as _;
+        let recent = Duration::from_millis(self.raft.config().election_timeout_max * 2);
+        let heard = m.heartbeat.clone().unwrap_or_default();
+        let live =
+            |n: &u64| *n == self.node_id || heard.get(n).and_then(|t| t.as_ref()).is_some_and(|t| t.elapsed() < recent);
+        let new: BTreeSet<u64> = voters.iter().copied().filter(|v| *v != id).collect();
+        let (old_live, new_live) = (voters.iter().filter(|v| live(v)).count(), new.iter().filter(|v| live(v)).count());
+        if old_live * 2 > voters.len() && new_live * 2 > new.len() {
+            return Ok(());
+        }
+        let down: Vec<String> = voters.iter().filter(|v| !live(v)).map(|v| v.to_string()).collect();
+        Err(ApiError::Precondition {
+            reason: "MEMBERSHIP_UNSAFE",
+            message: format!(
+                "removing node {id} needs a majority of the remaining voters to answer, and node(s) {} do not:                  bring them back or remove them first (or force it)",
+                down.join(", ")
+            ),
+        })
+    }
+
     fn membership_response(&self) -> pb::MembershipResponse {
         let m = crate::raft::metrics(&self.raft);
         pb::MembershipResponse { members: members(&m.membership_config) }
@@ -178,7 +207,7 @@ impl Admin for AdminApi {
         if let Some(mut c) = self.leader(&req).await? {
             return c.remove_node(forwarded(req)).await;
         }
-        let id = req.into_inner().node_id;
+        let pb::RemoveNodeRequest { node_id: id, force } = req.into_inner();
         let m = crate::raft::metrics(&self.raft);
         let mem = m.membership_config.membership();
         if mem.get_node(&id).is_none() {
@@ -188,6 +217,9 @@ impl Admin for AdminApi {
         if voters.contains(&id) {
             if voters.len() == 1 {
                 return Err(invalid("cannot remove the last voter").into());
+            }
+            if !force {
+                self.check_removal_commits(&m, &voters, id)?;
             }
             self.raft
                 .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)

@@ -32,6 +32,9 @@ pub enum ApiError {
     /// Valid credentials that do not allow this: a missing scope or a queue outside the token's patterns.
     #[error("{message}")]
     PermissionDenied { reason: &'static str, message: String },
+    /// The request cannot be served in the cluster's present state (a membership change that could not commit).
+    #[error("{message}")]
+    Precondition { reason: &'static str, message: String },
     /// A limit was reached: nothing was applied; try again after `retry_after_ms`.
     #[error("{message}")]
     ResourceExhausted { reason: &'static str, message: String, retry_after_ms: u64 },
@@ -65,6 +68,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "UNAVAILABLE",
             ApiError::Internal(_) => "INTERNAL",
             ApiError::Unauthenticated { reason, .. }
+            | ApiError::Precondition { reason, .. }
             | ApiError::PermissionDenied { reason, .. }
             | ApiError::ResourceExhausted { reason, .. } => reason,
         }
@@ -83,6 +87,7 @@ impl ApiError {
             ApiError::Unknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
             ApiError::Unauthenticated { .. } => Code::Unauthenticated,
+            ApiError::Precondition { .. } => Code::FailedPrecondition,
             ApiError::PermissionDenied { .. } => Code::PermissionDenied,
             ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
         }

@@ -240,7 +240,7 @@ async fn run_op(
         "transfer_leader" => {
             a.transfer_leader(with(pb::TransferLeaderRequest { to: 9, timeout_ms: 100 }, tok)).await.map(drop)
         }
-        "remove_node" => a.remove_node(with(pb::RemoveNodeRequest { node_id: 9 }, tok)).await.map(drop),
+        "remove_node" => a.remove_node(with(pb::RemoveNodeRequest { node_id: 9, force: false }, tok)).await.map(drop),
         "worker_stream" => {
             let (tx, rx) = mpsc::channel(2);
             let hello = pb::Hello { token: tok.into(), worker_id: "w".into() };

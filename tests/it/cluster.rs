@@ -387,8 +387,25 @@ async fn restarted_node_catches_up_by_snapshot_and_an_added_node_serves() {
     c4.get_task(stale).await.expect("the new node holds the data");
     c4.enqueue(enq("snap", "via-4")).await.expect("the new node serves writes (forwarded)");
 
-    let r = admin.remove_node(pb::RemoveNodeRequest { node_id: 4 }).await.expect("remove").into_inner();
+    let r = admin.remove_node(pb::RemoveNodeRequest { node_id: 4, force: false }).await.expect("remove").into_inner();
     assert!(r.members.iter().all(|m| m.node_id != 4), "{r:?}");
+    c.node(4).kill9();
+
+    // With a voter down, removing another live voter could leave the change uncommitted and stop the cluster:
+    // refused. Removing the dead one is safe and done, and the cluster serves on.
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let followers: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != leader).collect();
+    let (dead, alive) = (followers[0], followers[1]);
+    c.node(dead).kill9();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut admin = c.node(leader).admin().await.expect("admin");
+    let e = admin.remove_node(pb::RemoveNodeRequest { node_id: alive, force: false }).await.expect_err("unsafe");
+    assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::FailedPrecondition, "MEMBERSHIP_UNSAFE"), "{e:?}");
+    let r = admin.remove_node(pb::RemoveNodeRequest { node_id: dead, force: false }).await.expect("remove the dead");
+    let voters: BTreeSet<u64> = r.into_inner().members.iter().filter(|m| m.voter).map(|m| m.node_id).collect();
+    assert_eq!(voters, BTreeSet::from([leader, alive]));
+    let mut cl = c.node(leader).client().await;
+    cl.enqueue(enq("snap", "after-removal")).await.expect("two voters serve");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,6 +68,42 @@ pub struct Config {
     pub stream_send_buffer: usize,
     /// Requests of one stream being served at once; more wait (backpressure on the client's sends).
     pub stream_max_in_flight: usize,
+
+    /// HMAC-SHA256 key for the `x-raftq-signature` header of webhook deliveries (or `RAFTQ_WEBHOOK_SECRET`).
+    /// Without a secret (here or in `webhook_secret_file`) deliveries are sent unsigned.
+    pub webhook_secret: Option<Secret>,
+    /// A file holding the webhook secret (trailing whitespace ignored); read at start.
+    pub webhook_secret_file: Option<PathBuf>,
+    /// Delivery attempts per webhook before it is given up.
+    pub webhook_max_attempts: u32,
+    /// Backoff between attempts: `webhook_retry_base_ms * 2^(tries-1)`, capped at `webhook_retry_max_ms`.
+    pub webhook_retry_base_ms: u64,
+    pub webhook_retry_max_ms: u64,
+    /// Longest one delivery attempt may take (connect, send, answer).
+    pub webhook_timeout_ms: u64,
+    /// Deliveries the leader has in flight at once.
+    pub webhook_concurrency: usize,
+    /// `text` (human-readable) or `json` (one object per line) logs of `raftq serve`.
+    pub log_format: LogFormat,
+}
+
+/// A secret from the config file or the environment: never printed (the effective config is logged).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for Config {
@@ -112,6 +148,18 @@ impl Default for Config {
             ready_hold_ms: 30_000,
             stream_send_buffer: 256,
             stream_max_in_flight: 1024,
+            webhook_secret: None,
+            webhook_secret_file: None,
+            // About 4.5 hours of retries with the backoff below (1 s doubling to 30 min): a receiver that is down
+            // for a deploy or an incident still gets its events.
+            webhook_max_attempts: 15,
+            webhook_retry_base_ms: 1_000,
+            webhook_retry_max_ms: 30 * 60 * 1000,
+            // Receivers should answer quickly and queue their own work; a slow one only costs a sender slot.
+            webhook_timeout_ms: 10_000,
+            // Enough parallel deliveries for a busy queue; each is one HTTP request.
+            webhook_concurrency: 16,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -195,6 +243,18 @@ impl Config {
         );
         check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
         check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
+        check(
+            self.webhook_secret.is_none() || self.webhook_secret_file.is_none(),
+            "give webhook_secret or webhook_secret_file, not both",
+        );
+        check(self.webhook_max_attempts >= 1, "webhook_max_attempts must be >= 1");
+        check(self.webhook_retry_base_ms >= 1, "webhook_retry_base_ms must be >= 1");
+        check(
+            self.webhook_retry_base_ms <= self.webhook_retry_max_ms,
+            "webhook_retry_base_ms must be <= webhook_retry_max_ms",
+        );
+        check(self.webhook_timeout_ms >= 1, "webhook_timeout_ms must be >= 1");
+        check(self.webhook_concurrency >= 1, "webhook_concurrency must be >= 1");
         if e.is_empty() {
             Ok(())
         } else {
@@ -204,6 +264,19 @@ impl Config {
 
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy { base_ms: self.retry_base_ms, max_ms: self.retry_max_ms, exponential: self.retry_exponential }
+    }
+
+    /// The webhook signing key: `webhook_secret`, or the contents of `webhook_secret_file`.
+    pub fn webhook_key(&self) -> std::io::Result<Option<Vec<u8>>> {
+        match (&self.webhook_secret, &self.webhook_secret_file) {
+            (Some(s), _) => Ok(Some(s.0.as_bytes().to_vec())),
+            (None, Some(p)) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("webhook_secret_file {}: {e}", p.display())))?;
+                Ok(Some(text.trim_end().as_bytes().to_vec()))
+            }
+            (None, None) => Ok(None),
+        }
     }
 
     pub fn public_raft_addr(&self) -> String {
@@ -266,6 +339,16 @@ mod tests {
         assert!(Config::default().bootstraps(), "a lone node initialises itself");
         assert!("x=a,b".parse::<Peer>().is_err());
         assert!("1=a".parse::<Peer>().is_err());
+    }
+
+    #[test]
+    fn secrets_never_show_in_the_logged_config() {
+        let c: Config = toml::from_str("webhook_secret = \"hunter2\"\nlog_format = \"json\"").expect("parse");
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.webhook_key().expect("key"), Some(b"hunter2".to_vec()));
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let both = Config { webhook_secret_file: Some("/x".into()), ..c };
+        assert_eq!(both.validate().expect_err("both").len(), 1);
     }
 
     #[test]

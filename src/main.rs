@@ -345,6 +345,11 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     if let Some(v) = &a.advertise_grpc_addr {
         cfg.advertise_grpc_addr = Some(v.clone());
     }
+    // A secret comes from the environment or a file, never a flag.
+    if let Ok(v) = std::env::var("RAFTQ_WEBHOOK_SECRET") {
+        cfg.webhook_secret = Some(raftq::config::Secret(v));
+        cfg.webhook_secret_file = None;
+    }
     if let Err(errs) = cfg.validate() {
         bail!("invalid configuration:\n  {}", errs.join("\n  "));
     }

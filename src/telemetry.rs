@@ -16,6 +16,8 @@ pub const FSYNC_SECONDS: &str = "raftq_log_fsync_seconds";
 pub const FSYNCS_TOTAL: &str = "raftq_log_fsyncs_total";
 pub const SYNCED_ENTRIES_TOTAL: &str = "raftq_log_synced_entries_total";
 pub const STREAM_SESSIONS: &str = "raftq_stream_sessions";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "raftq_webhook_deliveries_total";
+pub const WEBHOOKS_PENDING: &str = "raftq_webhooks_pending";
 
 /// How many queues get depth series: the busiest, so label cardinality stays bounded.
 pub const MAX_QUEUE_SERIES: usize = 20;
@@ -43,6 +45,17 @@ const EVENTS: [(TaskEvent, &str); 8] = [
     (TaskEvent::DeadLettered, "dead_lettered"),
     (TaskEvent::LeaseExpired, "lease_expired"),
 ];
+
+/// Outcomes of webhook delivery attempts, counted by the leader that made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookEvent {
+    Delivered,
+    Retry,
+    GaveUp,
+}
+
+const WEBHOOK_EVENTS: [(WebhookEvent, &str); 3] =
+    [(WebhookEvent::Delivered, "delivered"), (WebhookEvent::Retry, "retry"), (WebhookEvent::GaveUp, "gave_up")];
 
 /// Bucket bounds in seconds: 1 ms to ~1 h, roughly x2.5 apart.
 const BUCKETS: [f64; 16] =
@@ -88,12 +101,19 @@ pub struct Metrics {
     pub stream_sessions: AtomicU64,
     pub snapshots_installed: AtomicU64,
     pub snapshots_built: AtomicU64,
+    webhooks: [AtomicU64; WEBHOOK_EVENTS.len()],
 }
 
 impl Metrics {
     pub fn count(&self, e: TaskEvent, n: u64) {
         if let Some(i) = EVENTS.iter().position(|(x, _)| *x == e) {
             self.events[i].fetch_add(n, Relaxed);
+        }
+    }
+
+    pub fn webhook(&self, e: WebhookEvent) {
+        if let Some(i) = WEBHOOK_EVENTS.iter().position(|(x, _)| *x == e) {
+            self.webhooks[i].fetch_add(1, Relaxed);
         }
     }
 
@@ -120,6 +140,15 @@ impl Metrics {
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {WEBHOOK_DELIVERIES_TOTAL} Webhook delivery attempts made by this node (as leader), by outcome."
+        );
+        let _ = writeln!(out, "# TYPE {WEBHOOK_DELIVERIES_TOTAL} counter");
+        for (i, (_, name)) in WEBHOOK_EVENTS.iter().enumerate() {
+            let _ =
+                writeln!(out, "{WEBHOOK_DELIVERIES_TOTAL}{{outcome=\"{name}\"}} {}", self.webhooks[i].load(Relaxed));
         }
         let _ = writeln!(out, "# HELP {STREAM_SESSIONS} Open worker and producer streams.");
         let _ =

@@ -10,3 +10,4 @@ mod rest;
 mod sdk;
 mod stream;
 mod support;
+mod webhooks;

@@ -133,6 +133,9 @@ struct ServeArgs {
     /// Address clients use for this node's gRPC port, when it differs from --grpc-addr.
     #[arg(long, env = "RAFTQ_ADVERTISE_GRPC_ADDR")]
     advertise_grpc_addr: Option<String>,
+    /// Log format: text or json (one object per line).
+    #[arg(long, env = "RAFTQ_LOG_FORMAT", value_parser = parse_log_format)]
+    log_format: Option<raftq::config::LogFormat>,
 }
 
 #[derive(Args, Clone)]
@@ -282,11 +285,14 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // The server's log format is part of its configuration; every other command logs text.
+    let serve_cfg = match &cli.cmd {
+        Cmd::Serve(a) => Some(load_config(a)?),
+        _ => None,
+    };
+    init_logging(serve_cfg.as_ref().map(|c| c.log_format).unwrap_or_default());
     match cli.cmd {
-        Cmd::Serve(a) => serve(a).await,
+        Cmd::Serve(_) => serve(serve_cfg.expect("loaded above")).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
@@ -301,6 +307,26 @@ async fn run() -> Result<()> {
             });
             cmd::worker::run(a, shutdown).await
         }
+    }
+}
+
+/// Logs to stderr, filtered by `RAFTQ_LOG`; `json` writes one object per line with the current span's fields
+/// (task spans carry `trace_id`, `parent_span_id` and `span_id`).
+fn init_logging(format: raftq::config::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        raftq::config::LogFormat::Text => builder.init(),
+        raftq::config::LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).init(),
+    }
+}
+
+fn parse_log_format(s: &str) -> Result<raftq::config::LogFormat, String> {
+    match s {
+        "text" => Ok(raftq::config::LogFormat::Text),
+        "json" => Ok(raftq::config::LogFormat::Json),
+        _ => Err(format!("log format {s:?} is not text or json")),
     }
 }
 
@@ -345,6 +371,9 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     if let Some(v) = &a.advertise_grpc_addr {
         cfg.advertise_grpc_addr = Some(v.clone());
     }
+    if let Some(v) = a.log_format {
+        cfg.log_format = v;
+    }
     // A secret comes from the environment or a file, never a flag.
     if let Ok(v) = std::env::var("RAFTQ_WEBHOOK_SECRET") {
         cfg.webhook_secret = Some(raftq::config::Secret(v));
@@ -356,8 +385,7 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     Ok(cfg)
 }
 
-async fn serve(a: ServeArgs) -> Result<()> {
-    let cfg = load_config(&a)?;
+async fn serve(cfg: Config) -> Result<()> {
     tracing::info!(config = ?cfg, "effective configuration");
     let shutdown = CancellationToken::new();
     let listeners = Listeners::bind(&cfg).await?;

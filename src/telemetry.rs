@@ -156,6 +156,43 @@ impl Metrics {
     }
 }
 
+/// The target of per-task trace spans: off unless asked for (`RAFTQ_LOG=info,raftq::trace=debug`), so a busy
+/// queue pays nothing for them by default.
+pub const TRACE_TARGET: &str = "raftq::trace";
+
+/// Whether per-task trace spans are recorded.
+pub fn task_spans_enabled() -> bool {
+    tracing::enabled!(target: "raftq::trace", tracing::Level::DEBUG)
+}
+
+/// The trace id and parent span id of a W3C `traceparent` (validated at enqueue), or nothing.
+pub fn trace_ids(traceparent: Option<&str>) -> (Option<&str>, Option<&str>) {
+    let mut parts = traceparent.unwrap_or_default().split('-');
+    let (_, trace, parent) = (parts.next(), parts.next(), parts.next());
+    match (trace, parent) {
+        (Some(t), Some(p)) if t.len() == 32 && p.len() == 16 => (Some(t), Some(p)),
+        _ => (None, None),
+    }
+}
+
+/// Records one step of a task's life (`op`: enqueue, claim, complete, fail, ...) as a span whose parent is the
+/// W3C trace context given at enqueue: the span carries `trace_id`, `parent_span_id` (the caller's span) and
+/// its own `span_id`, so a log pipeline can attach it to the caller's trace. One event inside says what happened.
+pub fn task_span(op: &'static str, task_id: &crate::queue::TaskId, traceparent: Option<&str>, state: &str) {
+    let (trace_id, parent_span_id) = trace_ids(traceparent);
+    let span_id = format!("{:016x}", rand::random::<u64>().max(1));
+    let span = tracing::debug_span!(
+        target: "raftq::trace",
+        "task",
+        op,
+        task_id = %task_id,
+        trace_id,
+        parent_span_id,
+        span_id = %span_id,
+    );
+    span.in_scope(|| tracing::debug!(target: "raftq::trace", state, "task {op}"));
+}
+
 /// A gauge line with labels.
 pub fn gauge(out: &mut String, name: &str, help: &str, series: &[(String, f64)]) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");

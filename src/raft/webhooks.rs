@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::proposer::{wall_clock_ms, Proposer};
 use crate::config::Config;
 use crate::queue::{Command, DeliveryId, TimeMs, WebhookDelivery, WebhookOutcome, WebhookReport};
-use crate::telemetry::WebhookEvent;
+use crate::telemetry::{trace_ids, WebhookEvent};
 
 /// The signature header: `t=<unix ms>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
 pub const SIGNATURE_HEADER: &str = "x-raftq-signature";
@@ -98,16 +98,6 @@ pub fn body(d: &WebhookDelivery) -> Vec<u8> {
         "traceparent": d.traceparent,
     });
     serde_json::to_vec(&v).expect("a JSON value serialises")
-}
-
-/// The trace id and parent span id of a W3C `traceparent` (already validated at enqueue).
-pub fn trace_ids(traceparent: Option<&str>) -> (Option<&str>, Option<&str>) {
-    let mut parts = traceparent.unwrap_or_default().split('-');
-    let (_, trace, parent) = (parts.next(), parts.next(), parts.next());
-    match (trace, parent) {
-        (Some(t), Some(p)) if t.len() == 32 && p.len() == 16 => (Some(t), Some(p)),
-        _ => (None, None),
-    }
 }
 
 /// A `traceparent` for an outgoing request: the same trace, a new span id (the delivery's span), same flags.

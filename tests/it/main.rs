@@ -10,4 +10,5 @@ mod rest;
 mod sdk;
 mod stream;
 mod support;
+mod trace;
 mod webhooks;

@@ -6,5 +6,6 @@ pub mod error;
 pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod openapi;
 pub mod rest;
 pub mod stream;

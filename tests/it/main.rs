@@ -5,6 +5,7 @@ mod api;
 mod cluster;
 mod crash;
 mod metrics;
+mod openapi;
 mod procs;
 mod rest;
 mod sdk;

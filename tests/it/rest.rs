@@ -14,6 +14,18 @@ pub async fn http(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Vec<(String, String)>, Value) {
+    let (status, headers, body) = exchange(addr, method, path, body.as_ref()).await;
+    let json = if body.is_empty() { Value::Null } else { serde_json::from_str(&body).expect("a JSON body") };
+    (status, headers, json)
+}
+
+/// One HTTP/1.1 exchange (Connection: close): status, headers (lower-case names), body text.
+pub async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Vec<(String, String)>, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
@@ -32,9 +44,7 @@ pub async fn http(
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_string() };
-    let json = if body.is_empty() { Value::Null } else { serde_json::from_str(&body).expect("a JSON body") };
-    (status, headers, json)
+    (status, headers, if chunked { dechunk(body) } else { body.to_string() })
 }
 
 fn dechunk(mut s: &str) -> String {

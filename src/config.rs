@@ -85,6 +85,9 @@ pub struct Config {
     pub webhook_concurrency: usize,
     /// `text` (human-readable) or `json` (one object per line) logs of `raftq serve`.
     pub log_format: LogFormat,
+    /// An OTLP/HTTP collector (e.g. `http://127.0.0.1:4318`): raftq's trace spans are posted to `<it>/v1/traces`
+    /// (JSON encoding). None: no export.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// A secret from the config file or the environment: never printed (the effective config is logged).
@@ -160,6 +163,7 @@ impl Default for Config {
             // Enough parallel deliveries for a busy queue; each is one HTTP request.
             webhook_concurrency: 16,
             log_format: LogFormat::Text,
+            otlp_endpoint: None,
         }
     }
 }
@@ -255,6 +259,10 @@ impl Config {
         );
         check(self.webhook_timeout_ms >= 1, "webhook_timeout_ms must be >= 1");
         check(self.webhook_concurrency >= 1, "webhook_concurrency must be >= 1");
+        check(
+            self.otlp_endpoint.as_deref().is_none_or(|e| e.starts_with("http://")),
+            "otlp_endpoint must be an http:// URL",
+        );
         if e.is_empty() {
             Ok(())
         } else {

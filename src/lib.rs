@@ -6,10 +6,12 @@
 //! - `api`: public gRPC task service, HTTP health, conversions and the error mapping.
 //! - `config`: configuration defaults and validation.
 //! - `node`: wires the layers together and runs a node.
-//! - `telemetry`: metric names and the Prometheus exposition.
+//! - `telemetry`: metric names and the Prometheus exposition, per-task trace spans.
+//! - `otlp`: optional OTLP/HTTP export of those spans.
 pub mod api;
 pub mod config;
 pub mod node;
+pub mod otlp;
 pub mod queue;
 pub mod raft;
 pub mod storage;

@@ -290,7 +290,7 @@ async fn run() -> Result<()> {
         Cmd::Serve(a) => Some(load_config(a)?),
         _ => None,
     };
-    init_logging(serve_cfg.as_ref().map(|c| c.log_format).unwrap_or_default());
+    init_logging(serve_cfg.as_ref());
     match cli.cmd {
         Cmd::Serve(_) => serve(serve_cfg.expect("loaded above")).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
@@ -311,15 +311,25 @@ async fn run() -> Result<()> {
 }
 
 /// Logs to stderr, filtered by `RAFTQ_LOG`; `json` writes one object per line with the current span's fields
-/// (task spans carry `trace_id`, `parent_span_id` and `span_id`).
-fn init_logging(format: raftq::config::LogFormat) {
+/// (task spans carry `trace_id`, `parent_span_id` and `span_id`). With `otlp_endpoint`, trace spans are also
+/// exported, whatever `RAFTQ_LOG` lets through to the log.
+fn init_logging(cfg: Option<&Config>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        raftq::config::LogFormat::Text => builder.init(),
-        raftq::config::LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match cfg.map(|c| c.log_format).unwrap_or_default() {
+        raftq::config::LogFormat::Text => fmt.with_filter(filter).boxed(),
+        raftq::config::LogFormat::Json => {
+            fmt.json().with_current_span(true).with_span_list(true).with_filter(filter).boxed()
+        }
+    };
+    let otlp = cfg
+        .and_then(|c| Some((c.otlp_endpoint.as_deref()?, c.node_id)))
+        .map(|(endpoint, node_id)| raftq::otlp::layer(endpoint, node_id).with_filter(raftq::otlp::filter()));
+    tracing_subscriber::registry().with(fmt).with(otlp).init();
 }
 
 fn parse_log_format(s: &str) -> Result<raftq::config::LogFormat, String> {

@@ -23,6 +23,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::proposer::{wall_clock_ms, Proposer};
 use crate::config::Config;
@@ -263,8 +264,8 @@ async fn attempt(client: HttpClient, s: Settings, d: WebhookDelivery) -> Webhook
         parent_span_id,
         span_id = child.as_ref().map(|c| c.1.as_str()),
     );
+    let error = send(&client, &s, &d, child.map(|c| c.0)).instrument(span.clone()).await.err();
     let _enter = span.enter();
-    let error = send(&client, &s, &d, child.map(|c| c.0)).await.err();
     let outcome = match error {
         None => {
             tracing::debug!("webhook delivered");

@@ -81,37 +81,75 @@ async fn trace_context_given_at_enqueue_comes_back_on_the_task_the_worker_receiv
     assert_eq!(seen.lock().expect("lock").clone(), vec![Some(traceparent())]);
 }
 
+/// A `raftq serve` process whose stderr lines are collected.
+struct Server {
+    child: std::process::Child,
+    grpc: String,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    _root: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(extra_config: &str, log: &str) -> Server {
+        let root = tempfile::tempdir().expect("dir");
+        let (g, r, h) = (free_port(), free_port(), free_port());
+        let (g, r, h) = (format!("127.0.0.1:{g}"), format!("127.0.0.1:{r}"), format!("127.0.0.1:{h}"));
+        let config = write_config(root.path(), 1, &g, &r, &h, extra_config);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_raftq"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RAFTQ_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn raftq serve");
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stderr = child.stderr.take().expect("piped");
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("lock").push(line);
+            }
+        });
+        Server { child, grpc: g, lines, reader: Some(reader), _root: root }
+    }
+
+    /// Enqueues a traced task (with `webhook_url` if given), claims it and completes it; returns its id.
+    async fn work_traced_task(&self, queue: &str, webhook_url: &str) -> String {
+        let mut c = loop_connect(&self.grpc).await;
+        let req = pb::EnqueueRequest { webhook_url: webhook_url.into(), ..traced(queue) };
+        let id = c.enqueue(req).await.expect("enqueue").into_inner().task_id;
+        let t = c.claim(claim_one(queue)).await.expect("claim").into_inner().tasks.remove(0);
+        let action = Action::Complete(pb::Complete { result: b"r".to_vec().into() });
+        let token = t.lease.as_ref().expect("lease").token;
+        c.ack(pb::AckRequest { task_id: id.clone(), token, action: Some(action) }).await.expect("complete");
+        id
+    }
+
+    fn stop(mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            r.join().expect("reader");
+        }
+        let lines = self.lines.lock().expect("lock").clone();
+        lines
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_task_spans_parented_by_the_enqueue_trace_context() {
-    let root = tempfile::tempdir().expect("dir");
-    let (g, r, h) = (free_port(), free_port(), free_port());
-    let (g, r, h) = (format!("127.0.0.1:{g}"), format!("127.0.0.1:{r}"), format!("127.0.0.1:{h}"));
-    let config = write_config(root.path(), 1, &g, &r, &h, "log_format = \"json\"\n");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_raftq"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("RAFTQ_LOG", "info,openraft=warn,raftq::trace=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn raftq serve");
-    let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-    let stderr = child.stderr.take().expect("piped");
-    let sink = lines.clone();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().expect("lock").push(line);
-        }
-    });
-
-    let mut c = loop_connect(&g).await;
-    let id = c.enqueue(traced("tr-log")).await.expect("enqueue").into_inner().task_id;
-    let claim = claim_one("tr-log");
-    let t = c.claim(claim).await.expect("claim").into_inner().tasks.remove(0);
-    let action = Action::Complete(pb::Complete { result: b"r".to_vec().into() });
-    let token = t.lease.as_ref().expect("lease").token;
-    c.ack(pb::AckRequest { task_id: id.clone(), token, action: Some(action) }).await.expect("complete");
-
+    let server = Server::start("log_format = \"json\"\n", "info,openraft=warn,raftq::trace=debug");
+    let lines = server.lines.clone();
+    let id = server.work_traced_task("tr-log", "").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let spans = loop {
         let spans: Vec<Value> = lines
@@ -127,9 +165,7 @@ async fn json_logs_carry_task_spans_parented_by_the_enqueue_trace_context() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let _ = child.kill();
-    let _ = child.wait();
-    reader.join().expect("reader");
+    let all = server.stop();
     let ops: Vec<&str> = spans.iter().filter_map(|s| s["op"].as_str()).collect();
     assert_eq!(ops, vec!["enqueue", "claim", "complete"], "{spans:#?}");
     for s in &spans {
@@ -137,8 +173,68 @@ async fn json_logs_carry_task_spans_parented_by_the_enqueue_trace_context() {
         assert_eq!(s["parent_span_id"].as_str(), Some(PARENT), "{s}");
         assert!(s["span_id"].as_str().is_some_and(|id| id.len() == 16 && id != PARENT), "{s}");
     }
-    let all = lines.lock().expect("lock").clone();
     assert!(all.iter().any(|l| l.contains("\"raftq node started\"")), "the startup line is JSON too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_export_sends_the_task_and_webhook_spans_parented_by_the_enqueue_context() {
+    // A real HTTP collector (OTLP/HTTP, JSON) that also takes the task's webhook.
+    let exported: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let sink = exported.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let sink = sink.clone();
+                async move {
+                    sink.lock().expect("lock").push(serde_json::from_slice(&body).expect("OTLP JSON"));
+                    "{}"
+                }
+            }),
+        )
+        .route("/hook", axum::routing::post(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let collector = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    // Logs filtered down to warnings: export does not depend on what is logged.
+    let server = Server::start(&format!("otlp_endpoint = \"http://{addr}\"\n"), "warn");
+    let id = server.work_traced_task("tr-otlp", &format!("http://{addr}/hook")).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let spans = loop {
+        let spans: Vec<Value> = exported
+            .lock()
+            .expect("lock")
+            .iter()
+            .flat_map(|doc| {
+                let service = doc["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"].clone();
+                assert_eq!(service.as_str(), Some("raftq"), "{doc}");
+                doc["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().cloned().unwrap_or_default()
+            })
+            .filter(|s| s["attributes"].as_array().is_some_and(|a| a.iter().any(|kv| kv["value"]["stringValue"] == id)))
+            .collect();
+        let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+        if names.contains(&"raftq.webhook.deliver") || Instant::now() > deadline {
+            break spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    server.stop();
+    collector.abort();
+    let mut names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, vec!["raftq.claim", "raftq.complete", "raftq.enqueue", "raftq.webhook.deliver"], "{spans:#?}");
+    for s in &spans {
+        assert_eq!(s["traceId"].as_str(), Some(TRACE_ID), "{s}");
+        assert_eq!(s["parentSpanId"].as_str(), Some(PARENT), "{s}");
+        assert!(s["spanId"].as_str().is_some_and(|id| id.len() == 16 && id != PARENT), "{s}");
+        let (start, end) = (s["startTimeUnixNano"].as_str(), s["endTimeUnixNano"].as_str());
+        let (start, end): (u64, u64) =
+            (start.expect("start").parse().expect("ns"), end.expect("end").parse().expect("ns"));
+        assert!(start > 0 && end >= start, "{s}");
+    }
 }
 
 fn claim_one(queue: &str) -> pb::ClaimRequest {

@@ -265,13 +265,17 @@ async fn attempt(client: HttpClient, s: Settings, d: WebhookDelivery) -> Webhook
         span_id = child.as_ref().map(|c| c.1.as_str()),
     );
     let error = send(&client, &s, &d, child.map(|c| c.0)).instrument(span.clone()).await.err();
+    let permanent = matches!(&error, Some(Failure::Permanent(_)));
+    let error = error.map(|e| match e {
+        Failure::Permanent(e) | Failure::Transient(e) => e,
+    });
     let _enter = span.enter();
     let outcome = match error {
         None => {
             tracing::debug!("webhook delivered");
             WebhookOutcome::Delivered
         }
-        Some(error) if d.tries + 1 >= s.max_attempts => {
+        Some(error) if permanent || d.tries + 1 >= s.max_attempts => {
             tracing::warn!(error = %error, "webhook given up");
             WebhookOutcome::GaveUp { error }
         }
@@ -284,15 +288,21 @@ async fn attempt(client: HttpClient, s: Settings, d: WebhookDelivery) -> Webhook
     WebhookReport { id: d.id, tries: d.tries, outcome }
 }
 
+/// Why an attempt failed: worth retrying (the receiver may come back), or never deliverable (given up at once).
+enum Failure {
+    Transient(String),
+    Permanent(String),
+}
+
 async fn send(
     client: &HttpClient,
     s: &Settings,
     d: &WebhookDelivery,
     traceparent: Option<String>,
-) -> Result<(), String> {
-    let uri: hyper::Uri = d.url.parse().map_err(|e| format!("bad url: {e}"))?;
+) -> Result<(), Failure> {
+    let uri: hyper::Uri = d.url.parse().map_err(|e| Failure::Permanent(format!("bad url: {e}")))?;
     if uri.scheme_str() != Some("http") {
-        return Err("only http:// webhook URLs are delivered by this server".into());
+        return Err(Failure::Permanent("only http:// webhook URLs are delivered by this server".into()));
     }
     let body = body(d);
     let mut req = hyper::Request::post(uri)
@@ -308,12 +318,12 @@ async fn send(
             req = req.header("tracestate", ts.as_str());
         }
     }
-    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| format!("request: {e}"))?;
+    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| Failure::Permanent(format!("request: {e}")))?;
     match tokio::time::timeout(s.timeout, client.request(req)).await {
-        Err(_) => Err(format!("no answer within {} ms", s.timeout.as_millis())),
-        Ok(Err(e)) => Err(format!("{e:?}").chars().take(300).collect()),
+        Err(_) => Err(Failure::Transient(format!("no answer within {} ms", s.timeout.as_millis()))),
+        Ok(Err(e)) => Err(Failure::Transient(format!("{e:?}").chars().take(300).collect())),
         Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
-        Ok(Ok(resp)) => Err(format!("HTTP {}", resp.status().as_u16())),
+        Ok(Ok(resp)) => Err(Failure::Transient(format!("HTTP {}", resp.status().as_u16()))),
     }
 }
 

@@ -284,3 +284,15 @@ async fn metrics_text(addr: SocketAddr) -> String {
 fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_that_cannot_be_sent_is_given_up_at_once() {
+    let n = TestNode::start().await;
+    let mut c = n.client().await;
+    let req = pb::EnqueueRequest { webhook_url: "https://127.0.0.1:9/hook".into(), ..enq("hooks", "x") };
+    let id = c.enqueue(req).await.expect("enqueue").into_inner().task_id;
+    c.cancel(pb::CancelRequest { id }).await.expect("cancel");
+    let m = wait_metric(n.node().http_addr, "raftq_webhook_deliveries_total{outcome=\"gave_up\"}", 1.0).await;
+    assert_eq!(sample(&m, "raftq_webhook_deliveries_total{outcome=\"retry\"}"), Some(0.0), "{m}");
+    wait_metric(n.node().http_addr, "raftq_webhooks_pending", 0.0).await;
+}

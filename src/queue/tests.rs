@@ -1496,6 +1496,8 @@ struct Sim {
     known: Vec<TaskId>,
     tenant_of: HashMap<TaskId, String>,
     next_random: u64,
+    /// Tasks created with a webhook URL.
+    hooked: HashSet<TaskId>,
 }
 
 impl Sim {
@@ -1506,6 +1508,7 @@ impl Sim {
             known: vec![TaskId::new(0, 3, u64::MAX)],
             tenant_of: HashMap::new(),
             next_random: 0,
+            hooked: HashSet::new(),
         };
         sim.apply(T0, Command::Tick);
         sim.check();
@@ -1646,7 +1649,9 @@ impl Sim {
                 max_attempts: s.max_attempts,
                 idempotency_key: s.key.map(|k| KEYS[k].to_string()),
                 idempotency_window_ms: s.window,
-                webhook_url: None,
+                // Half the ids get a webhook (by placement, so an id enqueued again after retention removed its
+                // task gets the same): their ends must each leave a delivery in the outbox.
+                webhook_url: id.placement().is_multiple_of(2).then(|| HOOK.to_string()),
                 traceparent: None,
                 tracestate: None,
                 retry: s.retry,
@@ -1664,6 +1669,9 @@ impl Sim {
                     self.known.push(n.id);
                 }
                 self.tenant_of.insert(n.id, n.tenant.clone());
+                if n.webhook_url.is_some() {
+                    self.hooked.insert(n.id);
+                }
             }
         }
         !created
@@ -1730,6 +1738,7 @@ impl Sim {
         let mut stored_count = 0;
         for (i, (core, store)) in m.shards.iter().zip(&m.stores).enumerate() {
             let (sizes, want) = (core.index_sizes(), model.sizes(i));
+            let (sizes, want) = (IndexSizes { webhooks: 0, ..sizes }, IndexSizes { webhooks: 0, ..want });
             assert_eq!(IndexSizes { keys: 0, ..sizes }, IndexSizes { keys: 0, ..want }, "shard {i} index sizes");
             assert!(sizes.keys >= want.keys, "shard {i}: key index misses a key");
             assert_eq!(sizes.ready + sizes.delayed + sizes.leases + sizes.retention + sizes.dead, store.tasks.len());
@@ -1741,6 +1750,23 @@ impl Sim {
         assert_eq!(stored_keys, model.keys, "idempotency keys");
         assert_eq!(machine_counts(m), model.counts(), "per-queue state counts");
         assert_indexes_match_records(m);
+
+        // The webhook outbox (no outcomes are reported here, so nothing leaves it): every delivery is of a task
+        // created with a URL, and such a task in an end state has the delivery made when it got there.
+        let ended = [TaskState::Completed, TaskState::Failed, TaskState::Cancelled, TaskState::DeadLettered];
+        for d in m.deliveries() {
+            assert!(self.hooked.contains(&d.id.task_id), "a delivery without a webhook URL: {d:?}");
+            assert!(ended.contains(&d.state), "a delivery for a task that did not end: {d:?}");
+        }
+        for t in m.tasks().filter(|t| self.hooked.contains(&t.id)) {
+            let at = match t.state {
+                TaskState::DeadLettered => t.dead_at,
+                TaskState::Completed | TaskState::Failed | TaskState::Cancelled => t.ended_at,
+                TaskState::Pending | TaskState::InProgress => continue,
+            };
+            let found = m.deliveries().any(|d| d.id.task_id == t.id && d.state == t.state && Some(d.ended_at) == at);
+            assert!(found, "task {} ended {:?} at {at:?} without a delivery", t.id, t.state);
+        }
     }
 
     /// A restart rebuilds the same indexes, picks the same tasks and goes on identically.

@@ -119,7 +119,8 @@ pub fn filter() -> tracing_subscriber::filter::Targets {
 }
 
 /// The layer and its exporter task (spawned on the current tokio runtime). `endpoint` is the collector's base
-/// URL, e.g. `http://127.0.0.1:4318`.
+/// URL, e.g. `http://127.0.0.1:4318`. The exporter lives as long as the process's subscriber (it is not part of
+/// a node's shutdown): spans of the last half second before exit may not be sent.
 pub fn layer(endpoint: &str, node_id: u64) -> OtlpLayer {
     let (tx, rx) = mpsc::channel(BUFFER_SPANS);
     let dropped = Arc::new(AtomicU64::new(0));

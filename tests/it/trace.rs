@@ -81,6 +81,33 @@ async fn trace_context_given_at_enqueue_comes_back_on_the_task_the_worker_receiv
     assert_eq!(seen.lock().expect("lock").clone(), vec![Some(traceparent())]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_command_gets_the_trace_context_in_its_environment() {
+    let n = TestNode::start().await;
+    let mut c = n.client().await;
+    let traced_id = c.enqueue(traced("tr-cli")).await.expect("enqueue").into_inner().task_id;
+    let plain_id = c.enqueue(enq("tr-cli", "plain")).await.expect("enqueue").into_inner().task_id;
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_raftq"))
+        .args(["worker", "--addr", &format!("http://{}", n.node().grpc_addr), "--queue", "tr-cli", "--"])
+        .args(["sh", "-c", "printf '%s|%s' \"$TRACEPARENT\" \"$TRACESTATE\""])
+        // A context of the worker's own is not handed to a task that has none.
+        .env("TRACEPARENT", "00-11111111111111111111111111111111-2222222222222222-01")
+        .env("RAFTQ_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn raftq worker");
+    let mut results = Vec::new();
+    for id in [traced_id, plain_id] {
+        let r = c.get_result(pb::GetResultRequest { id, wait_ms: 20_000 }).await.expect("result").into_inner();
+        results.push((r.done, String::from_utf8_lossy(&r.result).to_string()));
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let want = vec![(true, format!("{}|congo=t61rcWkgMzE", traceparent())), (true, "|".to_string())];
+    assert_eq!(results, want);
+}
+
 /// A `raftq serve` process whose stderr lines are collected.
 struct Server {
     child: std::process::Child,

@@ -357,6 +357,14 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"));
         let both = Config { webhook_secret_file: Some("/x".into()), ..c };
         assert_eq!(both.validate().expect_err("both").len(), 1);
+
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "from-a-file\n").expect("write");
+        let from_file = Config { webhook_secret_file: Some(path), ..Config::default() };
+        assert_eq!(from_file.webhook_key().expect("key"), Some(b"from-a-file".to_vec()));
+        let missing = Config { webhook_secret_file: Some(dir.path().join("nope")), ..Config::default() };
+        assert!(missing.webhook_key().is_err(), "a missing secret file stops the start");
     }
 
     #[test]

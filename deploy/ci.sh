@@ -6,8 +6,10 @@
 # 2. Without a usable Docker engine (`docker info` fails) or Compose: prints "skipped: ..." and exits 0.
 # 3. Builds the image (deploy/docker/build.sh) and brings up docker-compose.yml under a project and host ports of
 #    its own (so a cluster of yours, or another run, is not touched).
-# 4. Tasks enqueued, claimed, completed and read through nodes chosen at random, with the CLI inside the
-#    containers (`docker compose exec`, peers by service name).
+# 4. Authentication (on by default): a host call without a token, or with a forged one, is refused; the host
+#    gets its token (RAFTQ_TOKEN) from `raftq token issue` in a container, as docker-compose.yml documents.
+#    Tasks enqueued, claimed, completed and read through nodes chosen at random, with the CLI inside the
+#    containers (`docker compose exec`, peers by service name; there it mints its own token).
 # 5. Under load (producers enqueueing through random nodes' published ports, workers `raftq worker` on the host
 #    with every node listed): kill -9 the leader's container and restart it; transfer the leadership; restart
 #    every node one by one (deploy/rolling-restart.sh: followers first, leader after a transfer).
@@ -132,6 +134,34 @@ echo "leader: node $(current_leader)"
 phase_done
 
 rand_node() { echo $((RANDOM % ${#NODES[@]} + 1)); }
+
+phase "auth: calls without a valid token refused, host token"
+# Inside the containers the CLI mints its own tokens from the shared secret (RAFTQ_AUTH_HS256_SECRET_FILE is in
+# their environment); the host's producers, workers and checks use this one, minted the way docker-compose.yml
+# says.
+RAFTQ_TOKEN=$(node_exec 1 raftq token issue --secret-file /secrets/cluster.hs256 --scopes enqueue,work,read,admin \
+  --ttl 12h) || die "raftq token issue in node 1"
+[ -n "$RAFTQ_TOKEN" ] || die "raftq token issue printed nothing"
+export RAFTQ_TOKEN
+if out=$(env -u RAFTQ_TOKEN -u RAFTQ_AUTH_HS256_SECRET_FILE RAFTQ_DATA_DIR="$work/no-such-node" \
+  timeout 20 "$BIN" task enqueue --addr "127.0.0.1:${GRPC_PORTS[0]}" --queue noauth --payload x 2>&1); then
+  die "an enqueue without a token was accepted: $out"
+fi
+[[ "$out" == *TOKEN_MISSING* ]] || die "an enqueue without a token failed, but not for want of a token: $out"
+echo "without a token: refused (TOKEN_MISSING)"
+head -c 36 /dev/urandom | base64 >"$work/other.hs256"
+forged=$("$BIN" token issue --secret-file "$work/other.hs256" --scopes enqueue,work,read,admin) ||
+  die "raftq token issue on the host"
+if out=$(timeout 20 "$BIN" task enqueue --addr "127.0.0.1:${GRPC_PORTS[0]}" --queue noauth --payload x \
+  --token "$forged" 2>&1); then
+  die "an enqueue with a token signed by another secret was accepted: $out"
+fi
+[[ "$out" == *TOKEN_* ]] || die "an enqueue with a token signed by another secret failed, but not on its token: $out"
+echo "with a token signed by another secret: refused ($(grep -o 'TOKEN_[A-Z_]*' <<<"$out" | head -1))"
+id=$(timeout 20 "$BIN" task enqueue --addr "127.0.0.1:${GRPC_PORTS[1]}" --queue noauth --payload x) ||
+  die "an enqueue from the host with RAFTQ_TOKEN failed"
+echo "with RAFTQ_TOKEN from \`raftq token issue\` in node 1: accepted ($id)"
+phase_done
 
 phase "CLI inside the containers, through random nodes"
 smoke=8

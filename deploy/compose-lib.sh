@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Helpers for the scripts that drive the docker-compose cluster (sourced by deploy/rolling-restart.sh and
 # deploy/ci.sh; not run on its own). Everything goes through `docker compose exec -T nodeN raftq ...`, so it
-# needs nothing on the host but Docker: the service names (node1:9091, ...) resolve inside the network only.
+# needs nothing on the host but Docker: the service names (node1:9091, ...) resolve inside the network only, and
+# no token: inside a container the CLI mints its own from the shared secret its environment names.
 # JSON is picked apart with sed: the raftq CLI prints one object per line, and a node's object has no nesting.
 
 # The Compose command: v2's `docker compose`, else v1's `docker-compose`. Sets the array DC; 1 when neither.

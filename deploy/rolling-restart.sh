@@ -12,6 +12,9 @@
 #   deploy/rolling-restart.sh --restart  restart the containers as they are
 #
 # Run it from the repository root (or pass Compose's own variables: COMPOSE_PROJECT_NAME, COMPOSE_FILE).
+# It needs no token: every raftq call runs inside a container (`docker compose exec`), where the CLI mints its own
+# from the cluster's shared secret (RAFTQ_AUTH_HS256_SECRET_FILE, docker-compose.yml); recreating a node keeps
+# the `secrets` volume, so it comes back with the same secret.
 # By hand, per node:  docker compose up -d --no-deps --force-recreate node2  (then wait until
 # `docker compose exec node2 raftq-probe` prints ready, and `raftq cluster status` shows its lag near 0),
 # and before the leader:  docker compose exec node1 raftq cluster transfer-leader --to 2

@@ -102,6 +102,26 @@ pub struct Config {
     pub tls_key_file: Option<PathBuf>,
     /// The CA peers are verified with; the Raft port then also demands a peer certificate it signed.
     pub tls_ca_file: Option<PathBuf>,
+
+    /// HMAC-SHA256 key for the `x-raftq-signature` header of webhook deliveries (or `RAFTQ_WEBHOOK_SECRET`).
+    /// Without a secret (here or in `webhook_secret_file`) deliveries are sent unsigned.
+    pub webhook_secret: Option<Secret>,
+    /// A file holding the webhook secret (trailing whitespace ignored); read at start.
+    pub webhook_secret_file: Option<PathBuf>,
+    /// Delivery attempts per webhook before it is given up.
+    pub webhook_max_attempts: u32,
+    /// Backoff between attempts: `webhook_retry_base_ms * 2^(tries-1)`, capped at `webhook_retry_max_ms`.
+    pub webhook_retry_base_ms: u64,
+    pub webhook_retry_max_ms: u64,
+    /// Longest one delivery attempt may take (connect, send, answer).
+    pub webhook_timeout_ms: u64,
+    /// Deliveries the leader has in flight at once.
+    pub webhook_concurrency: usize,
+    /// `text` (human-readable) or `json` (one object per line) logs of `raftq serve`.
+    pub log_format: LogFormat,
+    /// An OTLP/HTTP collector (e.g. `http://127.0.0.1:4318`): raftq's trace spans are posted to `<it>/v1/traces`
+    /// (JSON encoding). None: no export.
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -127,6 +147,14 @@ impl std::ops::Deref for Secret {
     fn deref(&self) -> &str {
         &self.0
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for Config {
@@ -189,6 +217,19 @@ impl Default for Config {
             tls_cert_file: None,
             tls_key_file: None,
             tls_ca_file: None,
+            webhook_secret: None,
+            webhook_secret_file: None,
+            // About 4.5 hours of retries with the backoff below (1 s doubling to 30 min): a receiver that is down
+            // for a deploy or an incident still gets its events.
+            webhook_max_attempts: 15,
+            webhook_retry_base_ms: 1_000,
+            webhook_retry_max_ms: 30 * 60 * 1000,
+            // Receivers should answer quickly and queue their own work; a slow one only costs a sender slot.
+            webhook_timeout_ms: 10_000,
+            // Enough parallel deliveries for a busy queue; each is one HTTP request.
+            webhook_concurrency: 16,
+            log_format: LogFormat::Text,
+            otlp_endpoint: None,
         }
     }
 }
@@ -283,6 +324,22 @@ impl Config {
         check(self.tenant_claim_burst >= 1, "tenant_claim_burst must be >= 1");
         check(self.tenant_max_streams >= 1, "tenant_max_streams must be >= 1");
         check(self.auth_leeway_s <= 600, "auth_leeway_s must be <= 600");
+        check(
+            self.webhook_secret.is_none() || self.webhook_secret_file.is_none(),
+            "give webhook_secret or webhook_secret_file, not both",
+        );
+        check(self.webhook_max_attempts >= 1, "webhook_max_attempts must be >= 1");
+        check(self.webhook_retry_base_ms >= 1, "webhook_retry_base_ms must be >= 1");
+        check(
+            self.webhook_retry_base_ms <= self.webhook_retry_max_ms,
+            "webhook_retry_base_ms must be <= webhook_retry_max_ms",
+        );
+        check(self.webhook_timeout_ms >= 1, "webhook_timeout_ms must be >= 1");
+        check(self.webhook_concurrency >= 1, "webhook_concurrency must be >= 1");
+        check(
+            self.otlp_endpoint.as_deref().is_none_or(|e| e.starts_with("http://")),
+            "otlp_endpoint must be an http:// URL",
+        );
         if e.is_empty() {
             Ok(())
         } else {
@@ -292,6 +349,19 @@ impl Config {
 
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy { base_ms: self.retry_base_ms, max_ms: self.retry_max_ms, exponential: self.retry_exponential }
+    }
+
+    /// The webhook signing key: `webhook_secret`, or the contents of `webhook_secret_file`.
+    pub fn webhook_key(&self) -> std::io::Result<Option<Vec<u8>>> {
+        match (&self.webhook_secret, &self.webhook_secret_file) {
+            (Some(s), _) => Ok(Some(s.0.as_bytes().to_vec())),
+            (None, Some(p)) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("webhook_secret_file {}: {e}", p.display())))?;
+                Ok(Some(text.trim_end().as_bytes().to_vec()))
+            }
+            (None, None) => Ok(None),
+        }
     }
 
     pub fn public_raft_addr(&self) -> String {
@@ -354,6 +424,24 @@ mod tests {
         assert!(Config::default().bootstraps(), "a lone node initialises itself");
         assert!("x=a,b".parse::<Peer>().is_err());
         assert!("1=a".parse::<Peer>().is_err());
+    }
+
+    #[test]
+    fn secrets_never_show_in_the_logged_config() {
+        let c: Config = toml::from_str("webhook_secret = \"hunter2\"\nlog_format = \"json\"").expect("parse");
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.webhook_key().expect("key"), Some(b"hunter2".to_vec()));
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let both = Config { webhook_secret_file: Some("/x".into()), ..c };
+        assert_eq!(both.validate().expect_err("both").len(), 1);
+
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "from-a-file\n").expect("write");
+        let from_file = Config { webhook_secret_file: Some(path), ..Config::default() };
+        assert_eq!(from_file.webhook_key().expect("key"), Some(b"from-a-file".to_vec()));
+        let missing = Config { webhook_secret_file: Some(dir.path().join("nope")), ..Config::default() };
+        assert!(missing.webhook_key().is_err(), "a missing secret file stops the start");
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! - `config`: configuration defaults and validation.
 //! - `node`: wires the layers together and runs a node.
 //! - `tls`: optional rustls on every port, from PEM files.
-//! - `telemetry`: metric names and the Prometheus exposition.
+//! - `telemetry`: metric names and the Prometheus exposition, per-task trace spans.
+//! - `otlp`: optional OTLP/HTTP export of those spans.
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod node;
+pub mod otlp;
 pub mod queue;
 pub mod raft;
 pub mod storage;

@@ -202,6 +202,9 @@ struct ServeArgs {
     /// CA that peers' certificates are verified with (mutual TLS on the Raft port).
     #[arg(long, env = "RAFTQ_TLS_CA_FILE")]
     tls_ca_file: Option<PathBuf>,
+    /// Log format: text or json (one object per line).
+    #[arg(long, env = "RAFTQ_LOG_FORMAT", value_parser = parse_log_format)]
+    log_format: Option<raftq::config::LogFormat>,
 }
 
 #[derive(Args, Clone)]
@@ -211,8 +214,8 @@ struct ClientArgs {
     addr: String,
     /// Bearer token (a JWT). Without one, a token is minted from the local node's secret when this user can
     /// read it (`<data dir>/auth/local.hs256`).
-    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
-    token: Option<String>,
+    #[arg(long = "auth-token", env = "RAFTQ_TOKEN", hide_env_values = true, global = true)]
+    auth_token: Option<String>,
     /// CA certificate (PEM) to verify a TLS server with; addresses without a scheme then use https.
     #[arg(long, env = "RAFTQ_CA_FILE", global = true)]
     ca_file: Option<PathBuf>,
@@ -361,11 +364,14 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<()> {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // The server's log format is part of its configuration; every other command logs text.
+    let serve_cfg = match &cli.cmd {
+        Cmd::Serve(a) => Some(load_config(a)?),
+        _ => None,
+    };
+    init_logging(serve_cfg.as_ref());
     match cli.cmd {
-        Cmd::Serve(a) => serve(a).await,
+        Cmd::Serve(_) => serve(serve_cfg.expect("loaded above")).await,
         Cmd::Task { cmd } => task_cmd(cmd).await,
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
@@ -381,6 +387,36 @@ async fn run() -> Result<()> {
             });
             cmd::worker::run(a, shutdown).await
         }
+    }
+}
+
+/// Logs to stderr, filtered by `RAFTQ_LOG`; `json` writes one object per line with the current span's fields
+/// (task spans carry `trace_id`, `parent_span_id` and `span_id`). With `otlp_endpoint`, trace spans are also
+/// exported, whatever `RAFTQ_LOG` lets through to the log.
+fn init_logging(cfg: Option<&Config>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAFTQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match cfg.map(|c| c.log_format).unwrap_or_default() {
+        raftq::config::LogFormat::Text => fmt.with_filter(filter).boxed(),
+        raftq::config::LogFormat::Json => {
+            fmt.json().with_current_span(true).with_span_list(true).with_filter(filter).boxed()
+        }
+    };
+    let otlp = cfg
+        .and_then(|c| Some((c.otlp_endpoint.as_deref()?, c.node_id)))
+        .map(|(endpoint, node_id)| raftq::otlp::layer(endpoint, node_id).with_filter(raftq::otlp::filter()));
+    tracing_subscriber::registry().with(fmt).with(otlp).init();
+}
+
+fn parse_log_format(s: &str) -> Result<raftq::config::LogFormat, String> {
+    match s {
+        "text" => Ok(raftq::config::LogFormat::Text),
+        "json" => Ok(raftq::config::LogFormat::Json),
+        _ => Err(format!("log format {s:?} is not text or json")),
     }
 }
 
@@ -455,14 +491,21 @@ fn load_config(a: &ServeArgs) -> Result<Config> {
     if let Ok(v) = std::env::var("RAFTQ_CLUSTER_SECRET") {
         cfg.cluster_secret = Some(raftq::config::Secret(v));
     }
+    if let Some(v) = a.log_format {
+        cfg.log_format = v;
+    }
+    // A secret comes from the environment or a file, never a flag.
+    if let Ok(v) = std::env::var("RAFTQ_WEBHOOK_SECRET") {
+        cfg.webhook_secret = Some(raftq::config::Secret(v));
+        cfg.webhook_secret_file = None;
+    }
     if let Err(errs) = cfg.validate() {
         bail!("invalid configuration:\n  {}", errs.join("\n  "));
     }
     Ok(cfg)
 }
 
-async fn serve(a: ServeArgs) -> Result<()> {
-    let cfg = load_config(&a)?;
+async fn serve(cfg: Config) -> Result<()> {
     tracing::info!(config = ?cfg, "effective configuration");
     let shutdown = CancellationToken::new();
     let listeners = Listeners::bind(&cfg).await?;
@@ -509,7 +552,7 @@ type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
 /// The token a client command sends: `--token`/`RAFTQ_TOKEN`, else one minted (for an hour, every scope,
 /// tenant `default`) from the local node's secret when it can be read, else none.
 fn client_token(c: &ClientArgs) -> Result<Option<String>> {
-    if let Some(t) = &c.token {
+    if let Some(t) = &c.auth_token {
         return Ok(Some(t.trim().to_string()));
     }
     raftq::auth::local_cli_token(&c.local_data_dir).map_err(|e| anyhow::anyhow!(e))
@@ -945,5 +988,17 @@ fn print_members(out: Output, members: &[pb::Member]) {
                 m.api_addr
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    /// Every subcommand's arguments are well formed (unique names, no clash with the global client flags).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -76,6 +76,7 @@ pub struct Node {
 impl Node {
     pub async fn start(cfg: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<Node, StartError> {
         cfg.validate().map_err(StartError::Config)?;
+        let webhook_key = cfg.webhook_key()?;
         let raft_cfg = Arc::new(cfg.openraft().map_err(|e| StartError::Config(vec![e]))?);
         let grpc_addr = listeners.grpc.local_addr()?;
         let raft_addr = listeners.raft.local_addr()?;
@@ -254,6 +255,7 @@ impl Node {
             }
         }
 
+        crate::raft::webhooks::spawn(proposer.clone(), &cfg, webhook_key, leading.clone(), &tasks, shutdown.clone());
         tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 
         tracing::info!(

@@ -16,6 +16,8 @@ pub const FSYNC_SECONDS: &str = "raftq_log_fsync_seconds";
 pub const FSYNCS_TOTAL: &str = "raftq_log_fsyncs_total";
 pub const SYNCED_ENTRIES_TOTAL: &str = "raftq_log_synced_entries_total";
 pub const STREAM_SESSIONS: &str = "raftq_stream_sessions";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "raftq_webhook_deliveries_total";
+pub const WEBHOOKS_PENDING: &str = "raftq_webhooks_pending";
 
 /// How many queues get depth series: the busiest, so label cardinality stays bounded.
 pub const MAX_QUEUE_SERIES: usize = 20;
@@ -43,6 +45,17 @@ const EVENTS: [(TaskEvent, &str); 8] = [
     (TaskEvent::DeadLettered, "dead_lettered"),
     (TaskEvent::LeaseExpired, "lease_expired"),
 ];
+
+/// Outcomes of webhook delivery attempts, counted by the leader that made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookEvent {
+    Delivered,
+    Retry,
+    GaveUp,
+}
+
+const WEBHOOK_EVENTS: [(WebhookEvent, &str); 3] =
+    [(WebhookEvent::Delivered, "delivered"), (WebhookEvent::Retry, "retry"), (WebhookEvent::GaveUp, "gave_up")];
 
 /// Bucket bounds in seconds: 1 ms to ~1 h, roughly x2.5 apart.
 const BUCKETS: [f64; 16] =
@@ -88,12 +101,19 @@ pub struct Metrics {
     pub stream_sessions: AtomicU64,
     pub snapshots_installed: AtomicU64,
     pub snapshots_built: AtomicU64,
+    webhooks: [AtomicU64; WEBHOOK_EVENTS.len()],
 }
 
 impl Metrics {
     pub fn count(&self, e: TaskEvent, n: u64) {
         if let Some(i) = EVENTS.iter().position(|(x, _)| *x == e) {
             self.events[i].fetch_add(n, Relaxed);
+        }
+    }
+
+    pub fn webhook(&self, e: WebhookEvent) {
+        if let Some(i) = WEBHOOK_EVENTS.iter().position(|(x, _)| *x == e) {
+            self.webhooks[i].fetch_add(1, Relaxed);
         }
     }
 
@@ -121,10 +141,56 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));
         }
+        let _ = writeln!(
+            out,
+            "# HELP {WEBHOOK_DELIVERIES_TOTAL} Webhook delivery attempts made by this node (as leader), by outcome."
+        );
+        let _ = writeln!(out, "# TYPE {WEBHOOK_DELIVERIES_TOTAL} counter");
+        for (i, (_, name)) in WEBHOOK_EVENTS.iter().enumerate() {
+            let _ =
+                writeln!(out, "{WEBHOOK_DELIVERIES_TOTAL}{{outcome=\"{name}\"}} {}", self.webhooks[i].load(Relaxed));
+        }
         let _ = writeln!(out, "# HELP {STREAM_SESSIONS} Open worker and producer streams.");
         let _ =
             writeln!(out, "# TYPE {STREAM_SESSIONS} gauge\n{STREAM_SESSIONS} {}", self.stream_sessions.load(Relaxed));
     }
+}
+
+/// The target of per-task trace spans: off unless asked for (`RAFTQ_LOG=info,raftq::trace=debug`), so a busy
+/// queue pays nothing for them by default.
+pub const TRACE_TARGET: &str = "raftq::trace";
+
+/// Whether per-task trace spans are recorded.
+pub fn task_spans_enabled() -> bool {
+    tracing::enabled!(target: "raftq::trace", tracing::Level::DEBUG)
+}
+
+/// The trace id and parent span id of a W3C `traceparent` (validated at enqueue), or nothing.
+pub fn trace_ids(traceparent: Option<&str>) -> (Option<&str>, Option<&str>) {
+    let mut parts = traceparent.unwrap_or_default().split('-');
+    let (_, trace, parent) = (parts.next(), parts.next(), parts.next());
+    match (trace, parent) {
+        (Some(t), Some(p)) if t.len() == 32 && p.len() == 16 => (Some(t), Some(p)),
+        _ => (None, None),
+    }
+}
+
+/// Records one step of a task's life (`op`: enqueue, claim, complete, fail, ...) as a span whose parent is the
+/// W3C trace context given at enqueue: the span carries `trace_id`, `parent_span_id` (the caller's span) and
+/// its own `span_id`, so a log pipeline can attach it to the caller's trace. One event inside says what happened.
+pub fn task_span(op: &'static str, task_id: &crate::queue::TaskId, traceparent: Option<&str>, state: &str) {
+    let (trace_id, parent_span_id) = trace_ids(traceparent);
+    let span_id = format!("{:016x}", rand::random::<u64>().max(1));
+    let span = tracing::debug_span!(
+        target: "raftq::trace",
+        "task",
+        op,
+        task_id = %task_id,
+        trace_id,
+        parent_span_id,
+        span_id = %span_id,
+    );
+    span.in_scope(|| tracing::debug!(target: "raftq::trace", state, "task {op}"));
 }
 
 /// A gauge line with labels.

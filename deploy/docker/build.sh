@@ -8,8 +8,10 @@
 #    crt-static. It lands in target/<triple>/release and leaves the ordinary target/release build alone.
 # 2. `raftq-probe` (probe.rs, the health check) and `raftq-entrypoint` (entrypoint.rs, node id from a
 #    StatefulSet pod's ordinal, for the Helm chart): std-only, static, compiled by rustc alone.
-# 3. rootfs.tar: the three binaries in /usr/local/bin, deploy/docker/rootfs/etc, an empty /data owned by uid 10001
-#    and /tmp; fixed owners and mtimes, so the layer depends on the binaries only.
+# 3. rootfs.tar: the three binaries in /usr/local/bin, deploy/docker/rootfs/etc, an empty /data and an empty
+#    /secrets owned by uid 10001 (a named volume mounted there starts as a copy of it, so the node can write the
+#    cluster's token secret into it: docker-compose.yml), and /tmp; fixed owners and mtimes, so the layer depends
+#    on the binaries only.
 # 4. docker build -f deploy/docker/Dockerfile on a context holding rootfs.tar alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +36,7 @@ if readelf -lW "$bin" | grep -q 'program interpreter'; then
 fi
 
 rm -rf "$ctx"
-mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/data" "$ctx/rootfs/tmp"
+mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/data" "$ctx/rootfs/secrets" "$ctx/rootfs/tmp"
 cp "$bin" "$ctx/rootfs/usr/local/bin/raftq"
 strip --strip-all "$ctx/rootfs/usr/local/bin/raftq" 2>/dev/null || say "strip not found: the binary keeps its symbols"
 say "raftq-probe and raftq-entrypoint"
@@ -47,12 +49,13 @@ chmod 0755 "$ctx/rootfs/usr/local/bin/"*
 chmod 0644 "$ctx/rootfs/etc/"*
 chmod 1777 "$ctx/rootfs/tmp"
 chmod 0750 "$ctx/rootfs/data"
+chmod 0700 "$ctx/rootfs/secrets"
 
 # One archive, two owners: ADD keeps the owners written in a local tar archive, which COPY cannot do for a
 # directory in a FROM-scratch image (there is no shell to chown with).
 tar_opts=(--sort=name --mtime=@0 --numeric-owner -C "$ctx/rootfs")
-tar -cf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner=0 --group=0 --exclude=./data .
-tar -rf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner="$uid" --group="$uid" ./data
+tar -cf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner=0 --group=0 --exclude=./data --exclude=./secrets .
+tar -rf "$ctx/rootfs.tar" "${tar_opts[@]}" --owner="$uid" --group="$uid" ./data ./secrets
 cp "$here/Dockerfile" "$ctx/Dockerfile"
 rm -rf "$ctx/rootfs"
 

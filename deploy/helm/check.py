@@ -9,6 +9,7 @@ Run through deploy/helm/check.sh, which installs the two PyPI packages this need
     check.py template [--set k=v]...   print the rendered manifests, like `helm template raftq deploy/helm/raftq`
 """
 
+import base64
 import json
 import os
 import sys
@@ -23,15 +24,16 @@ RELEASE = "raftq"
 NAMESPACE = "queue"
 SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 
-# Value sets rendered and validated; "everything" turns on every optional part (auth and TLS included, which
-# only mount Secrets and set variables until the server supports them).
+# Value sets rendered and validated. "defaults" has authentication on with the Secret the chart makes; "everything"
+# turns on every optional part (TLS included, which only mounts its Secret and sets variables: the server does
+# not serve TLS yet).
 VALUE_SETS = {
     "defaults": {},
     "everything": {
         "replicaCount": 5,
         "fullnameOverride": "tasks",
         "config": {"shards": 8, "lease_default_ms": 10000},
-        "auth": {"enabled": True, "existingSecret": "raftq-auth"},
+        "auth": {"existingSecret": "raftq-auth", "hs256SecretKey": "issuer.hs256", "clusterSecretKey": "raft"},
         "tls": {"enabled": True, "secretName": "raftq-tls"},
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
         "networkPolicy": {"enabled": True},
@@ -40,10 +42,18 @@ VALUE_SETS = {
         "podAnnotations": {"example.com/team": "queues"},
         "extraEnv": [{"name": "RAFTQ_SHARDS", "value": "8"}],
     },
+    "existing secret, public keys only": {"auth": {"existingSecret": "raftq-keys", "hs256SecretKey": ""}},
+    "auth off (insecure)": {"auth": {"enabled": False}},
 }
 # Value sets that must fail to render, with the message they must fail with.
 MUST_FAIL = {
-    "auth without a secret": ({"auth": {"enabled": True}}, "auth.enabled needs auth.existingSecret"),
+    "chart's secret with a key not named <kid>.hs256": ({"auth": {"hs256SecretKey": "chart"}},
+                                                         "auth.hs256SecretKey must be named <kid>.hs256"),
+    "chart's secret without an HS256 key": ({"auth": {"hs256SecretKey": ""}},
+                                             "auth.hs256SecretKey must be named <kid>.hs256"),
+    "auth without a cluster secret key": ({"auth": {"clusterSecretKey": ""}}, "auth.enabled needs auth.clusterSecretKey"),
+    "one key for both secrets": ({"auth": {"clusterSecretKey": "chart.hs256"}},
+                                 "auth.clusterSecretKey and auth.hs256SecretKey must differ"),
     "tls without a secret": ({"tls": {"enabled": True}}, "tls.enabled needs tls.secretName"),
 }
 
@@ -99,6 +109,46 @@ def invariants(docs, values):
          "a client Service with gRPC and HTTP, without the Raft port")
     pdb = by_kind.get("PodDisruptionBudget", [])
     want(len(pdb) == 1 and pdb[0]["spec"]["maxUnavailable"] == 1, "a PodDisruptionBudget with maxUnavailable 1")
+    problems += auth_invariants(by_kind, pod, c, env, values.get("auth", {}))
+    return problems
+
+
+def auth_invariants(by_kind, pod, c, env, auth):
+    """Secure by default: auth on unless turned off, and then RAFTQ_AUTH=none said out loud."""
+    problems = []
+
+    def want(ok, what):
+        if not ok:
+            problems.append(what)
+
+    enabled = auth.get("enabled", True)
+    existing = auth.get("existingSecret", "")
+    hs256_key = auth.get("hs256SecretKey", "chart.hs256")
+    cluster_key = auth.get("clusterSecretKey", "cluster-secret")
+    secrets = [s for s in by_kind.get("Secret", []) if s["metadata"]["name"].endswith("-auth")]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    if not enabled:
+        want(env.get("RAFTQ_AUTH") == "none", "auth.enabled=false must set RAFTQ_AUTH=none explicitly")
+        want(not secrets and "auth" not in volumes, "auth.enabled=false: no auth Secret, nothing mounted")
+        return problems
+    want(env.get("RAFTQ_AUTH") == "jwt", "auth on: RAFTQ_AUTH=jwt")
+    want(env.get("RAFTQ_AUTH_KEYS_DIR") == "/etc/raftq/auth", "auth on: RAFTQ_AUTH_KEYS_DIR=/etc/raftq/auth")
+    want(env.get("RAFTQ_CLUSTER_SECRET_FILE") == f"/etc/raftq/auth/{cluster_key}",
+         "auth on: RAFTQ_CLUSTER_SECRET_FILE in the keys directory")
+    want(env.get("RAFTQ_AUTH_HS256_SECRET_FILE") == (f"/etc/raftq/auth/{hs256_key}" if hs256_key else None),
+         "RAFTQ_AUTH_HS256_SECRET_FILE (the in-pod CLI's token source) iff auth.hs256SecretKey")
+    want(mounts.get("/etc/raftq/auth", {}).get("readOnly") is True, "the auth Secret mounted read-only")
+    name = volumes.get("auth", {}).get("secret", {}).get("secretName")
+    if existing:
+        want(name == existing, "the existing auth Secret is mounted")
+        want(not secrets, "with auth.existingSecret the chart makes no Secret")
+    else:
+        want(len(secrets) == 1 and name == secrets[0]["metadata"]["name"], "the chart's auth Secret is mounted")
+        data = secrets[0].get("data", {}) if secrets else {}
+        want(set(data) == {hs256_key, cluster_key}, f"the chart's Secret holds {hs256_key} and {cluster_key}")
+        for k, v in data.items():
+            want(len(base64.b64decode(v)) >= 32, f"the chart's secret {k} has at least 32 bytes")
     return problems
 
 

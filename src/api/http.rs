@@ -52,6 +52,13 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
         }
     }
     gauge(&mut out, t::QUEUE_TASKS, "Tasks per state in the busiest queues.", &series);
+    let pending = p.shared.webhook_backlog().1 as f64;
+    gauge(
+        &mut out,
+        t::WEBHOOKS_PENDING,
+        "Webhook deliveries waiting in the replicated outbox.",
+        &[(String::new(), pending)],
+    );
 
     let m = crate::raft::metrics(&p.raft);
     let idx = |l: &Option<crate::raft::types::LogId>| l.as_ref().map(|l| l.index).unwrap_or(0) as f64;

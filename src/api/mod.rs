@@ -7,5 +7,6 @@ pub mod forward;
 pub mod grpc;
 pub mod http;
 pub mod limits;
+pub mod openapi;
 pub mod rest;
 pub mod stream;

@@ -30,22 +30,53 @@ pub struct Rest {
     pub admin: Arc<AdminApi>,
 }
 
-pub fn routes(rest: Rest) -> Router {
-    Router::new()
-        .route("/v1/tasks", post(enqueue))
-        .route("/v1/tasks/batch", post(enqueue_batch))
-        .route("/v1/tasks/{id}", get(get_task))
-        .route("/v1/tasks/{id}/result", get(get_result))
-        .route("/v1/tasks/{id}/cancel", post(cancel))
-        .route("/v1/tasks/{id}/{action}", post(ack))
-        .route("/v1/claim", post(claim))
-        .route("/v1/queues", get(queues))
-        .route("/v1/queues/{queue}/dead-letters", get(dead_letters))
-        .route("/v1/queues/{queue}/dead-letters/redrive", post(redrive))
-        .route("/v1/queues/{queue}/dead-letters/purge", post(purge))
-        .route("/v1/cluster/status", get(cluster_status))
-        .route("/v1/cluster/transfer-leader", post(transfer_leader))
-        .with_state(rest)
+/// Declares the REST routes once: the router is built from this list, and so is `ROUTES`, which the OpenAPI
+/// document (`openapi.rs`) is generated from. A route cannot be served without being documented.
+macro_rules! rest_routes {
+    ($($method:ident $path:literal => $handler:expr;)*) => {
+        /// Every REST route: (method, path), in axum's path syntax.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        pub fn routes(rest: Rest) -> Router {
+            Router::new()
+                $(.route($path, $method($handler)))*
+                .with_state(rest)
+                .fallback(no_route)
+        }
+    };
+}
+
+rest_routes! {
+    post "/v1/tasks" => enqueue;
+    post "/v1/tasks/batch" => enqueue_batch;
+    get "/v1/tasks/{id}" => get_task;
+    get "/v1/tasks/{id}/result" => get_result;
+    post "/v1/tasks/{id}/cancel" => cancel;
+    post "/v1/tasks/{id}/complete" => ack_as(AckKind::Complete);
+    post "/v1/tasks/{id}/fail" => ack_as(AckKind::Fail);
+    post "/v1/tasks/{id}/nack" => ack_as(AckKind::Nack);
+    post "/v1/tasks/{id}/abandon" => ack_as(AckKind::Abandon);
+    post "/v1/tasks/{id}/heartbeat" => ack_as(AckKind::Heartbeat);
+    post "/v1/claim" => claim;
+    get "/v1/queues" => queues;
+    get "/v1/queues/{queue}/dead-letters" => dead_letters;
+    post "/v1/queues/{queue}/dead-letters/redrive" => redrive;
+    post "/v1/queues/{queue}/dead-letters/purge" => purge;
+    get "/v1/cluster/status" => cluster_status;
+    post "/v1/cluster/transfer-leader" => transfer_leader;
+    get "/v1/openapi.json" => openapi;
+}
+
+/// The message of the 404 for a path no route serves (a handler's own 404 says what it did not find).
+pub const NO_ROUTE: &str = "no such route";
+
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> RestError {
+    let message = format!("{NO_ROUTE}: {method} {}", uri.path());
+    RestError(StatusCode::NOT_FOUND, json!({"error": {"code": "NOT_FOUND", "message": message}}), None, None)
+}
+
+async fn openapi() -> Json<Value> {
+    Json(super::openapi::document())
 }
 
 /// A REST error: the gRPC status's reason and message, with the matching HTTP status.
@@ -318,28 +349,34 @@ struct AckBody {
     extend_ms: u64,
 }
 
+/// What an ack route does to the task.
+#[derive(Debug, Clone, Copy)]
+enum AckKind {
+    Complete,
+    Fail,
+    Nack,
+    Abandon,
+    Heartbeat,
+}
+
+type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Res> + Send>>;
+
+/// The handler of one ack route.
+fn ack_as(
+    action: AckKind,
+) -> impl Fn(State<Rest>, HeaderMap, Path<String>, Body<AckBody>) -> AckFuture + Clone + Send + Sync + 'static {
+    move |State(r), headers, Path(id), Body(b)| Box::pin(ack(r, headers, id, action, b))
+}
+
 /// `complete`, `fail`, `nack`, `abandon` or `heartbeat` a claimed task, naming its fencing token.
-async fn ack(
-    State(r): State<Rest>,
-    headers: HeaderMap,
-    Path((id, action)): Path<(String, String)>,
-    Body(b): Body<AckBody>,
-) -> Res {
+async fn ack(r: Rest, headers: HeaderMap, id: String, kind: AckKind, b: AckBody) -> Res {
     use pb::ack_request::Action;
-    let action = match action.as_str() {
-        "complete" => Action::Complete(pb::Complete { result: bytes_of(b.result, b.result_base64, "result")? }),
-        "fail" => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
-        "nack" => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
-        "abandon" => Action::Abandon(pb::Abandon {}),
-        "heartbeat" => Action::Heartbeat(pb::Heartbeat { extend_ms: b.extend_ms }),
-        other => {
-            return Err(RestError(
-                StatusCode::NOT_FOUND,
-                json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: complete, fail, nack, abandon or heartbeat")}}),
-                None,
-                None,
-            ))
-        }
+    let action = match kind {
+        AckKind::Complete => Action::Complete(pb::Complete { result: bytes_of(b.result, b.result_base64, "result")? }),
+        AckKind::Fail => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
+        AckKind::Nack => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
+        AckKind::Abandon => Action::Abandon(pb::Abandon {}),
+        AckKind::Heartbeat => Action::Heartbeat(pb::Heartbeat { extend_ms: b.extend_ms }),
     };
     let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
     let a = r.tasks.ack(request(&r, &headers, req)?).await?.into_inner();
@@ -450,4 +487,68 @@ async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Bod
     let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
     let t = r.admin.transfer_leader(request(&r, &headers, req)?).await?.into_inner();
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::de::{Deserializer, Error as _, Visitor};
+
+    use super::*;
+
+    /// The field names a type's `Deserialize` accepts (what `deny_unknown_fields` checks against), read by
+    /// asking it to deserialize from a deserializer that records them.
+    fn field_names<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
+        struct Probe<'a>(&'a mut Vec<&'static str>);
+        impl<'de> Deserializer<'de> for Probe<'_> {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(Self::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0.extend_from_slice(fields);
+                Err(Self::Error::custom("probed"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+                unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut out = Vec::new();
+        let _ = T::deserialize(Probe(&mut out));
+        out.sort();
+        out
+    }
+
+    fn documented(schema: &str) -> Vec<String> {
+        let schemas = crate::api::openapi::schemas();
+        let mut v: Vec<String> =
+            schemas[schema]["properties"].as_object().expect("properties").keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn request_schemas_name_exactly_the_fields_the_routes_accept() {
+        let cases: [(&str, Vec<&str>); 6] = [
+            ("NewTask", field_names::<NewTaskBody>()),
+            ("NewTaskBatch", field_names::<BatchBody>()),
+            ("Ack", field_names::<AckBody>()),
+            ("Claim", field_names::<ClaimBody>()),
+            ("Selection", field_names::<SelectBody>()),
+            ("Transfer", field_names::<TransferBody>()),
+        ];
+        for (schema, fields) in cases {
+            assert!(!fields.is_empty(), "{schema}: no fields probed");
+            assert_eq!(documented(schema), fields, "{schema}");
+        }
+        use crate::api::openapi::describe;
+        let query = |m, p| describe(m, p).expect("described").query.iter().map(|q| q.0).collect::<Vec<_>>();
+        assert_eq!(query("get", "/v1/tasks/{id}/result"), field_names::<WaitQuery>());
+        assert_eq!(query("get", "/v1/queues/{queue}/dead-letters"), field_names::<LimitQuery>());
+    }
 }

@@ -56,21 +56,23 @@ fn tail(b: &[u8]) -> String {
 
 async fn run_one(command: Arc<Vec<String>>, timeout: Duration, task: Task) -> Outcome {
     let fail = |error: String| Outcome::Failed { error, retryable: true };
-    let mut child = match tokio::process::Command::new(&command[0])
-        .args(&command[1..])
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
         .env("RAFTQ_TASK_ID", &task.id)
         .env("RAFTQ_QUEUE", &task.queue)
         .env("RAFTQ_ATTEMPT", task.attempts.to_string())
-        .env("RAFTQ_MAX_ATTEMPTS", task.max_attempts.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return fail(format!("cannot start {}: {e}", command[0])),
+        .env("RAFTQ_MAX_ATTEMPTS", task.max_attempts.to_string());
+    // The task's trace context, as OpenTelemetry's environment carrier names it, so the command's own spans join
+    // the producer's trace.
+    match &task.trace {
+        Some(trace) => cmd.env("TRACEPARENT", &trace.traceparent).env("TRACESTATE", &trace.tracestate),
+        None => cmd.env_remove("TRACEPARENT").env_remove("TRACESTATE"),
     };
+    let mut child =
+        match cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn() {
+            Ok(c) => c,
+            Err(e) => return fail(format!("cannot start {}: {e}", command[0])),
+        };
     if let Some(mut stdin) = child.stdin.take() {
         let payload = task.payload.clone();
         // A command that does not read its input must not block the worker: write in the background.

@@ -50,6 +50,7 @@ pub struct MemMachine {
 pub struct MemStore {
     pub tasks: BTreeMap<TaskId, Task>,
     pub keys: BTreeMap<(String, String), KeyRecord>,
+    pub outbox: BTreeMap<DeliveryId, WebhookDelivery>,
 }
 
 impl TaskStore for MemStore {
@@ -74,6 +75,17 @@ impl TaskStore for MemStore {
     }
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {
         self.keys.remove(&(tenant.to_string(), key.to_string()));
+        Ok(())
+    }
+    fn get_delivery(&mut self, id: &DeliveryId) -> Result<Option<WebhookDelivery>, Self::Error> {
+        Ok(self.outbox.get(id).cloned())
+    }
+    fn put_delivery(&mut self, d: &WebhookDelivery) -> Result<(), Self::Error> {
+        self.outbox.insert(d.id, d.clone());
+        Ok(())
+    }
+    fn remove_delivery(&mut self, id: &DeliveryId) -> Result<(), Self::Error> {
+        self.outbox.remove(id);
         Ok(())
     }
 }
@@ -119,6 +131,11 @@ impl MemMachine {
         self.shards.iter().map(|s| s.now).max().unwrap_or(0)
     }
 
+    /// Every pending webhook delivery, in id order.
+    pub fn deliveries(&self) -> impl Iterator<Item = &WebhookDelivery> {
+        self.stores.iter().flat_map(|s| s.outbox.values())
+    }
+
     pub fn pick(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
         pick_ready(&self.shards, tenant, queues, count, &HashSet::new())
     }
@@ -136,6 +153,9 @@ impl MemMachine {
             }
             for ((tenant, key), rec) in &m.stores[i].keys {
                 core.index_key(tenant, key, rec);
+            }
+            for d in m.stores[i].outbox.values() {
+                core.index_delivery(d);
             }
         }
         m

@@ -23,6 +23,9 @@ pub trait TaskStore {
     fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error>;
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error>;
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error>;
+    fn get_delivery(&mut self, id: &DeliveryId) -> Result<Option<WebhookDelivery>, Self::Error>;
+    fn put_delivery(&mut self, d: &WebhookDelivery) -> Result<(), Self::Error>;
+    fn remove_delivery(&mut self, id: &DeliveryId) -> Result<(), Self::Error>;
 }
 
 /// An idempotency key: which task it created and until when it is remembered.
@@ -58,6 +61,8 @@ pub struct Effects {
     pub enqueue_to_claim_ms: Vec<u64>,
     pub claim_to_end_ms: Vec<u64>,
     pub enqueue_to_end_ms: Vec<u64>,
+    /// Webhook deliveries added to an outbox (the leader's sender looks again).
+    pub webhooks_added: u64,
 }
 
 /// What happened to tasks in the applied entries (for metrics).
@@ -84,6 +89,7 @@ pub enum PartialResponse {
     Redriven(Vec<TaskId>),
     Purged(Vec<TaskId>),
     Ticked,
+    WebhooksRecorded(u32),
 }
 
 impl PartialResponse {
@@ -96,6 +102,7 @@ impl PartialResponse {
             Command::Redrive { .. } => PartialResponse::Redriven(vec![]),
             Command::PurgeDeadLetters { .. } => PartialResponse::Purged(vec![]),
             Command::Tick => PartialResponse::Ticked,
+            Command::WebhookOutcome(_) => PartialResponse::WebhooksRecorded(0),
         }
     }
 
@@ -114,6 +121,7 @@ impl PartialResponse {
             PartialResponse::Redriven(v) => Response::Redriven(v),
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
+            PartialResponse::WebhooksRecorded(n) => Response::WebhooksRecorded(n),
         }
     }
 }
@@ -133,6 +141,12 @@ pub struct ShardCore {
     dead: HashMap<QueueKey, BTreeSet<(TimeMs, TaskId)>>,
     keys: BTreeSet<(TimeMs, String, String)>,
     counts: HashMap<QueueKey, StateCounts>,
+    /// Pending webhook deliveries of this shard's outbox, by when they are due.
+    webhooks: BTreeSet<(TimeMs, DeliveryId)>,
+    /// The log index of the entry being applied (names the webhook deliveries it creates).
+    log_index: u64,
+    /// Deliveries created by the entry being applied, moved into its `Effects` at the end.
+    webhooks_added: u64,
 }
 
 /// Tasks per state in one queue.
@@ -262,11 +276,40 @@ impl ShardCore {
         self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
     }
 
-    /// Writes a changed record and moves it between indexes.
+    pub fn index_delivery(&mut self, d: &WebhookDelivery) {
+        self.webhooks.insert((d.next_at, d.id));
+    }
+
+    /// Writes a changed record and moves it between indexes. A task with a webhook URL that has just ended
+    /// (or been dead-lettered) gets a delivery in this shard's outbox, in the same transaction.
     fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
         self.unindex_task(before);
         self.index_task(after);
-        store.put(after)
+        store.put(after)?;
+        let ended = after.state.is_terminal() || after.state == TaskState::DeadLettered;
+        if let (true, true, Some(url)) = (ended, before.state != after.state, &after.webhook_url) {
+            let d = WebhookDelivery {
+                id: DeliveryId { task_id: after.id, seq: self.log_index << 4 | state_code(after.state) },
+                url: url.clone(),
+                tenant: after.tenant.clone(),
+                queue: after.queue.clone(),
+                state: after.state,
+                attempts: after.attempts,
+                result: after.result.clone(),
+                error: after.last_error.clone(),
+                created_at: after.created_at,
+                ended_at: self.now,
+                traceparent: after.traceparent.clone(),
+                tracestate: after.tracestate.clone(),
+                tries: 0,
+                next_at: self.now,
+                last_error: None,
+            };
+            store.put_delivery(&d)?;
+            self.index_delivery(&d);
+            self.webhooks_added += 1;
+        }
+        Ok(())
     }
 
     // ---- reads (used by the leader to choose claims, and by the API) -----------------------------------------
@@ -277,6 +320,21 @@ impl ShardCore {
             None => vec![],
             Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
         }
+    }
+
+    /// Webhook deliveries due at `now`, earliest first, skipping `skip` (attempts in flight).
+    pub fn due_deliveries(&self, now: TimeMs, limit: usize, skip: &HashSet<DeliveryId>) -> Vec<(TimeMs, DeliveryId)> {
+        self.webhooks.iter().take_while(|k| k.0 <= now).filter(|k| !skip.contains(&k.1)).take(limit).cloned().collect()
+    }
+
+    /// When the earliest webhook delivery of this shard is due.
+    pub fn next_delivery_at(&self) -> Option<TimeMs> {
+        self.webhooks.first().map(|k| k.0)
+    }
+
+    /// Pending webhook deliveries in this shard.
+    pub fn pending_deliveries(&self) -> usize {
+        self.webhooks.len()
     }
 
     /// Dead-lettered tasks of one queue, oldest first.
@@ -311,6 +369,7 @@ impl ShardCore {
             retention: self.retention.len(),
             dead: self.dead.values().map(|s| s.len()).sum(),
             keys: self.keys.len(),
+            webhooks: self.webhooks.len(),
         }
     }
 
@@ -325,6 +384,7 @@ impl ShardCore {
         out: &mut PartialResponse,
         fx: &mut Effects,
     ) -> Result<(), S::Error> {
+        self.log_index = log_index;
         self.advance(store, log_index, req.time_ms, req.seed, fx)?;
         let now = self.now;
         let base_seq = log_index.saturating_mul(MAX_ITEMS_PER_COMMAND);
@@ -383,9 +443,41 @@ impl ShardCore {
                 }
             }
             (Command::Tick, PartialResponse::Ticked) => {}
+            (Command::WebhookOutcome(reports), PartialResponse::WebhooksRecorded(n)) => {
+                for r in reports {
+                    if self.mine(&r.id.task_id) {
+                        *n += self.record_webhook(store, r)? as u32;
+                    }
+                }
+            }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
+        fx.webhooks_added += std::mem::take(&mut self.webhooks_added);
         Ok(())
+    }
+
+    /// Records one delivery attempt; a report about an attempt already recorded (or a delivery already gone)
+    /// changes nothing.
+    fn record_webhook<S: TaskStore>(&mut self, store: &mut S, r: &WebhookReport) -> Result<bool, S::Error> {
+        let Some(before) = store.get_delivery(&r.id)? else {
+            return Ok(false);
+        };
+        if before.tries != r.tries {
+            return Ok(false);
+        }
+        self.webhooks.remove(&(before.next_at, before.id));
+        match &r.outcome {
+            WebhookOutcome::Delivered | WebhookOutcome::GaveUp { .. } => store.remove_delivery(&r.id)?,
+            WebhookOutcome::Retry { at, error } => {
+                let mut d = before;
+                d.tries += 1;
+                d.next_at = *at;
+                d.last_error = Some(error.clone());
+                store.put_delivery(&d)?;
+                self.index_delivery(&d);
+            }
+        }
+        Ok(true)
     }
 
     fn select_dead(&self, qk: &QueueKey, select: &DlqSelector) -> Vec<TaskId> {
@@ -728,4 +820,17 @@ pub struct IndexSizes {
     pub retention: usize,
     pub dead: usize,
     pub keys: usize,
+    pub webhooks: usize,
+}
+
+/// A small code per state, part of a webhook delivery's id.
+fn state_code(s: TaskState) -> u64 {
+    match s {
+        TaskState::Pending => 0,
+        TaskState::InProgress => 1,
+        TaskState::Completed => 2,
+        TaskState::Failed => 3,
+        TaskState::Cancelled => 4,
+        TaskState::DeadLettered => 5,
+    }
 }

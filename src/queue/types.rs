@@ -301,6 +301,8 @@ pub enum Command {
     /// Moves state-machine time forward: expiries and promotions happen on every entry, a tick just makes sure
     /// time advances while the cluster is otherwise idle.
     Tick,
+    /// What the leader's webhook sender saw for each attempt: delivered, retry at a time it chose, or given up.
+    WebhookOutcome(Vec<WebhookReport>),
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -322,6 +324,7 @@ impl fmt::Display for Request {
             Command::Redrive { .. } => ("redrive", 1),
             Command::PurgeDeadLetters { .. } => ("purge", 1),
             Command::Tick => ("tick", 0),
+            Command::WebhookOutcome(v) => ("webhook_outcome", v.len()),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -386,4 +389,84 @@ pub enum Response {
     Redriven(Vec<TaskId>),
     Purged(Vec<TaskId>),
     Ticked,
+    /// How many webhook reports changed an outbox record (stale reports change nothing).
+    WebhooksRecorded(u32),
+}
+
+/// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so
+/// a task that ends twice (dead-lettered, then cancelled; or redriven and ended again) gets one delivery per end.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeliveryId {
+    pub task_id: TaskId,
+    pub seq: u64,
+}
+
+impl DeliveryId {
+    /// The outbox key: the 16-byte task id, then `seq` big-endian (so a task's deliveries sort together).
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..16].copy_from_slice(&self.task_id.0);
+        b[16..].copy_from_slice(&self.seq.to_be_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<DeliveryId> {
+        let id: [u8; 16] = b.get(..16)?.try_into().ok()?;
+        let seq: [u8; 8] = b.get(16..24)?.try_into().ok()?;
+        Some(DeliveryId { task_id: TaskId(id), seq: u64::from_be_bytes(seq) })
+    }
+}
+
+impl fmt::Display for DeliveryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{:016x}", self.task_id, self.seq)
+    }
+}
+
+impl fmt::Debug for DeliveryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeliveryId({self})")
+    }
+}
+
+/// A webhook delivery waiting in the outbox of its task's shard. Written by the same apply that ends the task,
+/// and self-contained (the task may be removed by retention before its delivery succeeds). Removed once
+/// delivered or given up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookDelivery {
+    pub id: DeliveryId,
+    pub url: String,
+    pub tenant: String,
+    pub queue: String,
+    /// The state the task ended in (a terminal state, or `DeadLettered`).
+    pub state: TaskState,
+    pub attempts: u32,
+    pub result: Option<Vec<u8>>,
+    pub error: Option<String>,
+    pub created_at: TimeMs,
+    pub ended_at: TimeMs,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    /// Delivery attempts made so far.
+    pub tries: u32,
+    /// When the next attempt is due (state-machine time the leader chose).
+    pub next_at: TimeMs,
+    pub last_error: Option<String>,
+}
+
+/// The outcome of one delivery attempt, decided by the leader (which also chose the retry time).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WebhookOutcome {
+    Delivered,
+    Retry { at: TimeMs, error: String },
+    GaveUp { error: String },
+}
+
+/// One attempt's report. `tries` is the record's count when the attempt started: a report about an attempt
+/// already recorded (a second leader's, or one sent again) changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookReport {
+    pub id: DeliveryId,
+    pub tries: u32,
+    pub outcome: WebhookOutcome,
 }

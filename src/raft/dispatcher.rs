@@ -250,6 +250,11 @@ impl Dispatch {
         match done.result {
             Ok(Response::Claimed(results)) => {
                 let mut results: Vec<Option<Task>> = results.into_iter().map(|r| r.ok().map(|b| *b)).collect();
+                if crate::telemetry::task_spans_enabled() {
+                    for t in results.iter().flatten().filter(|t| t.traceparent.is_some()) {
+                        crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
+                    }
+                }
                 let now = Instant::now();
                 for (req, range) in done.groups {
                     let tasks: Vec<Task> = results[range].iter_mut().filter_map(Option::take).collect();

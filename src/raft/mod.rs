@@ -6,6 +6,7 @@ pub mod network;
 pub mod proposer;
 pub mod service;
 pub mod types;
+pub mod webhooks;
 
 use openraft::type_config::async_runtime::watch::WatchReceiver;
 

@@ -15,6 +15,7 @@ use super::types::{NodeId, Raft};
 use crate::config::Config;
 use crate::queue::*;
 use crate::storage::SmShared;
+use crate::telemetry;
 
 /// Entries in flight per coalescer: enough to keep the log writer busy while earlier entries replicate.
 const IN_FLIGHT_ENTRIES: usize = 8;
@@ -89,15 +90,38 @@ impl Proposer {
     }
 
     pub async fn enqueue(&self, items: Vec<NewTask>) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
+        let traced: Vec<(TaskId, String)> = if telemetry::task_spans_enabled() {
+            items.iter().filter_map(|i| Some((i.id, i.traceparent.clone()?))).collect()
+        } else {
+            vec![]
+        };
         let (reply, rx) = oneshot::channel();
         self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        let out = rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??;
+        for (id, tp) in traced {
+            if out.iter().any(|r| matches!(r, Ok(e) if e.task_id == id && !e.duplicate)) {
+                telemetry::task_span("enqueue", &id, Some(&tp), TaskState::Pending.as_str());
+            }
+        }
+        Ok(out)
     }
 
     pub async fn ack(&self, items: Vec<AckItem>) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {
+        let traced: Vec<(TaskId, &'static str)> = if telemetry::task_spans_enabled() {
+            items.iter().map(|i| (i.task_id, ack_op(&i.action))).collect()
+        } else {
+            vec![]
+        };
         let (reply, rx) = oneshot::channel();
         self.ack_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        let out = rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??;
+        // The ack does not carry the trace context: the task does (read only when spans are on).
+        for ((id, op), r) in traced.into_iter().zip(&out) {
+            if let (Ok(o), Ok(Some(t))) = (r, self.shared.get_task(&id)) {
+                telemetry::task_span(op, &id, t.traceparent.as_deref(), o.state.as_str());
+            }
+        }
+        Ok(out)
     }
 
     /// Waits until this node has applied everything committed before the call (a linearizable read point).
@@ -152,6 +176,16 @@ impl Proposer {
                 }
             }
         }
+    }
+}
+
+fn ack_op(a: &AckAction) -> &'static str {
+    match a {
+        AckAction::Complete { .. } => "complete",
+        AckAction::Fail { .. } => "fail",
+        AckAction::Nack { .. } => "nack",
+        AckAction::Abandon => "abandon",
+        AckAction::Heartbeat { .. } => "heartbeat",
     }
 }
 

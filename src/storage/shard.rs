@@ -8,7 +8,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, Table};
 
 use super::codec::{decode, encode, io_err, key_bytes};
 use super::tables::*;
-use crate::queue::{KeyRecord, ShardCore, Task, TaskId, TaskStore, TimeMs};
+use crate::queue::{DeliveryId, KeyRecord, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery};
 use crate::raft::types::{LogId, StoredMembership};
 
 /// The durable part of a shard's metadata.
@@ -24,6 +24,7 @@ pub fn open_db(path: &Path) -> io::Result<Database> {
     let txn = db.begin_write().map_err(io_err)?;
     txn.open_table(TASKS).map_err(io_err)?;
     txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+    txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
     txn.open_table(SHARD_META).map_err(io_err)?;
     txn.commit().map_err(io_err)?;
     Ok(db)
@@ -73,7 +74,21 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         let key = String::from_utf8_lossy(raw.get(split + 1..).unwrap_or_default());
         core.index_key(&tenant, &key, &rec);
     }
+    let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+    for item in outbox.iter().map_err(io_err)? {
+        let (_, v) = item.map_err(io_err)?;
+        core.index_delivery(&decode(v.value())?);
+    }
     Ok(core)
+}
+
+pub fn get_delivery(db: &Database, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
+    let txn = db.begin_read().map_err(io_err)?;
+    let t = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+    match t.get(id.to_bytes().as_slice()).map_err(io_err)? {
+        Some(v) => Ok(Some(decode(v.value())?)),
+        None => Ok(None),
+    }
 }
 
 pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
@@ -89,6 +104,7 @@ pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
 pub struct RedbTaskStore<'t> {
     pub tasks: Table<'t, &'static [u8], &'static [u8]>,
     pub keys: Table<'t, &'static [u8], &'static [u8]>,
+    pub outbox: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl TaskStore for RedbTaskStore<'_> {
@@ -125,6 +141,23 @@ impl TaskStore for RedbTaskStore<'_> {
 
     fn remove_key(&mut self, tenant: &str, key: &str) -> io::Result<()> {
         self.keys.remove(key_bytes(tenant, key).as_slice()).map_err(io_err)?;
+        Ok(())
+    }
+
+    fn get_delivery(&mut self, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
+        match self.outbox.get(id.to_bytes().as_slice()).map_err(io_err)? {
+            Some(v) => Ok(Some(decode(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_delivery(&mut self, d: &WebhookDelivery) -> io::Result<()> {
+        self.outbox.insert(d.id.to_bytes().as_slice(), encode(d)?.as_slice()).map_err(io_err)?;
+        Ok(())
+    }
+
+    fn remove_delivery(&mut self, id: &DeliveryId) -> io::Result<()> {
+        self.outbox.remove(id.to_bytes().as_slice()).map_err(io_err)?;
         Ok(())
     }
 }

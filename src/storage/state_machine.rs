@@ -28,7 +28,9 @@ use tokio::sync::{broadcast, watch};
 use super::codec::{decode, encode, io_err};
 use super::shard::{self, RedbTaskStore, ShardMeta};
 use super::tables::*;
-use crate::queue::{self, Effects, PartialResponse, Response, ShardCore, StateCounts, Task, TaskId, TimeMs};
+use crate::queue::{
+    self, DeliveryId, Effects, PartialResponse, Response, ShardCore, StateCounts, Task, TaskId, TimeMs, WebhookDelivery,
+};
 use crate::raft::types::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// How often apply syncs the shard files. Bounds the log a restart re-applies; the log itself is always synced.
@@ -37,6 +39,7 @@ const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP1\n";
 const FRAME_HEADER: u8 = 1;
 const FRAME_TASK: u8 = 2;
 const FRAME_KEY: u8 = 3;
+const FRAME_WEBHOOK: u8 = 4;
 const FRAME_END: u8 = 0xff;
 
 /// The shard files, their derived indexes and durable metadata.
@@ -70,6 +73,8 @@ pub struct SmShared {
     pub work: watch::Sender<u64>,
     /// The last applied log index.
     pub applied: watch::Sender<u64>,
+    /// Bumped when apply adds webhook deliveries to an outbox; the leader's webhook sender watches it.
+    pub webhooks: watch::Sender<u64>,
     /// Task lifecycle counters and latencies, fed by apply.
     pub metrics: Arc<crate::telemetry::Metrics>,
 }
@@ -124,6 +129,36 @@ impl SmShared {
         all.into_iter().collect()
     }
 
+    /// Webhook deliveries due at `now` (earliest first, at most `limit`), skipping those in flight.
+    pub fn due_deliveries(
+        &self,
+        now: TimeMs,
+        limit: usize,
+        skip: &HashSet<DeliveryId>,
+    ) -> io::Result<Vec<WebhookDelivery>> {
+        let (mut ids, dbs) = {
+            let g = self.read();
+            let ids: Vec<(TimeMs, DeliveryId)> =
+                g.cores.iter().flat_map(|c| c.due_deliveries(now, limit, skip)).collect();
+            (ids, g.dbs.clone())
+        };
+        ids.sort();
+        let mut out = Vec::new();
+        for (_, id) in ids.into_iter().take(limit) {
+            if let Some(d) = shard::get_delivery(&dbs[id.task_id.shard(dbs.len())], &id)? {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// When the earliest pending webhook delivery is due, and how many are pending.
+    pub fn webhook_backlog(&self) -> (Option<TimeMs>, usize) {
+        let g = self.read();
+        let next = g.cores.iter().filter_map(|c| c.next_delivery_at()).min();
+        (next, g.cores.iter().map(|c| c.pending_deliveries()).sum())
+    }
+
     pub fn next_due(&self) -> Option<TimeMs> {
         self.read().cores.iter().filter_map(|c| c.next_due()).min()
     }
@@ -158,6 +193,10 @@ impl SmShared {
                 let (k, v) = item.map_err(io_err)?;
                 add(2, k.value(), v.value());
             }
+            for item in txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(3, k.value(), v.value());
+            }
         }
         Ok((applied, digest ^ g.now(), tasks))
     }
@@ -179,6 +218,10 @@ impl SmShared {
             let s = core.index_sizes();
             if s.ready + s.delayed + s.leases + s.retention + s.dead != n {
                 return Err(io::Error::other(format!("shard {i}: {n} records but indexes {s:?}")));
+            }
+            let w = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.len().map_err(io_err)? as usize;
+            if s.webhooks != w {
+                return Err(io::Error::other(format!("shard {i}: {w} webhook deliveries but index {s:?}")));
             }
         }
         Ok(())
@@ -272,6 +315,7 @@ impl StateMachine {
             ended: broadcast::channel(4096).0,
             work: watch::channel(0).0,
             applied: watch::channel(applied).0,
+            webhooks: watch::channel(0).0,
             metrics: Arc::default(),
         });
         Ok(StateMachine { shared, dir: dir.to_path_buf() })
@@ -297,6 +341,7 @@ impl StateMachine {
                 stores.push(RedbTaskStore {
                     tasks: txn.open_table(TASKS).map_err(io_err)?,
                     keys: txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?,
+                    outbox: txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?,
                 });
             }
             for entry in entries {
@@ -447,6 +492,12 @@ impl SnapshotBuilder {
                 write_frame(&mut w, FRAME_KEY, &encode(&(k.value(), v.value()))?)?;
                 records += 1;
             }
+            let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+            for item in outbox.iter().map_err(io_err)? {
+                let (_, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
+                records += 1;
+            }
         }
         write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
@@ -533,6 +584,8 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut keys: Vec<_> =
             txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut outboxes: Vec<_> =
+            txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut records = 0u64;
         loop {
             let (kind, body) = read_frame(&mut r)?;
@@ -545,6 +598,11 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
                     let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
                     let rec: queue::KeyRecord = decode(&v)?;
                     keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                }
+                FRAME_WEBHOOK => {
+                    let d: WebhookDelivery = decode(&body)?;
+                    let shard = d.id.task_id.shard(shards);
+                    outboxes[shard].insert(d.id.to_bytes().as_slice(), body.as_slice()).map_err(io_err)?;
                 }
                 FRAME_END => {
                     let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
@@ -619,6 +677,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if !fx.ready.is_empty() {
             self.shared.work.send_modify(|v| *v += 1);
         }
+        if fx.webhooks_added > 0 {
+            self.shared.webhooks.send_modify(|v| *v += 1);
+        }
         self.shared.applied.send_replace(last);
         Ok(())
     }
@@ -660,6 +721,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.shared.metrics.snapshots_installed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.shared.applied.send_replace(idx);
         self.shared.work.send_modify(|v| *v += 1);
+        self.shared.webhooks.send_modify(|v| *v += 1);
         Ok(())
     }
 

@@ -10,6 +10,8 @@ pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_lo
 pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
 /// Idempotency keys of one shard: `tenant \0 key` -> key record.
 pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
+/// Webhook deliveries waiting in one shard's outbox: 24-byte delivery id (task id, seq) -> delivery record.
+pub const WEBHOOK_OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("webhook_outbox");
 /// Shard metadata: `last_applied`, `membership`, `now`.
 pub const SHARD_META: TableDefinition<&str, &[u8]> = TableDefinition::new("shard_meta");
 

@@ -45,7 +45,7 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         max_attempts: 3,
         idempotency_key: key.map(String::from),
         idempotency_window_ms: 60_000,
-        webhook_url: None,
+        webhook_url: i.is_multiple_of(5).then(|| format!("http://127.0.0.1:1/hook/{i}")),
         traceparent: None,
         tracestate: None,
         retry: RetryPolicy { base_ms: 100, max_ms: 1_000, exponential: true },
@@ -62,6 +62,10 @@ async fn apply(sm: &mut StateMachine, entries: Vec<Entry>) {
 fn dump(sm: &StateMachine) -> BTreeMap<TaskId, Task> {
     let ids: Vec<TaskId> = (0..40u64).map(|i| TaskId::new(1_000, i as u16, i)).collect();
     ids.iter().filter_map(|id| sm.shared.get_task(id).expect("read").map(|t| (*id, t))).collect()
+}
+
+fn cancel(i: u64) -> Command {
+    Command::Cancel { tenant: "t".into(), task_id: TaskId::new(1_000, i as u16, i) }
 }
 
 async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
@@ -81,6 +85,9 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
             entry(1, Request { time_ms: 1_000, seed: 1, command: Command::Enqueue(items) }),
             entry(2, Request { time_ms: 1_001, seed: 2, command: Command::Claim(claim) }),
             entry(3, Request { time_ms: 1_200, seed: 3, command: Command::Tick }),
+            // Ends two tasks with a webhook URL: their deliveries wait in the outbox.
+            entry(4, Request { time_ms: 1_300, seed: 4, command: cancel(10) }),
+            entry(5, Request { time_ms: 1_300, seed: 5, command: cancel(25) }),
         ],
     )
     .await;
@@ -96,14 +103,19 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert!(before.values().any(|t| t.state == TaskState::InProgress));
 
     let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 3)));
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 5)));
+    let none_due = Default::default();
+    let outbox = leader.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox");
+    assert_eq!(outbox.len(), 2, "{outbox:?}");
 
     // A follower with a different shard count installs it and holds the same records and time.
     let b = tempfile::tempdir().expect("dir");
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
     follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
     assert_eq!(dump(&follower), before);
-    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 3)));
+    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 5)));
+    assert_eq!(follower.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox"), outbox);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     assert_eq!(follower.shared.now(), leader.shared.now());
     follower.shared.check_indexes().expect("indexes agree with records");
     let queues = vec!["q".to_string()];
@@ -112,10 +124,12 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
     let cur = follower.get_current_snapshot().await.expect("current").expect("some");
-    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 3)));
+    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 5)));
     drop(follower);
     let reopened = StateMachine::open(b.path(), 3).expect("reopen");
     assert_eq!(dump(&reopened), before);
+    assert_eq!(reopened.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox"), outbox);
+    reopened.shared.check_indexes().expect("indexes agree with records");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::*;
 
 /// One HTTP/1.1 exchange (Connection: close): status, headers (lower-case names), JSON body.
-async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Vec<(String, String)>, Value) {
-    http_with(addr, method, path, &[], body.map(|b| b.to_string()).unwrap_or_default()).await
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Vec<(String, String)>, Value) {
+    let (status, headers, body) = exchange(addr, method, path, body.as_ref()).await;
+    (status, headers, to_json(&body))
 }
 
 /// The same with extra request headers and a raw body.
@@ -20,6 +26,35 @@ pub async fn http_with(
     headers: &[(&str, &str)],
     body: String,
 ) -> (u16, Vec<(String, String)>, Value) {
+    let (status, headers, body) = raw(addr, method, path, headers, body).await;
+    (status, headers, to_json(&body))
+}
+
+fn to_json(body: &str) -> Value {
+    if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("not a JSON body ({e}): {body}"))
+    }
+}
+
+/// One HTTP/1.1 exchange (Connection: close): status, headers (lower-case names), body text.
+pub async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Vec<(String, String)>, String) {
+    raw(addr, method, path, &[], body.map(|b| b.to_string()).unwrap_or_default()).await
+}
+
+async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: String,
+) -> (u16, Vec<(String, String)>, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let req = format!(
@@ -38,13 +73,7 @@ pub async fn http_with(
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_string() };
-    let json = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("not a JSON body ({e}): {body}"))
-    };
-    (status, headers, json)
+    (status, headers, if chunked { dechunk(body) } else { body.to_string() })
 }
 
 fn dechunk(mut s: &str) -> String {

@@ -72,3 +72,8 @@ app.kubernetes.io/component: server
 {{- define "raftq.probeScheme" -}}
 {{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
+
+{{/* The Secret mounted at /etc/raftq/auth: the user's, or the one the chart creates (secret.yaml). */}}
+{{- define "raftq.authSecretName" -}}
+{{- default (printf "%s-auth" (include "raftq.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}

@@ -348,6 +348,14 @@ pub fn document() -> Value {
             "parameters": params,
             "responses": {o.ok.0.to_string(): ok_body, "default": error},
         });
+        match scope_of(o.id) {
+            // Served without a token.
+            None => operation["security"] = json!([]),
+            Some(scope) => {
+                operation["x-raftq-scope"] = json!(scope);
+                operation["description"] = json!(format!("Needs a token with the '{scope}' scope."));
+            }
+        }
         if let Some(schema) = o.request {
             operation["requestBody"] =
                 json!({"required": true, "content": {"application/json": {"schema": reference(schema)}}});
@@ -365,12 +373,47 @@ pub fn document() -> Value {
                 x-raftq-redirect: 1 (answer NOT_LEADER instead of forwarding), x-raftq-read: stale.",
         },
         "paths": paths,
-        "components": {"schemas": schemas()},
+        "security": [{"bearer": []}],
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                "description": "A JWT with `tid` (tenant) and scopes (enqueue, work, read, admin); see the README."}},
+        },
+    })
+}
+
+/// The scope an operation needs (as the service checks it), or None for the public ones.
+fn scope_of(id: &str) -> Option<&'static str> {
+    Some(match id {
+        "enqueue" | "enqueueBatch" | "cancel" | "redrive" => "enqueue",
+        "getTask" | "getResult" | "queues" | "deadLetters" => "read",
+        "claim" | "complete" | "fail" | "nack" | "abandon" | "heartbeat" => "work",
+        "purge" | "clusterStatus" | "transferLeader" => "admin",
+        _ => return None,
     })
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_operation_but_the_probes_needs_a_token_with_a_scope() {
+        let doc = super::document();
+        let mut public = Vec::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in ops.as_object().expect("ops") {
+                match op.get("x-raftq-scope").and_then(|s| s.as_str()) {
+                    Some(s) => assert!(["enqueue", "work", "read", "admin"].contains(&s), "{method} {path}: {s}"),
+                    None => {
+                        assert_eq!(op["security"], serde_json::json!([]), "{method} {path}");
+                        public.push(path.clone());
+                    }
+                }
+            }
+        }
+        public.sort();
+        assert_eq!(public, ["/healthz", "/metrics", "/readyz", "/v1/openapi.json"]);
+    }
+
     use super::*;
 
     #[test]

@@ -35,7 +35,44 @@ use crate::raft::types::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership,
 
 /// How often apply syncs the shard files. Bounds the log a restart re-applies; the log itself is always synced.
 const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(5);
-const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP1\n";
+/// Version 2 ends with the SHA-256 of every byte before it; version 1 files (no digest) are still read.
+const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP2\n";
+const SNAPSHOT_MAGIC_V1: &[u8] = b"RAFTQSNAP1\n";
+
+/// Hashes what passes through it: a snapshot file's digest, written and checked without a second pass.
+struct Hashing<T> {
+    inner: T,
+    hash: sha2::Sha256,
+}
+
+impl<T> Hashing<T> {
+    fn new(inner: T) -> Self {
+        Hashing { inner, hash: <sha2::Sha256 as sha2::Digest>::new() }
+    }
+
+    fn digest(&self) -> [u8; 32] {
+        sha2::Digest::finalize(self.hash.clone()).into()
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        sha2::Digest::update(&mut self.hash, &buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        sha2::Digest::update(&mut self.hash, &buf[..n]);
+        Ok(n)
+    }
+}
 const FRAME_HEADER: u8 = 1;
 const FRAME_TASK: u8 = 2;
 const FRAME_KEY: u8 = 3;
@@ -475,7 +512,7 @@ impl SnapshotBuilder {
         let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
         let path = snap_dir(&self.dir).join(format!("{id}.snap"));
         let tmp = path.with_extension("tmp");
-        let mut w = BufWriter::new(fs::File::create(&tmp)?);
+        let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
         w.write_all(SNAPSHOT_MAGIC)?;
         write_frame(&mut w, FRAME_HEADER, &encode(&self.header)?)?;
         let mut records: u64 = 0;
@@ -500,6 +537,9 @@ impl SnapshotBuilder {
             }
         }
         write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
+        let digest = w.digest();
+        let mut w = w.inner;
+        w.write_all(&digest)?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -566,12 +606,13 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         io::copy(&mut file, &mut out)?;
         out.sync_all()?;
     }
-    let mut r = BufReader::new(fs::File::open(&keep)?);
+    let mut r = Hashing::new(BufReader::new(fs::File::open(&keep)?));
     let mut magic = vec![0u8; SNAPSHOT_MAGIC.len()];
     r.read_exact(&mut magic)?;
-    if magic != SNAPSHOT_MAGIC {
+    if magic != SNAPSHOT_MAGIC && magic != SNAPSHOT_MAGIC_V1 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a raftq snapshot"));
     }
+    let checked = magic == SNAPSHOT_MAGIC;
     let (kind, head) = read_frame(&mut r)?;
     if kind != FRAME_HEADER {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
@@ -608,6 +649,16 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
                     let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
                     if want != records {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
+                    }
+                    if checked {
+                        // Nothing is committed before the whole file checks out: a damaged snapshot is refused
+                        // and the installed state stays as it was.
+                        let got = r.digest();
+                        let mut digest = [0u8; 32];
+                        r.inner.read_exact(&mut digest)?;
+                        if digest != got {
+                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
+                        }
                     }
                     break;
                 }

@@ -133,6 +133,41 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_is_refused_and_leaves_the_state_as_it_was() {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let mut file = snap.snapshot;
+    file.seek(std::io::SeekFrom::Start(0)).await.expect("seek");
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).await.expect("read");
+
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 2).expect("open");
+    let damaged_dir = tempfile::tempdir().expect("dir");
+    let mut reasons = std::collections::BTreeSet::new();
+    // One flipped bit anywhere, from the header to the digest, and the install is refused.
+    for pos in (11..bytes.len()).step_by((bytes.len() / 60).max(1)).chain([bytes.len() - 1]) {
+        let mut bad = bytes.clone();
+        bad[pos] ^= 0x10;
+        let path = damaged_dir.path().join(format!("bad-{pos}.snap"));
+        std::fs::write(&path, &bad).expect("write");
+        let f = tokio::fs::File::open(&path).await.expect("open");
+        let e = follower.install_snapshot(&snap.meta, f).await.expect_err(&format!("byte {pos} flipped"));
+        reasons.insert(e.to_string());
+        assert!(dump(&follower).is_empty(), "nothing of a damaged snapshot is installed");
+        assert_eq!(follower.applied_state().await.expect("applied").0, None);
+    }
+    assert!(reasons.iter().any(|r| r.contains("checksum")), "some damage only the digest catches: {reasons:?}");
+    // The undamaged file installs.
+    let path = damaged_dir.path().join("good.snap");
+    std::fs::write(&path, &bytes).expect("write");
+    follower.install_snapshot(&snap.meta, tokio::fs::File::open(&path).await.expect("open")).await.expect("install");
+    assert_eq!(dump(&follower), dump(&leader));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_install_leaves_the_old_state() {
     let a = tempfile::tempdir().expect("dir");
     let sm = populated(a.path(), 2).await;

@@ -837,10 +837,23 @@ async fn heartbeat(ctx: &Ctx, held: &Held, every: Duration) {
 /// Sends one request's outcomes until an answer comes: on the next stream after a lost one, to the leader
 /// after NOT_LEADER. Resending is safe because every outcome carries its fencing token: the server applies
 /// at most one. Gives up only when the run does.
+/// Counts a failure on `session`; the second in a row drops the stream so the next one goes to another node.
+fn move_on_after_two(session: &Session, conn: &Connector, failed: u32) -> u32 {
+    if failed + 1 >= 2 {
+        tracing::info!(addr = %session.addr, "results keep failing on this node; moving to another");
+        session.fail(conn);
+        return 0;
+    }
+    failed + 1
+}
+
 async fn deliver(ctx: &Ctx, unit: Unit) {
     let cfg = &ctx.cfg;
     let mut backoff = Backoff::new(cfg.reconnect_backoff_min, cfg.reconnect_backoff_max);
     let mut maybe_applied = false;
+    // Failures in a row on one stream: a node cut off from the leader keeps failing, so after a second one the
+    // stream is dropped and the next goes to another listed node.
+    let mut failed_here = 0u32;
     loop {
         let session = tokio::select! {
             s = ctx.live_session() => s,
@@ -878,11 +891,13 @@ async fn deliver(ctx: &Ctx, unit: Unit) {
                     Error::NotLeader { leader } => session.not_leader(&ctx.conn, leader.as_deref()),
                     Error::UnknownOutcome { .. } => {
                         maybe_applied = true;
+                        failed_here = move_on_after_two(&session, &ctx.conn, failed_here);
                         if !ctx.pause(backoff.next_delay()).await {
                             return ctx.unconfirmed(&unit);
                         }
                     }
                     _ if err.is_retryable() => {
+                        failed_here = move_on_after_two(&session, &ctx.conn, failed_here);
                         if !ctx.pause(backoff.next_delay()).await {
                             return ctx.unconfirmed(&unit);
                         }

@@ -169,6 +169,9 @@ enum TaskCmd {
         idempotency_key: Option<String>,
         #[arg(long)]
         webhook_url: Option<String>,
+        /// The task must end within this long (e.g. 1h), or it fails with reason deadline-exceeded.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        deadline: Option<Duration>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -226,6 +229,34 @@ enum TaskCmd {
         error: String,
         #[arg(long)]
         retryable: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// End a claimed task's run with an exception: malformed-payload, worker-shutdown, resource-unavailable or
+    /// internal-error.
+    Exception {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long)]
+        reason: String,
+        #[arg(long, default_value = "")]
+        message: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Extend a claimed task's lease, optionally reporting progress.
+    Heartbeat {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        extend: Option<Duration>,
+        /// Progress, 0-100.
+        #[arg(long)]
+        percent: Option<u32>,
+        #[arg(long, default_value = "")]
+        message: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -413,6 +444,16 @@ fn print_task(out: Output, t: &pb::Task) {
     if !t.last_error.is_empty() {
         println!("last_error   {}", t.last_error);
     }
+    if t.deadline_ms > 0 {
+        println!("deadline_ms  {}", t.deadline_ms);
+    }
+    if let Some(p) = &t.progress {
+        println!("progress     {}% {}", p.percent, p.message);
+    }
+    for (i, r) in t.runs.iter().enumerate() {
+        let outcome = if r.outcome.is_empty() { "RUNNING" } else { &r.outcome };
+        println!("run {i:<8} worker={} started_ms={} {outcome} {}", r.worker_id, r.started_at_ms, r.reason);
+    }
 }
 
 fn task_json(t: &pb::Task) -> serde_json::Value {
@@ -422,7 +463,10 @@ fn task_json(t: &pb::Task) -> serde_json::Value {
         "payload": String::from_utf8_lossy(&t.payload),
         "lease": t.lease.as_ref().map(|l| serde_json::json!({"worker_id": l.worker_id, "token": l.token, "deadline_ms": l.deadline_ms})),
         "created_at_ms": t.created_at_ms, "visible_at_ms": t.visible_at_ms, "ended_at_ms": t.ended_at_ms,
-        "last_error": t.last_error, "idempotency_key": t.idempotency_key,
+        "last_error": t.last_error, "idempotency_key": t.idempotency_key, "deadline_ms": t.deadline_ms,
+        "progress": t.progress.as_ref().map(|p| serde_json::json!({"percent": p.percent, "message": p.message})),
+        "runs": t.runs.iter().map(|r| serde_json::json!({"worker_id": r.worker_id, "started_at_ms": r.started_at_ms,
+            "ended_at_ms": r.ended_at_ms, "outcome": r.outcome, "reason": r.reason})).collect::<Vec<_>>(),
     })
 }
 
@@ -432,7 +476,17 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 
 async fn task_cmd(cmd: TaskCmd) -> Result<()> {
     match cmd {
-        TaskCmd::Enqueue { queue, payload, priority, delay, max_attempts, idempotency_key, webhook_url, client } => {
+        TaskCmd::Enqueue {
+            queue,
+            payload,
+            priority,
+            delay,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            deadline,
+            client,
+        } => {
             let mut c = connect(&client.addr).await?;
             let r = c
                 .enqueue(pb::EnqueueRequest {
@@ -443,6 +497,7 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                     max_attempts,
                     idempotency_key: idempotency_key.unwrap_or_default(),
                     webhook_url: webhook_url.unwrap_or_default(),
+                    deadline_in_ms: deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
                     ..Default::default()
                 })
                 .await
@@ -515,6 +570,17 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
         }
         TaskCmd::Fail { id, token, error, retryable, client } => {
             let action = pb::ack_request::Action::Fail(pb::Fail { error, retryable });
+            ack(&client, id, token, action).await?;
+        }
+        TaskCmd::Exception { id, token, reason, message, client } => {
+            let action = pb::ack_request::Action::Exception(pb::Exception { reason, message });
+            ack(&client, id, token, action).await?;
+        }
+        TaskCmd::Heartbeat { id, token, extend, percent, message, client } => {
+            let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat {
+                extend_ms: extend.map(|d| d.as_millis() as u64).unwrap_or(0),
+                progress: percent.map(|percent| pb::Progress { percent, message, at_ms: 0 }),
+            });
             ack(&client, id, token, action).await?;
         }
     }

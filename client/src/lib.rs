@@ -44,7 +44,7 @@ pub use connection::DEFAULT_ADDR;
 pub use error::{Error, Result, LEADER_HEADER, LEASE_LOST, NOT_LEADER, REASON_HEADER, UNKNOWN_OUTCOME};
 pub use producer::{Producer, ProducerConfig};
 pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};
-pub use task::{Enqueued, Lease, NewTask, Task, TaskResult, TaskState, TraceContext};
+pub use task::{Enqueued, Lease, NewTask, Progress, Run, Task, TaskResult, TaskState, TraceContext};
 /// The shutdown signal [`Worker::run`] takes (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use worker::{Outcome, Rejection, Worker, WorkerConfig, WorkerStats, WorkerSummary};

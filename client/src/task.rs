@@ -108,6 +108,43 @@ pub struct Task {
     pub ended_at_ms: i64,
     /// When the task was dead-lettered (ms since the Unix epoch), or 0.
     pub dead_lettered_at_ms: i64,
+    /// Every delivery, oldest first (the last 32).
+    pub runs: Vec<Run>,
+    /// The task must end by this time (ms since the Unix epoch), or 0 for no deadline.
+    pub deadline_ms: i64,
+    /// The last progress a worker reported for the current delivery.
+    pub progress: Option<Progress>,
+}
+
+/// One delivery of a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Run {
+    /// The worker that ran it.
+    pub worker_id: String,
+    /// The fencing token of this delivery.
+    pub token: u64,
+    /// When the run started (ms since the Unix epoch).
+    pub started_at_ms: i64,
+    /// When it ended, or 0 while it is open.
+    pub ended_at_ms: i64,
+    /// Empty while open; else COMPLETED, FAILED, RETRIED, ABANDONED, LEASE_EXPIRED, EXCEPTION, CANCELLED or
+    /// DEADLINE_EXCEEDED.
+    pub outcome: String,
+    /// The exception reason, `deadline-exceeded`, or the error or nack reason.
+    pub reason: String,
+}
+
+/// Progress a worker reported with a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// 0-100.
+    pub percent: u32,
+    /// Free text.
+    pub message: String,
+    /// When it was reported (ms since the Unix epoch, the leader's clock).
+    pub at_ms: i64,
 }
 
 impl Task {
@@ -131,6 +168,9 @@ impl Task {
             last_error,
             ended_at_ms,
             dead_lettered_at_ms,
+            runs,
+            deadline_ms,
+            progress,
         } = t;
         Task {
             id,
@@ -156,6 +196,19 @@ impl Task {
             last_error,
             ended_at_ms,
             dead_lettered_at_ms,
+            runs: runs
+                .into_iter()
+                .map(|pb::Run { worker_id, token, started_at_ms, ended_at_ms, outcome, reason }| Run {
+                    worker_id,
+                    token,
+                    started_at_ms,
+                    ended_at_ms,
+                    outcome,
+                    reason,
+                })
+                .collect(),
+            deadline_ms,
+            progress: progress.map(|pb::Progress { percent, message, at_ms }| Progress { percent, message, at_ms }),
         }
     }
 
@@ -244,6 +297,7 @@ pub struct NewTask {
     idempotency_key: String,
     webhook_url: String,
     trace: Option<TraceContext>,
+    deadline: Duration,
 }
 
 impl NewTask {
@@ -259,6 +313,7 @@ impl NewTask {
             idempotency_key: String::new(),
             webhook_url: String::new(),
             trace: None,
+            deadline: Duration::ZERO,
         }
     }
 
@@ -304,14 +359,30 @@ impl NewTask {
         self
     }
 
+    /// The task must end within this long from its enqueue, or it fails with reason `deadline-exceeded`.
+    pub fn deadline(mut self, within: Duration) -> NewTask {
+        self.deadline = within;
+        self
+    }
+
     /// The queue this task is for.
     pub fn queue(&self) -> &str {
         &self.queue
     }
 
     pub(crate) fn into_proto(self) -> pb::EnqueueRequest {
-        let NewTask { queue, payload, priority, delay, run_at, max_attempts, idempotency_key, webhook_url, trace } =
-            self;
+        let NewTask {
+            queue,
+            payload,
+            priority,
+            delay,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            trace,
+            deadline,
+        } = self;
         pb::EnqueueRequest {
             queue,
             payload,
@@ -325,6 +396,7 @@ impl NewTask {
             idempotency_key,
             webhook_url,
             trace: trace.map(|TraceContext { traceparent, tracestate }| pb::TraceContext { traceparent, tracestate }),
+            deadline_in_ms: duration_ms(deadline),
         }
     }
 }
@@ -366,6 +438,7 @@ mod tests {
                 idempotency_key: "k".into(),
                 webhook_url: "http://h/x".into(),
                 trace: Some(pb::TraceContext { traceparent: "00-tp".into(), tracestate: "ts".into() }),
+                deadline_in_ms: 0,
             }
         );
     }

@@ -5,7 +5,7 @@ use raftq_proto::v1 as pb;
 
 use super::error::{invalid, ApiError};
 use crate::config::Config;
-use crate::queue::{AckAction, NewTask, Task, TaskId, TaskState, TimeMs};
+use crate::queue::{AckAction, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs};
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
     s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
@@ -82,6 +82,7 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         idempotency_key,
         webhook_url,
         trace,
+        deadline_in_ms,
     } = req;
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
@@ -124,6 +125,12 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         }
         None => (None, None),
     };
+    if deadline_in_ms > cfg.max_delay_ms {
+        return Err(invalid(format!(
+            "deadline_in_ms {deadline_in_ms} is beyond the horizon of {} ms",
+            cfg.max_delay_ms
+        )));
+    }
     let visible_at = if run_at_ms > 0 { run_at_ms as u64 } else { now.saturating_add(delay_ms) };
     let idempotency_key = non_empty(idempotency_key);
     let placement = match &idempotency_key {
@@ -145,13 +152,14 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         tracestate,
         retry: cfg.retry_policy(),
         retention_ms: cfg.retention_ms,
+        deadline: (deadline_in_ms > 0).then(|| now.saturating_add(deadline_in_ms)),
     })
 }
 
 pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Result<AckAction, ApiError> {
     use pb::ack_request::Action;
     Ok(match action {
-        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon or heartbeat")),
+        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon, heartbeat or exception")),
         Some(Action::Complete(pb::Complete { result })) => {
             if result.len() > cfg.max_payload_bytes {
                 return Err(invalid(format!("result is larger than {} bytes", cfg.max_payload_bytes)));
@@ -166,8 +174,29 @@ pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Resu
             AckAction::Nack { delay_ms: if delay_ms == 0 { None } else { Some(delay_ms) }, reason: truncate(reason) }
         }
         Some(Action::Abandon(pb::Abandon {})) => AckAction::Abandon,
-        Some(Action::Heartbeat(pb::Heartbeat { extend_ms })) => {
+        Some(Action::Heartbeat(pb::Heartbeat { extend_ms, progress: None })) => {
             AckAction::Heartbeat { extend_ms: lease_ms(cfg, extend_ms)? }
+        }
+        Some(Action::Heartbeat(pb::Heartbeat {
+            extend_ms,
+            progress: Some(pb::Progress { percent, message, at_ms: _ }),
+        })) => {
+            if percent > 100 {
+                return Err(invalid(format!("progress percent {percent} is above 100")));
+            }
+            if message.len() > MAX_PROGRESS_MESSAGE_BYTES {
+                return Err(invalid(format!("progress message is longer than {MAX_PROGRESS_MESSAGE_BYTES} bytes")));
+            }
+            AckAction::Progress { extend_ms: lease_ms(cfg, extend_ms)?, percent: percent as u8, message }
+        }
+        Some(Action::Exception(pb::Exception { reason, message })) => {
+            let Some(reason) = ExceptionReason::parse(&reason) else {
+                return Err(invalid(format!(
+                    "exception reason {reason:?} is not one of malformed-payload, worker-shutdown, \
+                     resource-unavailable, internal-error"
+                )));
+            };
+            AckAction::Exception { reason, message: truncate(message) }
         }
     })
 }
@@ -182,10 +211,22 @@ pub fn ack_to_pb(item: &crate::queue::AckItem) -> pb::AckRequest {
             Action::Nack(pb::Nack { delay_ms: delay_ms.unwrap_or(0), reason: reason.clone() })
         }
         AckAction::Abandon => Action::Abandon(pb::Abandon {}),
-        AckAction::Heartbeat { extend_ms } => Action::Heartbeat(pb::Heartbeat { extend_ms: *extend_ms }),
+        AckAction::Heartbeat { extend_ms } => {
+            Action::Heartbeat(pb::Heartbeat { extend_ms: *extend_ms, progress: None })
+        }
+        AckAction::Progress { extend_ms, percent, message } => Action::Heartbeat(pb::Heartbeat {
+            extend_ms: *extend_ms,
+            progress: Some(pb::Progress { percent: *percent as u32, message: message.clone(), at_ms: 0 }),
+        }),
+        AckAction::Exception { reason, message } => {
+            Action::Exception(pb::Exception { reason: reason.as_str().to_string(), message: message.clone() })
+        }
     };
     pb::AckRequest { task_id: item.task_id.to_string(), token: item.token, action: Some(action) }
 }
+
+/// Progress messages are stored with the task and replaced by each heartbeat: kept short.
+const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
 
 /// Error texts are kept, but bounded: they are stored with the task.
 fn truncate(mut s: String) -> String {
@@ -252,6 +293,9 @@ pub fn task(t: Task) -> pb::Task {
         ended_at,
         dead_at,
         last_ack: _,
+        runs,
+        deadline,
+        progress,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -284,6 +328,19 @@ pub fn task(t: Task) -> pb::Task {
         last_error: last_error.unwrap_or_default(),
         ended_at_ms: ended_at.map(ms).unwrap_or(0),
         dead_lettered_at_ms: dead_at.map(ms).unwrap_or(0),
+        runs: runs
+            .into_iter()
+            .map(|r| pb::Run {
+                worker_id: r.worker_id,
+                token: r.token,
+                started_at_ms: ms(r.started_at),
+                ended_at_ms: r.ended_at.map(ms).unwrap_or(0),
+                outcome: r.outcome.map(|o| o.as_str().to_string()).unwrap_or_default(),
+                reason: r.reason,
+            })
+            .collect(),
+        deadline_ms: deadline.map(ms).unwrap_or(0),
+        progress: progress.map(|p| pb::Progress { percent: p.percent as u32, message: p.message, at_ms: ms(p.at) }),
     }
 }
 

@@ -141,6 +141,11 @@ pub fn task_json(t: &pb::Task) -> Value {
         "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms, "visible_at_ms": t.visible_at_ms,
         "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
         "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
+        "deadline_ms": t.deadline_ms,
+        "progress": t.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message, "at_ms": p.at_ms})),
+        "runs": t.runs.iter().map(|r| json!({
+            "worker_id": r.worker_id, "token": r.token.to_string(), "started_at_ms": r.started_at_ms,
+            "ended_at_ms": r.ended_at_ms, "outcome": r.outcome, "reason": r.reason})).collect::<Vec<_>>(),
     })
 }
 
@@ -164,6 +169,8 @@ struct NewTaskBody {
     webhook_url: String,
     traceparent: Option<String>,
     tracestate: Option<String>,
+    #[serde(default)]
+    deadline_in_ms: u64,
 }
 
 impl NewTaskBody {
@@ -180,6 +187,7 @@ impl NewTaskBody {
             webhook_url,
             traceparent,
             tracestate,
+            deadline_in_ms,
         } = self;
         let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
             traceparent: traceparent.unwrap_or_default(),
@@ -195,6 +203,7 @@ impl NewTaskBody {
             idempotency_key,
             webhook_url,
             trace,
+            deadline_in_ms,
         })
     }
 }
@@ -299,6 +308,9 @@ struct AckBody {
     reason: Option<String>,
     #[serde(default)]
     extend_ms: u64,
+    /// Heartbeat progress, 0-100 (with `message`).
+    progress_percent: Option<u32>,
+    message: Option<String>,
 }
 
 /// `complete`, `fail`, `nack`, `abandon` or `heartbeat` a claimed task, naming its fencing token.
@@ -314,11 +326,22 @@ async fn ack(
         "fail" => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
         "nack" => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
         "abandon" => Action::Abandon(pb::Abandon {}),
-        "heartbeat" => Action::Heartbeat(pb::Heartbeat { extend_ms: b.extend_ms }),
+        "heartbeat" => Action::Heartbeat(pb::Heartbeat {
+            extend_ms: b.extend_ms,
+            progress: b.progress_percent.map(|percent| pb::Progress {
+                percent,
+                message: b.message.unwrap_or_default(),
+                at_ms: 0,
+            }),
+        }),
+        "exception" => Action::Exception(pb::Exception {
+            reason: b.reason.unwrap_or_default(),
+            message: b.message.unwrap_or_default(),
+        }),
         other => {
             return Err(RestError(
                 StatusCode::NOT_FOUND,
-                json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: complete, fail, nack, abandon or heartbeat")}}),
+                json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: complete, fail, nack, abandon, heartbeat or exception")}}),
                 None,
             ))
         }

@@ -443,9 +443,16 @@ impl WorkerStream for StreamApi {
                         AckRequest { request_id: a.request_id, batch: false, items: vec![(a.task_id, item)] }
                     }
                     Event::Heartbeat(h) => {
-                        let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms: h.extend_ms });
-                        let item = api.ack_item(&tenant, &h.task_id, h.token, Some(action));
-                        AckRequest { request_id: h.request_id, batch: false, items: vec![(h.task_id, item)] }
+                        let pb::HeartbeatTask { request_id, task_id, token, extend_ms, progress } = h;
+                        let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms, progress });
+                        let item = api.ack_item(&tenant, &task_id, token, Some(action));
+                        AckRequest { request_id, batch: false, items: vec![(task_id, item)] }
+                    }
+                    Event::Exception(x) => {
+                        let pb::ExceptionTask { request_id, task_id, token, exception } = x;
+                        let item =
+                            api.ack_item(&tenant, &task_id, token, exception.map(pb::ack_request::Action::Exception));
+                        AckRequest { request_id, batch: false, items: vec![(task_id, item)] }
                     }
                 };
                 if acks.items.len() > api.proposer.cfg.max_batch_items {

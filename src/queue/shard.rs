@@ -133,6 +133,8 @@ pub struct ShardCore {
     dead: HashMap<QueueKey, BTreeSet<(TimeMs, TaskId)>>,
     keys: BTreeSet<(TimeMs, String, String)>,
     counts: HashMap<QueueKey, StateCounts>,
+    /// Deadlines of tasks not yet ended (pending, running or dead-lettered).
+    deadlines: BTreeSet<(TimeMs, TaskId)>,
 }
 
 /// Tasks per state in one queue.
@@ -194,6 +196,9 @@ impl ShardCore {
     pub fn index_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
+        if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
+            self.deadlines.insert((d, t.id));
+        }
         *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
@@ -222,6 +227,9 @@ impl ShardCore {
     fn unindex_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
         let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        if let Some(d) = t.deadline {
+            self.deadlines.remove(&(d, t.id));
+        }
         if let Some(c) = self.counts.get_mut(&qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
@@ -296,6 +304,7 @@ impl ShardCore {
             self.leases.iter().next().map(|k| k.0),
             self.retention.iter().next().map(|k| k.0),
             self.keys.iter().next().map(|k| k.0),
+            self.deadlines.iter().next().map(|k| k.0),
         ]
         .into_iter()
         .flatten()
@@ -311,6 +320,7 @@ impl ShardCore {
             retention: self.retention.len(),
             dead: self.dead.values().map(|s| s.len()).sum(),
             keys: self.keys.len(),
+            deadlines: self.deadlines.len(),
         }
     }
 
@@ -443,11 +453,36 @@ impl ShardCore {
             let mut t = before.clone();
             let delay = t.retry.delay_ms(t.attempts, jitter(seed, &id));
             t.last_error = Some("lease expired".to_string());
+            close_run(&mut t, now, RunOutcome::LeaseExpired, "");
             self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
             self.update(store, &before, &t)?;
             self.note_pending(&t, fx);
             fx.counts.lease_expired += 1;
             count_requeue(&t, fx);
+        }
+        while let Some(&(due, id)) = self.deadlines.first() {
+            if due > now {
+                break;
+            }
+            let before = match store.get(&id)? {
+                Some(t) if !t.state.is_terminal() && t.deadline == Some(due) => t,
+                _ => {
+                    self.deadlines.remove(&(due, id));
+                    continue;
+                }
+            };
+            let mut t = before.clone();
+            close_run(&mut t, now, RunOutcome::DeadlineExceeded, DEADLINE_EXCEEDED);
+            t.state = TaskState::Failed;
+            t.last_error = Some(DEADLINE_EXCEEDED.to_string());
+            t.lease = None;
+            t.dead_at = None;
+            t.ended_at = Some(now);
+            t.updated_at = now;
+            self.update(store, &before, &t)?;
+            fx.ended.push(id);
+            fx.counts.failed += 1;
+            fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
         }
         while let Some(&(due, id)) = self.retention.first() {
             if due > now {
@@ -539,6 +574,9 @@ impl ShardCore {
             ended_at: None,
             dead_at: None,
             last_ack: None,
+            runs: vec![],
+            deadline: n.deadline,
+            progress: None,
         };
         store.put(&t)?;
         self.index_task(&t);
@@ -580,6 +618,18 @@ impl ShardCore {
             claimed_at: now,
             deadline: now.saturating_add(item.lease_ms),
         });
+        t.progress = None;
+        if t.runs.len() >= MAX_RUNS_KEPT {
+            t.runs.remove(0);
+        }
+        t.runs.push(Run {
+            worker_id: item.worker_id.clone(),
+            token,
+            started_at: now,
+            ended_at: None,
+            outcome: None,
+            reason: String::new(),
+        });
         self.update(store, &before, &t)?;
         fx.counts.claimed += 1;
         if t.attempts == 1 {
@@ -619,6 +669,16 @@ impl ShardCore {
         t.updated_at = now;
         let mut ended = false;
         match &item.action {
+            AckAction::Complete { .. } => close_run(&mut t, now, RunOutcome::Completed, ""),
+            AckAction::Fail { error, retryable: false } => close_run(&mut t, now, RunOutcome::Failed, error),
+            AckAction::Fail { error, .. } | AckAction::Nack { reason: error, .. } => {
+                close_run(&mut t, now, RunOutcome::Retried, error)
+            }
+            AckAction::Abandon => close_run(&mut t, now, RunOutcome::Abandoned, ""),
+            AckAction::Exception { reason, .. } => close_run(&mut t, now, RunOutcome::Exception, reason.as_str()),
+            AckAction::Heartbeat { .. } | AckAction::Progress { .. } => {}
+        }
+        match &item.action {
             AckAction::Complete { result } => {
                 t.state = TaskState::Completed;
                 t.result = Some(result.clone());
@@ -652,8 +712,37 @@ impl ShardCore {
                     l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
                 }
             }
+            AckAction::Progress { extend_ms, percent, message } => {
+                if let Some(l) = t.lease.as_mut() {
+                    l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
+                }
+                t.progress = Some(Progress { percent: (*percent).min(100), message: message.clone(), at: now });
+            }
+            AckAction::Exception { reason, message } => {
+                t.last_error = Some(if message.is_empty() {
+                    reason.as_str().to_string()
+                } else {
+                    format!("{}: {message}", reason.as_str())
+                });
+                match reason {
+                    ExceptionReason::MalformedPayload => {
+                        t.state = TaskState::Failed;
+                        t.lease = None;
+                        t.ended_at = Some(now);
+                        ended = true;
+                    }
+                    ExceptionReason::WorkerShutdown => {
+                        t.attempts = t.attempts.saturating_sub(1);
+                        self.retry_or_dead(&mut t, now, 0, seq);
+                    }
+                    ExceptionReason::ResourceUnavailable | ExceptionReason::InternalError => {
+                        let delay = t.retry.delay_ms(t.attempts, jitter(seed, &t.id));
+                        self.retry_or_dead(&mut t, now, delay, seq);
+                    }
+                }
+            }
         }
-        if !matches!(item.action, AckAction::Heartbeat { .. }) {
+        if !item.action.is_heartbeat() {
             t.last_ack = Some((item.token, item.action.kind()));
             if let Some(l) = &before.lease {
                 fx.claim_to_end_ms.push(now.saturating_sub(l.claimed_at));
@@ -697,6 +786,7 @@ impl ShardCore {
             return Ok(Err(Rejected::AlreadyEnded));
         }
         let mut t = before.clone();
+        close_run(&mut t, self.now, RunOutcome::Cancelled, "");
         t.state = TaskState::Cancelled;
         t.lease = None;
         t.dead_at = None;
@@ -707,6 +797,18 @@ impl ShardCore {
         fx.counts.cancelled += 1;
         fx.enqueue_to_end_ms.push(self.now.saturating_sub(t.created_at));
         Ok(Ok(TaskState::Cancelled))
+    }
+}
+
+/// Ends the open run of a task (the current delivery), if there is one.
+fn close_run(t: &mut Task, now: TimeMs, outcome: RunOutcome, reason: &str) {
+    let token = t.lease.as_ref().map(|l| l.token);
+    if let Some(run) = t.runs.last_mut() {
+        if run.outcome.is_none() && Some(run.token) == token {
+            run.ended_at = Some(now);
+            run.outcome = Some(outcome);
+            run.reason = reason.chars().take(256).collect();
+        }
     }
 }
 
@@ -728,4 +830,5 @@ pub struct IndexSizes {
     pub retention: usize,
     pub dead: usize,
     pub keys: usize,
+    pub deadlines: usize,
 }

@@ -50,6 +50,7 @@ fn total_sizes(m: &MemMachine) -> IndexSizes {
         total.retention += s.retention;
         total.dead += s.dead;
         total.keys += s.keys;
+        total.deadlines += s.deadlines;
     }
     total
 }
@@ -80,6 +81,9 @@ fn assert_indexes_match_records(m: &MemMachine) {
             assert_eq!(t.state == TaskState::InProgress, t.lease.is_some(), "lease iff in progress: {t:?}");
             assert_eq!(t.state.is_terminal(), t.ended_at.is_some(), "ended_at iff terminal: {t:?}");
             assert_eq!(t.state == TaskState::DeadLettered, t.dead_at.is_some(), "dead_at iff dead: {t:?}");
+            if t.deadline.is_some() && !t.state.is_terminal() {
+                want.deadlines += 1;
+            }
             let c = counts.entry(QueueKey::of(t)).or_default();
             match t.state {
                 TaskState::Pending if t.visible_at > now => {
@@ -172,6 +176,8 @@ fn every_action() -> Vec<AckAction> {
         nack(Some(0)),
         AckAction::Abandon,
         AckAction::Heartbeat { extend_ms: 60_000 },
+        AckAction::Progress { extend_ms: 60_000, percent: 50, message: "half".into() },
+        AckAction::Exception { reason: ExceptionReason::InternalError, message: "boom".into() },
     ]
 }
 
@@ -232,6 +238,7 @@ impl Harness {
             tracestate: None,
             retry: FIXED,
             retention_ms: 60_000,
+            deadline: None,
         }
     }
 
@@ -1006,6 +1013,107 @@ fn heartbeat_extends_lease() {
     assert_eq!(h.state(other), Some(TaskState::Pending));
 }
 
+fn exception(reason: ExceptionReason) -> AckAction {
+    AckAction::Exception { reason, message: "why".into() }
+}
+
+#[test]
+fn each_exception_reason_has_its_effect_and_ends_the_run() {
+    let mut h = Harness::new();
+    // malformed-payload: terminal, no retry although attempts remain.
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let out = h.ack(id, A, token(&t), exception(ExceptionReason::MalformedPayload));
+    assert_eq!(out.map(|o| o.state), Ok(TaskState::Failed));
+    let done = h.task(id);
+    assert_eq!(done.last_error.as_deref(), Some("malformed-payload: why"));
+    assert_eq!(done.runs.len(), 1);
+    assert_eq!(done.runs[0].outcome, Some(RunOutcome::Exception));
+    assert_eq!(done.runs[0].reason, "malformed-payload");
+    assert_eq!(done.runs[0].worker_id, "w1");
+    assert_eq!(done.runs[0].ended_at, Some(h.now()));
+
+    // worker-shutdown: pending again at once, the attempt given back, a new run on the next claim.
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let out = h.ack(id, A, token(&t), exception(ExceptionReason::WorkerShutdown));
+    assert_eq!(out, Ok(AckOutcome { state: TaskState::Pending, at: h.now() }));
+    assert_eq!(h.task(id).attempts, 0);
+    let t2 = h.claim_one(A, 1_000);
+    assert_eq!(t2.id, id);
+    assert_eq!(t2.attempts, 1);
+    assert_eq!(t2.runs.len(), 2);
+    assert_eq!(t2.runs[0].reason, "worker-shutdown");
+    assert_eq!(t2.runs[1].outcome, None, "the new run is open");
+    assert_eq!(h.ack(id, A, token(&t2), complete()).map(|o| o.state), Ok(TaskState::Completed));
+
+    // resource-unavailable and internal-error: retried with backoff, the attempt counts, then dead-lettered.
+    for reason in [ExceptionReason::ResourceUnavailable, ExceptionReason::InternalError] {
+        let id = h.add(A, Q);
+        for attempt in 1..=3 {
+            let t = h.claim_one(A, 1_000);
+            assert_eq!(t.attempts, attempt);
+            let out = h.ack(id, A, token(&t), exception(reason)).expect("applied");
+            if attempt < 3 {
+                assert_eq!(out, AckOutcome { state: TaskState::Pending, at: h.now() + FIXED.base_ms });
+                h.advance(FIXED.base_ms);
+            } else {
+                assert_eq!(out.state, TaskState::DeadLettered);
+            }
+        }
+        let runs = h.task(id).runs;
+        assert_eq!(runs.len(), 3);
+        assert!(runs.iter().all(|r| r.reason == reason.as_str() && r.outcome == Some(RunOutcome::Exception)));
+    }
+}
+
+#[test]
+fn a_task_not_finished_by_its_deadline_fails_with_deadline_exceeded() {
+    let mut h = Harness::new();
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 5_000);
+    let running = h.enqueue(spec);
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 5_000);
+    spec.visible_at = h.time + 60_000;
+    let delayed = h.enqueue(spec);
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 1_000);
+    let finished = h.enqueue(spec);
+    let t = h.claim_ids(A, &[running, finished], 60_000);
+    let (tr, tf) = (t[0].clone().expect("claimed"), t[1].clone().expect("claimed"));
+    assert_eq!(h.ack(finished, A, token(&tf), complete()).map(|o| o.state), Ok(TaskState::Completed));
+    h.advance(4_999);
+    assert_eq!(h.state(running), Some(TaskState::InProgress));
+    assert_eq!(h.m.shards.iter().filter_map(|s| s.next_due()).min(), Some(h.time + 1), "the deadline is due next");
+    h.advance(1);
+    for id in [running, delayed] {
+        let t = h.task(id);
+        assert_eq!(t.state, TaskState::Failed, "{id}");
+        assert_eq!(t.last_error.as_deref(), Some(DEADLINE_EXCEEDED));
+        assert_eq!(t.ended_at, Some(h.now()));
+    }
+    let r = h.task(running).runs;
+    assert_eq!((r[0].outcome, r[0].reason.as_str()), (Some(RunOutcome::DeadlineExceeded), DEADLINE_EXCEEDED));
+    assert_eq!(h.ack(running, A, token(&tr), complete()), Err(Rejected::NotInProgress), "its token is dead");
+    assert_eq!(h.state(finished), Some(TaskState::Completed), "a finished task keeps its outcome");
+}
+
+#[test]
+fn progress_rides_on_heartbeats_and_resets_at_the_next_claim() {
+    let mut h = Harness::new();
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let p = AckAction::Progress { extend_ms: 5_000, percent: 140, message: "step 3".into() };
+    let out = h.ack(id, A, token(&t), p).expect("applied");
+    assert_eq!(out, AckOutcome { state: TaskState::InProgress, at: h.now() + 5_000 });
+    let got = h.task(id).progress.expect("progress");
+    assert_eq!((got.percent, got.message.as_str(), got.at), (100, "step 3", h.now()));
+    h.ack(id, A, token(&t), AckAction::Abandon).expect("abandoned");
+    let t = h.claim_one(A, 1_000);
+    assert_eq!(t.progress, None);
+}
+
 #[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
@@ -1088,6 +1196,10 @@ struct ModelTask {
     retry: RetryPolicy,
     /// Token and kind of the ack that ended the last delivery: that same ack again is answered as applied.
     last_ack: Option<(LeaseToken, u8)>,
+    /// The task's own deadline (not the lease's).
+    task_deadline: Option<TimeMs>,
+    /// Every delivery: its token and how it ended.
+    runs: Vec<(LeaseToken, Option<RunOutcome>)>,
 }
 
 #[derive(Debug, Default)]
@@ -1126,6 +1238,14 @@ impl ModelTask {
         }
     }
 
+    fn close_run(&mut self, outcome: RunOutcome) {
+        if let (Some(run), Some(token)) = (self.runs.last_mut(), self.token) {
+            if run.0 == token && run.1.is_none() {
+                run.1 = Some(outcome);
+            }
+        }
+    }
+
     fn end(&mut self, state: TaskState, now: TimeMs, index: u64) {
         self.state = state;
         self.token = None;
@@ -1149,8 +1269,15 @@ impl Model {
         let (now, seq) = (self.now, self.index * MAX_ITEMS_PER_COMMAND);
         for t in self.tasks.values_mut() {
             if t.state == TaskState::InProgress && t.deadline <= now {
+                t.close_run(RunOutcome::LeaseExpired);
                 let delay = backoff_range(&t.retry, t.attempts);
                 t.retry_or_dead(now, delay, seq);
+            }
+        }
+        for t in self.tasks.values_mut() {
+            if !t.state.is_terminal() && t.task_deadline.is_some_and(|d| d <= now) {
+                t.close_run(RunOutcome::DeadlineExceeded);
+                t.end(TaskState::Failed, now, self.index);
             }
         }
         self.tasks.retain(|_, t| match t.ended_at {
@@ -1192,6 +1319,8 @@ impl Model {
             retention_ms: n.retention_ms,
             retry: n.retry,
             last_ack: None,
+            task_deadline: n.deadline,
+            runs: vec![],
         };
         self.tasks.insert(n.id, t);
         if let Some(key) = &n.idempotency_key {
@@ -1222,6 +1351,10 @@ impl Model {
         t.attempts += 1;
         t.token = Some(token);
         t.deadline = now + lease_ms;
+        if t.runs.len() >= MAX_RUNS_KEPT {
+            t.runs.remove(0);
+        }
+        t.runs.push((token, None));
         self.history.entry(*id).or_default().push(token);
         self.issued.push(token);
         Ok(token)
@@ -1241,8 +1374,19 @@ impl Model {
         if t.token != Some(token) {
             return Err(Rejected::LeaseLost);
         }
-        if !matches!(action, AckAction::Heartbeat { .. }) {
+        if !action.is_heartbeat() {
             t.last_ack = Some((token, action.kind()));
+        }
+        let run_end = match action {
+            AckAction::Complete { .. } => Some(RunOutcome::Completed),
+            AckAction::Fail { retryable: false, .. } => Some(RunOutcome::Failed),
+            AckAction::Fail { .. } | AckAction::Nack { .. } => Some(RunOutcome::Retried),
+            AckAction::Abandon => Some(RunOutcome::Abandoned),
+            AckAction::Exception { .. } => Some(RunOutcome::Exception),
+            AckAction::Heartbeat { .. } | AckAction::Progress { .. } => None,
+        };
+        if let Some(o) = run_end {
+            t.close_run(o);
         }
         match action {
             AckAction::Complete { .. } => t.end(TaskState::Completed, now, index),
@@ -1256,7 +1400,20 @@ impl Model {
                 t.attempts -= 1;
                 t.retry_or_dead(now, (0, 0), seq);
             }
-            AckAction::Heartbeat { extend_ms } => t.deadline = t.deadline.max(now + extend_ms),
+            AckAction::Heartbeat { extend_ms } | AckAction::Progress { extend_ms, .. } => {
+                t.deadline = t.deadline.max(now + extend_ms)
+            }
+            AckAction::Exception { reason: ExceptionReason::MalformedPayload, .. } => {
+                t.end(TaskState::Failed, now, index)
+            }
+            AckAction::Exception { reason: ExceptionReason::WorkerShutdown, .. } => {
+                t.attempts -= 1;
+                t.retry_or_dead(now, (0, 0), seq);
+            }
+            AckAction::Exception { .. } => {
+                let delay = backoff_range(&t.retry, t.attempts);
+                t.retry_or_dead(now, delay, seq);
+            }
         }
         let at = match t.state {
             TaskState::Pending => t.visible_range.unwrap_or((t.visible_at, t.visible_at)),
@@ -1272,6 +1429,7 @@ impl Model {
         if t.state.is_terminal() {
             return Err(Rejected::AlreadyEnded);
         }
+        t.close_run(RunOutcome::Cancelled);
         t.end(TaskState::Cancelled, now, index);
         Ok(TaskState::Cancelled)
     }
@@ -1314,6 +1472,11 @@ impl Model {
                 TaskState::Completed | TaskState::Failed | TaskState::Cancelled => s.retention += 1,
             }
         }
+        s.deadlines = self
+            .tasks
+            .iter()
+            .filter(|(id, t)| id.shard(SHARDS) == shard && !t.state.is_terminal() && t.task_deadline.is_some())
+            .count();
         s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count();
         s
     }
@@ -1349,6 +1512,8 @@ struct EnqueueSpec {
     retention: u64,
     retry: RetryPolicy,
     placement: u16,
+    /// A task deadline, relative to the enqueue.
+    deadline: Option<u64>,
     /// Reuse an id seen before (a proposer bug or a retry with a fixed id): `IdExists` while it is stored.
     reuse: Option<Index>,
 }
@@ -1427,9 +1592,20 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
         retry_strategy(),
         0..16u16,
         prop::option::weighted(0.05, any::<Index>()),
+        prop::option::weighted(0.2, 0..5_000u64),
     )
         .prop_map(
-            |((tenant, queue, priority), delay, max_attempts, key, (window, retention), retry, placement, reuse)| {
+            |(
+                (tenant, queue, priority),
+                delay,
+                max_attempts,
+                key,
+                (window, retention),
+                retry,
+                placement,
+                reuse,
+                deadline,
+            )| {
                 EnqueueSpec {
                     tenant,
                     queue,
@@ -1441,6 +1617,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                     retention,
                     retry,
                     placement,
+                    deadline,
                     reuse,
                 }
             },
@@ -1463,6 +1640,10 @@ fn action_strategy() -> impl Strategy<Value = AckAction> {
         2 => prop::option::of(0..2_000u64).prop_map(nack),
         1 => Just(AckAction::Abandon),
         2 => (0..3_000u64).prop_map(|extend_ms| AckAction::Heartbeat { extend_ms }),
+        1 => (0..3_000u64, 0..=120u8)
+            .prop_map(|(extend_ms, percent)| AckAction::Progress { extend_ms, percent, message: "p".into() }),
+        2 => prop::sample::select(ExceptionReason::ALL.to_vec())
+            .prop_map(|reason| AckAction::Exception { reason, message: String::new() }),
     ]
 }
 
@@ -1651,6 +1832,7 @@ impl Sim {
                 tracestate: None,
                 retry: s.retry,
                 retention_ms: s.retention,
+                deadline: s.deadline.map(|d| time + d),
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));
@@ -1725,6 +1907,13 @@ impl Sim {
             }
             if t.state != TaskState::InProgress {
                 assert_eq!(t.lease, None, "{ctx}");
+            }
+            let runs: Vec<(LeaseToken, Option<RunOutcome>)> = t.runs.iter().map(|r| (r.token, r.outcome)).collect();
+            assert_eq!(runs, want.runs, "runs: {ctx}");
+            let open = t.runs.iter().filter(|r| r.outcome.is_none()).count();
+            assert_eq!(open, usize::from(t.state == TaskState::InProgress), "one open run while running: {ctx}");
+            if t.last_error.as_deref() == Some(DEADLINE_EXCEEDED) {
+                assert_eq!(t.state, TaskState::Failed, "{ctx}");
             }
         }
         let mut stored_count = 0;

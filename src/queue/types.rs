@@ -186,7 +186,105 @@ pub struct Task {
     /// The token and kind of the ack that ended the last lease: the same ack sent again (a retry after an
     /// unknown outcome, e.g. across a leader change) is answered as applied instead of rejected.
     pub last_ack: Option<(LeaseToken, u8)>,
+    /// Every delivery of this task, oldest first (at most `MAX_RUNS_KEPT`): who ran it, when, and how it ended.
+    pub runs: Vec<Run>,
+    /// The task must end by this time: a task still pending, running or dead-lettered then fails with reason
+    /// `deadline-exceeded`.
+    pub deadline: Option<TimeMs>,
+    /// The last progress a worker reported for the current delivery (cleared at each claim).
+    pub progress: Option<Progress>,
 }
+
+/// How many runs a task keeps: worker-shutdown retries consume no attempt, so runs are not bounded by
+/// `max_attempts`; the oldest are dropped past this.
+pub const MAX_RUNS_KEPT: usize = 32;
+
+/// How a run (one delivery) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RunOutcome {
+    Completed,
+    Failed,
+    /// Retryable failure or nack: back to pending after a delay (or dead-lettered).
+    Retried,
+    Abandoned,
+    LeaseExpired,
+    /// The worker reported an exception; `Run::reason` says which.
+    Exception,
+    Cancelled,
+    DeadlineExceeded,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Completed => "COMPLETED",
+            RunOutcome::Failed => "FAILED",
+            RunOutcome::Retried => "RETRIED",
+            RunOutcome::Abandoned => "ABANDONED",
+            RunOutcome::LeaseExpired => "LEASE_EXPIRED",
+            RunOutcome::Exception => "EXCEPTION",
+            RunOutcome::Cancelled => "CANCELLED",
+            RunOutcome::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        }
+    }
+}
+
+/// One delivery of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub worker_id: String,
+    pub token: LeaseToken,
+    pub started_at: TimeMs,
+    pub ended_at: Option<TimeMs>,
+    pub outcome: Option<RunOutcome>,
+    /// For an exception: its reason (`malformed-payload`, ...); otherwise the error or nack reason, if any.
+    pub reason: String,
+}
+
+/// Progress reported by a worker with a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// 0-100.
+    pub percent: u8,
+    pub message: String,
+    pub at: TimeMs,
+}
+
+/// Why a worker ended a run with an exception (Taskcluster's reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExceptionReason {
+    /// The payload cannot be run: terminal (FAILED), no retry.
+    MalformedPayload,
+    /// The worker is going away: back to pending at once, the attempt is given back.
+    WorkerShutdown,
+    /// Something the task needs is missing: retried with backoff, the attempt counts.
+    ResourceUnavailable,
+    /// The worker broke: retried with backoff, the attempt counts.
+    InternalError,
+}
+
+impl ExceptionReason {
+    pub const ALL: [ExceptionReason; 4] = [
+        ExceptionReason::MalformedPayload,
+        ExceptionReason::WorkerShutdown,
+        ExceptionReason::ResourceUnavailable,
+        ExceptionReason::InternalError,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExceptionReason::MalformedPayload => "malformed-payload",
+            ExceptionReason::WorkerShutdown => "worker-shutdown",
+            ExceptionReason::ResourceUnavailable => "resource-unavailable",
+            ExceptionReason::InternalError => "internal-error",
+        }
+    }
+    pub fn parse(s: &str) -> Option<ExceptionReason> {
+        ExceptionReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// The reason recorded when a task's deadline passes.
+pub const DEADLINE_EXCEEDED: &str = "deadline-exceeded";
 
 impl Task {
     /// When a terminal task is removed: retention counts from the end, never from creation.
@@ -216,6 +314,8 @@ pub struct NewTask {
     pub tracestate: Option<String>,
     pub retry: RetryPolicy,
     pub retention_ms: u64,
+    /// Absolute deadline (the proposer adds the requested duration to its clock).
+    pub deadline: Option<TimeMs>,
 }
 
 /// One claim: the proposer chose which task goes to which worker; apply checks it is still claimable.
@@ -247,9 +347,25 @@ pub enum AckAction {
     Heartbeat {
         extend_ms: u64,
     },
+    /// Ends the run with an exception (see `ExceptionReason` for what each does).
+    Exception {
+        reason: ExceptionReason,
+        message: String,
+    },
+    /// A heartbeat that also records progress.
+    Progress {
+        extend_ms: u64,
+        percent: u8,
+        message: String,
+    },
 }
 
 impl AckAction {
+    /// Heartbeats (with or without progress) extend a lease and end nothing.
+    pub fn is_heartbeat(&self) -> bool {
+        matches!(self, AckAction::Heartbeat { .. } | AckAction::Progress { .. })
+    }
+
     /// A small code per kind of ack, recorded with the token of the ack that ended a lease.
     pub fn kind(&self) -> u8 {
         match self {
@@ -259,6 +375,8 @@ impl AckAction {
             AckAction::Nack { .. } => 4,
             AckAction::Abandon => 5,
             AckAction::Heartbeat { .. } => 6,
+            AckAction::Exception { .. } => 7,
+            AckAction::Progress { .. } => 8,
         }
     }
 }

@@ -198,7 +198,9 @@ async fn heartbeat_keeps_the_lease_alive() {
     let t = claim(&mut c, "q", 1, 300, 0).await.remove(0);
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300 })).await.expect("hb");
+        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300, progress: None }))
+            .await
+            .expect("hb");
         assert_eq!(r.state, pb::TaskState::InProgress as i32);
     }
     ack(&mut c, &t, token(&t), complete("ok")).await.expect("still ours after 600 ms on a 300 ms lease");

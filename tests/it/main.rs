@@ -4,6 +4,7 @@
 mod api;
 mod cluster;
 mod crash;
+mod jobs;
 mod metrics;
 mod procs;
 mod rest;

@@ -8,7 +8,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::*;
 
 /// One HTTP/1.1 exchange (Connection: close): status, headers (lower-case names), JSON body.
-async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Vec<(String, String)>, Value) {
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Vec<(String, String)>, Value) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(

@@ -415,6 +415,7 @@ impl Ctx {
                     Outcome::Failed { .. } => &self.stats.failed,
                     Outcome::Nack { .. } => &self.stats.nacked,
                     Outcome::Abandon => &self.stats.abandoned,
+                    Outcome::Exception { .. } => &self.stats.exceptions,
                 };
                 WorkerStats::add(counter, 1);
             }

@@ -30,6 +30,15 @@ pub enum Outcome {
     },
     /// Give the task back at once without using an attempt (a worker that should not run it now).
     Abandon,
+    /// End the run with an exception. `reason` is one of `malformed-payload` (the task fails for good: another
+    /// run would do the same), `worker-shutdown` (retried at once, no attempt used), `resource-unavailable` or
+    /// `internal-error` (retried after the backoff, the attempt counts).
+    Exception {
+        /// One of the four reasons above; anything else is refused with `INVALID_ARGUMENT`.
+        reason: String,
+        /// Details; stored with the task.
+        message: String,
+    },
 }
 
 /// An outcome the server refused, as sent to [`Worker::rejections`](crate::Worker::rejections).
@@ -95,7 +104,7 @@ fn result(request_id: u64, item: &Item) -> Option<pb::Result> {
         Outcome::Failed { error, retryable } => {
             pb::result::Outcome::Failed(pb::Fail { error: error.clone(), retryable: *retryable })
         }
-        Outcome::Nack { .. } | Outcome::Abandon => return None,
+        Outcome::Nack { .. } | Outcome::Abandon | Outcome::Exception { .. } => return None,
     };
     Some(pb::Result { request_id, task_id: item.task_id.clone(), token: item.token, outcome: Some(outcome) })
 }
@@ -122,6 +131,12 @@ pub(crate) fn unit_event(unit: &Unit, request_id: u64) -> pb::WorkerEvent {
             Outcome::Abandon => {
                 Event::Abandon(pb::AbandonTask { request_id, task_id: item.task_id.clone(), token: item.token })
             }
+            Outcome::Exception { reason, message } => Event::Exception(pb::ExceptionTask {
+                request_id,
+                task_id: item.task_id.clone(),
+                token: item.token,
+                exception: Some(pb::Exception { reason: reason.clone(), message: message.clone() }),
+            }),
         },
     };
     pb::WorkerEvent { event: Some(event) }
@@ -148,6 +163,7 @@ pub(crate) fn heartbeat_event(request_id: u64, task_id: &str, token: u64, extend
             task_id: task_id.to_string(),
             token,
             extend_ms,
+            progress: None,
         })),
     }
 }

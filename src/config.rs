@@ -68,6 +68,8 @@ pub struct Config {
     pub stream_send_buffer: usize,
     /// Requests of one stream being served at once; more wait (backpressure on the client's sends).
     pub stream_max_in_flight: usize,
+    /// A worker counts as active for a queue's capacity view when it asked for that queue's work this recently.
+    pub active_worker_window_ms: u64,
 }
 
 impl Default for Config {
@@ -112,6 +114,8 @@ impl Default for Config {
             ready_hold_ms: 30_000,
             stream_send_buffer: 256,
             stream_max_in_flight: 1024,
+            // Twice the Ready hold: an idle worker re-arms its Ready at least once per hold time.
+            active_worker_window_ms: 60_000,
         }
     }
 }

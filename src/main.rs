@@ -47,6 +47,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DlqCmd,
     },
+    /// Job features: pause and resume queues, list tasks, the capacity view.
+    Jobs {
+        #[command(subcommand)]
+        cmd: cmd::jobs::JobsCmd,
+    },
     /// Load a node or cluster (an embedded node unless --addr is given): full cycles or enqueues only.
     Bench(cmd::bench::BenchArgs),
     /// Run a command per task: payload on stdin; exit 0 completes with stdout, another exit fails with stderr.
@@ -322,6 +327,7 @@ async fn run() -> Result<()> {
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
         Cmd::Bench(a) => cmd::bench::run(a).await,
+        Cmd::Jobs { cmd } => cmd::jobs::run(cmd).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
         Cmd::Worker(a) => {
             let shutdown = CancellationToken::new();

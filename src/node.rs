@@ -168,6 +168,14 @@ impl Node {
         let task_svc = raftq_proto::v1::task_service_server::TaskServiceServer::from_arc(task_api.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let jobs_api = Arc::new(api::jobs::JobsApi {
+            proposer: proposer.clone(),
+            dispatcher: dispatcher.clone(),
+            fwd: fwd.clone(),
+        });
+        let jobs_svc = raftq_proto::v1::jobs_server::JobsServer::from_arc(jobs_api.clone())
+            .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -204,6 +212,7 @@ impl Node {
                 .add_service(admin_svc)
                 .add_service(worker_svc)
                 .add_service(producer_svc)
+                .add_service(jobs_svc)
                 .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())
                 .await;
             if let Err(e) = r {
@@ -211,7 +220,7 @@ impl Node {
             }
         });
 
-        let rest = api::rest::Rest { tasks: task_api, admin: admin_api };
+        let rest = api::rest::Rest { tasks: task_api, admin: admin_api, jobs: jobs_api };
         let router = api::http::router(proposer.clone(), log_stats.clone(), rest);
         let token = shutdown.clone();
         tasks.spawn(async move {

@@ -261,7 +261,6 @@ impl TaskApi {
             .into_iter()
             .filter(|(qk, _)| queues.is_empty() || queues.contains(&qk.queue))
             .map(|(qk, c)| pb::QueueStats {
-                queue: qk.queue,
                 pending: c.pending,
                 delayed: c.delayed,
                 in_progress: c.in_progress,
@@ -269,6 +268,8 @@ impl TaskApi {
                 failed: c.failed,
                 cancelled: c.cancelled,
                 dead_lettered: c.dead_lettered,
+                paused: self.proposer.shared.is_paused(&qk.tenant, &qk.queue),
+                queue: qk.queue,
             })
             .collect();
         Ok(Response::new(pb::QueueStatsResponse { queues }))

@@ -6,5 +6,6 @@ pub mod error;
 pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod jobs;
 pub mod rest;
 pub mod stream;

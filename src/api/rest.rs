@@ -28,11 +28,12 @@ use super::grpc::TaskApi;
 pub struct Rest {
     pub tasks: Arc<TaskApi>,
     pub admin: Arc<AdminApi>,
+    pub jobs: Arc<super::jobs::JobsApi>,
 }
 
 pub fn routes(rest: Rest) -> Router {
     Router::new()
-        .route("/v1/tasks", post(enqueue))
+        .route("/v1/tasks", post(enqueue).get(list_tasks))
         .route("/v1/tasks/batch", post(enqueue_batch))
         .route("/v1/tasks/{id}", get(get_task))
         .route("/v1/tasks/{id}/result", get(get_result))
@@ -41,6 +42,10 @@ pub fn routes(rest: Rest) -> Router {
         .route("/v1/claim", post(claim))
         .route("/v1/queues", get(queues))
         .route("/v1/queues/{queue}/dead-letters", get(dead_letters))
+        .route("/v1/queues/{queue}/pause", post(pause_queue))
+        .route("/v1/queues/{queue}/resume", post(resume_queue))
+        .route("/v1/queues/{queue}/capacity", get(queue_capacity))
+        .route("/v1/capacity", get(capacity))
         .route("/v1/queues/{queue}/dead-letters/redrive", post(redrive))
         .route("/v1/queues/{queue}/dead-letters/purge", post(purge))
         .route("/v1/cluster/status", get(cluster_status))
@@ -382,7 +387,8 @@ async fn queues(State(r): State<Rest>, headers: HeaderMap) -> Res {
         .iter()
         .map(|q| {
             json!({"queue": q.queue, "pending": q.pending, "delayed": q.delayed, "in_progress": q.in_progress,
-                "completed": q.completed, "failed": q.failed, "cancelled": q.cancelled, "dead_lettered": q.dead_lettered})
+                "completed": q.completed, "failed": q.failed, "cancelled": q.cancelled, "dead_lettered": q.dead_lettered,
+                "paused": q.paused})
         })
         .collect();
     ok(json!({ "queues": v }))
@@ -455,4 +461,87 @@ async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Bod
     let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
     let t = r.admin.transfer_leader(request(&headers, req)).await?.into_inner();
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
+}
+
+async fn pause_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let p = r.jobs.pause_queue(request(&headers, pb::PauseQueueRequest { queue })).await?.into_inner();
+    ok(json!({"queue": p.queue, "paused": p.paused}))
+}
+
+async fn resume_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let p = r.jobs.resume_queue(request(&headers, pb::ResumeQueueRequest { queue })).await?.into_inner();
+    ok(json!({"queue": p.queue, "paused": p.paused}))
+}
+
+fn capacity_json(c: &pb::QueueCapacity) -> Value {
+    json!({
+        "queue": c.queue, "paused": c.paused, "pending": c.pending, "ready": c.ready, "delayed": c.delayed,
+        "running": c.running, "active_workers": c.active_workers,
+        "completed_1m": c.completed_1m, "completed_5m": c.completed_5m, "completed_15m": c.completed_15m,
+        "rate_1m": c.rate_1m, "rate_5m": c.rate_5m, "rate_15m": c.rate_15m,
+        "drain_seconds": (c.drain_seconds >= 0.0).then_some(c.drain_seconds),
+        "per_worker_rate": (c.per_worker_rate >= 0.0).then_some(c.per_worker_rate),
+        "workers_needed": {
+            "1h": (c.workers_needed_1h >= 0).then_some(c.workers_needed_1h),
+            "4h": (c.workers_needed_4h >= 0).then_some(c.workers_needed_4h),
+            "8h": (c.workers_needed_8h >= 0).then_some(c.workers_needed_8h),
+        },
+    })
+}
+
+async fn queue_capacity(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let c = r.jobs.queue_capacity(request(&headers, pb::QueueCapacityRequest { queues: vec![queue] })).await?;
+    match c.into_inner().queues.first() {
+        Some(q) => ok(capacity_json(q)),
+        None => Err(RestError(
+            StatusCode::NOT_FOUND,
+            json!({"error": {"code": "NOT_FOUND", "message": "no such queue"}}),
+            None,
+        )),
+    }
+}
+
+async fn capacity(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let c = r.jobs.queue_capacity(request(&headers, pb::QueueCapacityRequest { queues: vec![] })).await?;
+    ok(json!({"queues": c.into_inner().queues.iter().map(capacity_json).collect::<Vec<_>>()}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    queue: Option<String>,
+    /// PENDING, IN_PROGRESS, COMPLETED, FAILED, CANCELLED or DEAD_LETTERED.
+    state: Option<String>,
+    #[serde(default)]
+    created_from_ms: i64,
+    #[serde(default)]
+    created_to_ms: i64,
+    #[serde(default)]
+    page_size: u32,
+    page_token: Option<String>,
+}
+
+/// `GET /v1/tasks?queue=&state=&created_from_ms=&created_to_ms=&page_size=&page_token=`
+async fn list_tasks(State(r): State<Rest>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let state = match q.state.as_deref() {
+        None | Some("") => pb::TaskState::Unspecified,
+        Some(s) => pb::TaskState::from_str_name(&format!("TASK_STATE_{}", s.to_ascii_uppercase()))
+            .ok_or_else(|| RestError::bad(format!("unknown state {s:?}")))?,
+    };
+    let req = pb::ListTasksRequest {
+        queue: q.queue.unwrap_or_default(),
+        state: state as i32,
+        created_from_ms: q.created_from_ms,
+        created_to_ms: q.created_to_ms,
+        page_size: q.page_size,
+        page_token: q.page_token.unwrap_or_default(),
+    };
+    let l = r.jobs.list_tasks(request(&headers, req)).await?.into_inner();
+    let next = (!l.next_page_token.is_empty()).then_some(l.next_page_token);
+    ok(json!({"tasks": l.tasks.iter().map(task_json).collect::<Vec<_>>(), "next_page_token": next}))
 }

@@ -12,8 +12,11 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 
+pub mod capacity;
+
 pub use shard::{
-    Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore,
+    Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, RecordKey, ShardCore, StateCounts, TaskStore,
+    Throughput, THROUGHPUT_WINDOW_S,
 };
 pub use types::*;
 
@@ -50,6 +53,7 @@ pub struct MemMachine {
 pub struct MemStore {
     pub tasks: BTreeMap<TaskId, Task>,
     pub keys: BTreeMap<(String, String), KeyRecord>,
+    pub records: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 impl TaskStore for MemStore {
@@ -74,6 +78,14 @@ impl TaskStore for MemStore {
     }
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {
         self.keys.remove(&(tenant.to_string(), key.to_string()));
+        Ok(())
+    }
+    fn put_record(&mut self, key: &[u8], value: &[u8]) -> Result<(), Self::Error> {
+        self.records.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn remove_record(&mut self, key: &[u8]) -> Result<(), Self::Error> {
+        self.records.remove(key);
         Ok(())
     }
 }
@@ -131,6 +143,11 @@ impl MemMachine {
         m.last_index = self.last_index;
         for (i, core) in m.shards.iter_mut().enumerate() {
             core.now = self.shards[i].now;
+            for k in m.stores[i].records.keys() {
+                if let Some(qk) = RecordKey::parse_paused(k) {
+                    core.index_paused(qk);
+                }
+            }
             for t in m.stores[i].tasks.values() {
                 core.index_task(t);
             }

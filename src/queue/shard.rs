@@ -23,6 +23,44 @@ pub trait TaskStore {
     fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error>;
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error>;
     fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error>;
+    /// Small shard-level records other than tasks and keys (paused queues, ...), by a key whose first byte says
+    /// what it is (see `RecordKey`).
+    fn put_record(&mut self, key: &[u8], value: &[u8]) -> Result<(), Self::Error>;
+    fn remove_record(&mut self, key: &[u8]) -> Result<(), Self::Error>;
+}
+
+/// Keys of the shard-level records (`TaskStore::put_record`). The first byte is the kind; it also says where a
+/// snapshot puts the record: `PAUSED` records are held by every shard.
+pub struct RecordKey;
+
+impl RecordKey {
+    pub const PAUSED: u8 = b'p';
+
+    /// `p tenant \0 queue`.
+    pub fn paused(qk: &QueueKey) -> Vec<u8> {
+        let mut v = vec![Self::PAUSED];
+        v.extend_from_slice(qk.tenant.as_bytes());
+        v.push(0);
+        v.extend_from_slice(qk.queue.as_bytes());
+        v
+    }
+
+    /// The one shard that holds a record, or `None` for records every shard holds.
+    pub fn shard_of(key: &[u8], _shards: usize) -> Option<usize> {
+        match key.first() {
+            Some(&Self::PAUSED) => None,
+            _ => None,
+        }
+    }
+
+    pub fn parse_paused(key: &[u8]) -> Option<QueueKey> {
+        let rest = key.strip_prefix(&[Self::PAUSED])?;
+        let split = rest.iter().position(|b| *b == 0)?;
+        Some(QueueKey {
+            tenant: String::from_utf8_lossy(&rest[..split]).into_owned(),
+            queue: String::from_utf8_lossy(&rest[split + 1..]).into_owned(),
+        })
+    }
 }
 
 /// An idempotency key: which task it created and until when it is remembered.
@@ -84,6 +122,7 @@ pub enum PartialResponse {
     Redriven(Vec<TaskId>),
     Purged(Vec<TaskId>),
     Ticked,
+    QueuePaused(bool),
 }
 
 impl PartialResponse {
@@ -96,6 +135,7 @@ impl PartialResponse {
             Command::Redrive { .. } => PartialResponse::Redriven(vec![]),
             Command::PurgeDeadLetters { .. } => PartialResponse::Purged(vec![]),
             Command::Tick => PartialResponse::Ticked,
+            Command::SetQueuePaused { paused, .. } => PartialResponse::QueuePaused(*paused),
         }
     }
 
@@ -114,6 +154,7 @@ impl PartialResponse {
             PartialResponse::Redriven(v) => Response::Redriven(v),
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
+            PartialResponse::QueuePaused(p) => Response::QueuePaused(p),
         }
     }
 }
@@ -135,6 +176,24 @@ pub struct ShardCore {
     counts: HashMap<QueueKey, StateCounts>,
     /// Deadlines of tasks not yet ended (pending, running or dead-lettered).
     deadlines: BTreeSet<(TimeMs, TaskId)>,
+    /// Paused queues (every shard holds the whole set).
+    paused: HashSet<QueueKey>,
+    /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
+    /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
+    done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// How far back completions are kept for throughput figures: the longest window reported (15 minutes).
+pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
+
+/// Completions of one queue over the recent windows, in state-machine time.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Throughput {
+    pub completed_1m: u64,
+    pub completed_5m: u64,
+    pub completed_15m: u64,
+    /// Summed run time (claim to completion) of the tasks completed in the last 15 minutes.
+    pub run_ms_15m: u64,
 }
 
 /// Tasks per state in one queue.
@@ -216,11 +275,62 @@ impl ShardCore {
                 if let Some(d) = t.retention_deadline() {
                     self.retention.insert((d, t.id));
                 }
+                if let (TaskState::Completed, Some(end)) = (t.state, t.ended_at) {
+                    let run_ms = t.runs.last().map(|r| end.saturating_sub(r.started_at)).unwrap_or(0);
+                    self.note_done(qk, end, run_ms);
+                }
             }
             TaskState::DeadLettered => {
                 self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
             }
         }
+    }
+
+    fn note_done(&mut self, qk: QueueKey, ended_at: TimeMs, run_ms: u64) {
+        let oldest = (self.now / 1000).saturating_sub(THROUGHPUT_WINDOW_S);
+        let sec = ended_at / 1000;
+        if sec < oldest {
+            return;
+        }
+        let buckets = self.done.entry(qk).or_default();
+        let b = buckets.entry(sec).or_default();
+        b.0 += 1;
+        b.1 += run_ms;
+        while buckets.first_key_value().is_some_and(|(s, _)| *s < oldest) {
+            buckets.pop_first();
+        }
+    }
+
+    /// Completions of a queue in the 1, 5 and 15 minutes up to this shard's time.
+    pub fn throughput(&self, qk: &QueueKey) -> Throughput {
+        let mut out = Throughput::default();
+        let now_s = self.now / 1000;
+        for (sec, (n, run_ms)) in self.done.get(qk).into_iter().flatten() {
+            let age = now_s.saturating_sub(*sec);
+            if age < 60 {
+                out.completed_1m += n;
+            }
+            if age < 300 {
+                out.completed_5m += n;
+            }
+            if age < THROUGHPUT_WINDOW_S {
+                out.completed_15m += n;
+                out.run_ms_15m += run_ms;
+            }
+        }
+        out
+    }
+
+    pub fn index_paused(&mut self, qk: QueueKey) {
+        self.paused.insert(qk);
+    }
+
+    pub fn is_paused(&self, qk: &QueueKey) -> bool {
+        self.paused.contains(qk)
+    }
+
+    pub fn paused(&self) -> impl Iterator<Item = &QueueKey> {
+        self.paused.iter()
     }
 
     /// Removes a record (as it is before a change) from the indexes.
@@ -281,6 +391,9 @@ impl ShardCore {
 
     /// Up to `limit` ready tasks of one queue in claim order, skipping `skip`.
     pub fn ready_head(&self, qk: &QueueKey, limit: usize, skip: &HashSet<TaskId>) -> Vec<ReadyKey> {
+        if self.paused.contains(qk) {
+            return vec![];
+        }
         match self.ready.get(qk) {
             None => vec![],
             Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
@@ -393,6 +506,20 @@ impl ShardCore {
                 }
             }
             (Command::Tick, PartialResponse::Ticked) => {}
+            (Command::SetQueuePaused { tenant, queue, paused }, PartialResponse::QueuePaused(_)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+                if *paused {
+                    store.put_record(&RecordKey::paused(&qk), &[])?;
+                    self.paused.insert(qk);
+                } else {
+                    store.remove_record(&RecordKey::paused(&qk))?;
+                    self.paused.remove(&qk);
+                    // Resumed: its ready tasks are claimable again.
+                    if self.ready.contains_key(&qk) {
+                        fx.ready.insert(qk);
+                    }
+                }
+            }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
         Ok(())
@@ -605,7 +732,11 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        if before.state != TaskState::Pending || before.visible_at > now || before.attempts >= before.max_attempts {
+        if before.state != TaskState::Pending
+            || before.visible_at > now
+            || before.attempts >= before.max_attempts
+            || self.paused.contains(&QueueKey::of(&before))
+        {
             return Ok(Err(Rejected::NotClaimable));
         }
         let mut t = before.clone();

@@ -1115,6 +1115,60 @@ fn progress_rides_on_heartbeats_and_resets_at_the_next_claim() {
 }
 
 #[test]
+fn a_paused_queue_accepts_enqueues_serves_no_claims_and_delays_nothing_else() {
+    let mut h = Harness::new();
+    let held = h.add(A, Q);
+    let other = h.add(A, "other");
+    let foreign = h.add(B, Q);
+    let pause = |paused| Command::SetQueuePaused { tenant: A.into(), queue: Q.into(), paused };
+    assert_eq!(h.apply(pause(true)), Response::QueuePaused(true));
+    let later = h.add(A, Q);
+    assert_eq!(h.state(later), Some(TaskState::Pending), "enqueues are accepted");
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "nothing is picked from a paused queue");
+    assert_eq!(h.pick(A, &[Q, "other"], 10), vec![other], "other queues are served");
+    assert_eq!(h.pick(B, &[Q], 10), vec![foreign], "the same queue name of another tenant is served");
+    let r = h.claim_ids(A, &[held], 1_000);
+    assert_eq!(r[0].clone().map(|t| t.id), Err(Rejected::NotClaimable), "apply re-checks the flag");
+    // A restart keeps the flag.
+    let rebuilt = h.m.rebuilt();
+    assert_eq!(rebuilt.pick(A, &queues(&[Q]), 10), vec![]);
+    assert!(rebuilt.shards.iter().all(|s| s.is_paused(&QueueKey { tenant: A.into(), queue: Q.into() })));
+    assert_eq!(h.apply(pause(false)), Response::QueuePaused(false));
+    assert_eq!(h.pick(A, &[Q], 10), vec![held, later], "resumed in FIFO order");
+}
+
+#[test]
+fn completions_feed_the_throughput_windows_and_survive_a_rebuild() {
+    let mut h = Harness::new();
+    for _ in 0..3 {
+        // Kept longer than the longest window, so a rebuild finds them (a shorter retention forgets them).
+        let spec = NewTask { retention_ms: 3_600_000, ..h.spec(A, Q) };
+        h.enqueue(spec);
+    }
+    for _ in 0..3 {
+        let t = h.claim_one(A, 60_000);
+        h.advance(200);
+        h.ack(t.id, A, token(&t), complete()).expect("completed");
+        h.advance(120_000 - 200);
+    }
+    let qk = QueueKey { tenant: A.into(), queue: Q.into() };
+    let sum = |m: &MemMachine| {
+        m.shards.iter().map(|s| s.throughput(&qk)).fold(Throughput::default(), |a, t| Throughput {
+            completed_1m: a.completed_1m + t.completed_1m,
+            completed_5m: a.completed_5m + t.completed_5m,
+            completed_15m: a.completed_15m + t.completed_15m,
+            run_ms_15m: a.run_ms_15m + t.run_ms_15m,
+        })
+    };
+    // Completed 6 min, 4 min and 2 min ago.
+    let want = Throughput { completed_1m: 0, completed_5m: 2, completed_15m: 3, run_ms_15m: 600 };
+    assert_eq!(sum(&h.m), want);
+    assert_eq!(sum(&h.m.rebuilt()), want, "derived from the records");
+    h.advance(15 * 60_000);
+    assert_eq!(sum(&h.m), Throughput::default(), "older than the longest window");
+}
+
+#[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
     for p in [3, 1, 3, 7, 0, 7] {
@@ -1212,6 +1266,8 @@ struct Model {
     /// Every token each task was ever given.
     history: HashMap<TaskId, Vec<LeaseToken>>,
     issued: Vec<LeaseToken>,
+    /// Paused (tenant, queue): no claims.
+    paused: BTreeSet<(String, String)>,
 }
 
 /// The range of a backoff after `attempts` attempts: fixed, or `base * 2^(attempts-1)` capped at `max`, of which
@@ -1335,6 +1391,7 @@ impl Model {
             .tasks
             .iter()
             .filter(|(_, t)| t.tenant == tenant && queues.contains(&t.queue) && t.ready(self.now))
+            .filter(|(_, t)| !self.paused.contains(&(t.tenant.clone(), t.queue.clone())))
             .map(|(id, t)| (Reverse(t.priority), t.seq, *id))
             .collect();
         v.sort();
@@ -1343,8 +1400,9 @@ impl Model {
 
     fn claim(&mut self, id: &TaskId, tenant: &str, lease_ms: u64, pos: u64) -> ItemResult<LeaseToken> {
         let (now, token) = (self.now, self.index * MAX_ITEMS_PER_COMMAND + pos);
+        let paused = self.paused.clone();
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
-        if !t.ready(now) {
+        if !t.ready(now) || paused.contains(&(t.tenant.clone(), t.queue.clone())) {
             return Err(Rejected::NotClaimable);
         }
         t.state = TaskState::InProgress;
@@ -1565,6 +1623,11 @@ enum Op {
         tenant: usize,
         queue: usize,
     },
+    Pause {
+        tenant: usize,
+        queue: usize,
+        paused: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -1661,6 +1724,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Redrive { tenant, queue }),
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Purge { tenant, queue }),
+        1 => (0..2usize, 0..2usize, any::<bool>()).prop_map(|(tenant, queue, paused)| Op::Pause { tenant, queue, paused }),
     ]
 }
 
@@ -1790,6 +1854,17 @@ impl Sim {
                 let cmd = Command::Redrive { tenant: tenant.into(), queue: queue.into(), select: DlqSelector::All };
                 let Response::Redriven(got) = self.apply(time, cmd) else { panic!("not a redrive") };
                 assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), self.model.redrive(tenant, queue));
+                false
+            }
+            Op::Pause { tenant, queue, paused } => {
+                let (tenant, queue) = (TENANTS[*tenant], QUEUES[*queue]);
+                let cmd = Command::SetQueuePaused { tenant: tenant.into(), queue: queue.into(), paused: *paused };
+                assert_eq!(self.apply(time, cmd), Response::QueuePaused(*paused));
+                if *paused {
+                    self.model.paused.insert((tenant.to_string(), queue.to_string()));
+                } else {
+                    self.model.paused.remove(&(tenant.to_string(), queue.to_string()));
+                }
                 false
             }
             Op::Purge { tenant, queue } => {

@@ -296,6 +296,26 @@ impl Task {
     }
 }
 
+/// Which tasks a listing returns (every condition given must hold).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    pub queue: Option<String>,
+    pub state: Option<TaskState>,
+    /// Created at or after this time.
+    pub created_from: Option<TimeMs>,
+    /// Created before this time.
+    pub created_to: Option<TimeMs>,
+}
+
+impl TaskFilter {
+    pub fn matches(&self, t: &Task) -> bool {
+        self.queue.as_ref().is_none_or(|q| *q == t.queue)
+            && self.state.is_none_or(|s| s == t.state)
+            && self.created_from.is_none_or(|f| t.created_at >= f)
+            && self.created_to.is_none_or(|to| t.created_at < to)
+    }
+}
+
 /// A task to create, fully decided by the proposer (id, visible time, defaults from config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewTask {
@@ -419,6 +439,13 @@ pub enum Command {
     /// Moves state-machine time forward: expiries and promotions happen on every entry, a tick just makes sure
     /// time advances while the cluster is otherwise idle.
     Tick,
+    /// Pauses (or resumes) a queue: a paused queue keeps accepting enqueues and serves no claims. Every shard
+    /// keeps its own copy of the flag, so a claim's check reads only its own shard.
+    SetQueuePaused {
+        tenant: String,
+        queue: String,
+        paused: bool,
+    },
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -440,6 +467,7 @@ impl fmt::Display for Request {
             Command::Redrive { .. } => ("redrive", 1),
             Command::PurgeDeadLetters { .. } => ("purge", 1),
             Command::Tick => ("tick", 0),
+            Command::SetQueuePaused { .. } => ("pause", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -504,4 +532,6 @@ pub enum Response {
     Redriven(Vec<TaskId>),
     Purged(Vec<TaskId>),
     Ticked,
+    /// The queue's paused flag after a `SetQueuePaused`.
+    QueuePaused(bool),
 }

@@ -10,6 +10,9 @@ pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_lo
 pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
 /// Idempotency keys of one shard: `tenant \0 key` -> key record.
 pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
+/// Shard-level records other than tasks and keys, by a key whose first byte is its kind (`queue::RecordKey`):
+/// paused queues (held by every shard), ...
+pub const SHARD_RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("shard_records");
 /// Shard metadata: `last_applied`, `membership`, `now`.
 pub const SHARD_META: TableDefinition<&str, &[u8]> = TableDefinition::new("shard_meta");
 

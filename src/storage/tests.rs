@@ -82,6 +82,14 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
             entry(1, Request { time_ms: 1_000, seed: 1, command: Command::Enqueue(items) }),
             entry(2, Request { time_ms: 1_001, seed: 2, command: Command::Claim(claim) }),
             entry(3, Request { time_ms: 1_200, seed: 3, command: Command::Tick }),
+            entry(
+                4,
+                Request {
+                    time_ms: 1_200,
+                    seed: 4,
+                    command: Command::SetQueuePaused { tenant: "t".into(), queue: "paused".into(), paused: true },
+                },
+            ),
         ],
     )
     .await;
@@ -97,26 +105,30 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert!(before.values().any(|t| t.state == TaskState::InProgress));
 
     let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 3)));
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 4)));
 
     // A follower with a different shard count installs it and holds the same records and time.
     let b = tempfile::tempdir().expect("dir");
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
     follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
     assert_eq!(dump(&follower), before);
-    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 3)));
+    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 4)));
     assert_eq!(follower.shared.now(), leader.shared.now());
     follower.shared.check_indexes().expect("indexes agree with records");
+    assert!(follower.shared.is_paused("t", "paused"), "paused queues travel in the snapshot");
+    assert_eq!(follower.shared.paused_queues("t"), vec!["paused".to_string()]);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     let queues = vec!["q".to_string()];
     let none = Default::default();
     assert_eq!(follower.shared.pick_ready("t", &queues, 50, &none), leader.shared.pick_ready("t", &queues, 50, &none));
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
     let cur = follower.get_current_snapshot().await.expect("current").expect("some");
-    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 3)));
+    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 4)));
     drop(follower);
     let reopened = StateMachine::open(b.path(), 3).expect("reopen");
     assert_eq!(dump(&reopened), before);
+    assert!(reopened.shared.is_paused("t", "paused"), "and survive a reopen");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -197,3 +197,218 @@ async fn sdk_worker_reports_an_exception_and_producer_sees_the_runs() {
     assert_eq!((t.runs.len(), t.runs[0].reason.as_str()), (1, "malformed-payload"));
     assert!(t.deadline_ms > 0);
 }
+
+async fn jobs_client(n: &TestNode) -> raftq_proto::v1::jobs_client::JobsClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.node().grpc_addr))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    raftq_proto::v1::jobs_client::JobsClient::new(ch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_keeps_accepting_serves_nothing_and_resumes_in_order() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let mut j = jobs_client(&n).await;
+    let first = c.enqueue(enq("pq", "1")).await.expect("enqueue").into_inner().task_id;
+    let p = j.pause_queue(pb::PauseQueueRequest { queue: "pq".into() }).await.expect("pause").into_inner();
+    assert!(p.paused);
+    let second = c.enqueue(enq("pq", "2")).await.expect("accepted while paused").into_inner().task_id;
+    c.enqueue(enq("open", "x")).await.expect("enqueue");
+    let claim = |queue: &str, wait_ms| pb::ClaimRequest {
+        worker_id: "w".into(),
+        queues: vec![queue.into()],
+        count: 10,
+        lease_ms: 30_000,
+        wait_ms,
+    };
+    assert!(c.claim(claim("pq", 200)).await.expect("claim").into_inner().tasks.is_empty(), "paused");
+    assert_eq!(c.claim(claim("open", 0)).await.expect("claim").into_inner().tasks.len(), 1, "others are served");
+    let stats = c.queue_stats(pb::QueueStatsRequest { queues: vec!["pq".into()] }).await.expect("stats");
+    let stats = stats.into_inner().queues;
+    assert_eq!((stats[0].pending, stats[0].paused), (2, true));
+    let paused = j.list_paused_queues(pb::ListPausedQueuesRequest {}).await.expect("list").into_inner().queues;
+    assert_eq!(paused, vec!["pq".to_string()]);
+
+    // A claim parked on the paused queue is woken by the resume.
+    let mut c2 = n.client().await;
+    let parked = tokio::spawn(async move { c2.claim(claim("pq", 10_000)).await.expect("claim").into_inner().tasks });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = j.resume_queue(pb::ResumeQueueRequest { queue: "pq".into() }).await.expect("resume").into_inner();
+    assert!(!r.paused);
+    let got: Vec<String> = parked.await.expect("join").into_iter().map(|t| t.id).collect();
+    assert_eq!(got, vec![first, second], "FIFO after the resume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_tasks_filters_by_queue_state_and_time_a_page_at_a_time() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let mut j = jobs_client(&n).await;
+    let mut ids = Vec::new();
+    for i in 0..25 {
+        ids.push(c.enqueue(enq("lq", &i.to_string())).await.expect("enqueue").into_inner().task_id);
+    }
+    c.enqueue(enq("other", "x")).await.expect("enqueue");
+    let claimed = c
+        .claim(pb::ClaimRequest {
+            worker_id: "w".into(),
+            queues: vec!["lq".into()],
+            count: 5,
+            lease_ms: 30_000,
+            wait_ms: 0,
+        })
+        .await
+        .expect("claim")
+        .into_inner()
+        .tasks;
+    for t in &claimed {
+        let done = pb::AckRequest {
+            task_id: t.id.clone(),
+            token: token(t),
+            action: Some(Action::Complete(Default::default())),
+        };
+        c.ack(done).await.expect("complete");
+    }
+    let mut seen = Vec::new();
+    let mut token_ = String::new();
+    let mut pages = 0;
+    loop {
+        let req = pb::ListTasksRequest {
+            queue: "lq".into(),
+            page_size: 10,
+            page_token: token_.clone(),
+            ..Default::default()
+        };
+        let page = j.list_tasks(req).await.expect("list").into_inner();
+        pages += 1;
+        seen.extend(page.tasks.iter().map(|t| t.id.clone()));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token_ = page.next_page_token;
+    }
+    assert_eq!(pages, 3);
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(seen, want, "every task of the queue once, in id order");
+
+    let req = pb::ListTasksRequest { state: pb::TaskState::Completed as i32, ..Default::default() };
+    let done = j.list_tasks(req).await.expect("list").into_inner().tasks;
+    let mut want: Vec<String> = claimed.iter().map(|t| t.id.clone()).collect();
+    want.sort();
+    assert_eq!(done.iter().map(|t| t.id.clone()).collect::<Vec<_>>(), want);
+
+    // A time range: before the first task nothing, from the 11th task's creation on 15 of them.
+    let all = j.list_tasks(pb::ListTasksRequest { queue: "lq".into(), page_size: 100, ..Default::default() });
+    let all = all.await.expect("list").into_inner().tasks;
+    let t0 = all[0].created_at_ms;
+    let req = pb::ListTasksRequest { queue: "lq".into(), created_to_ms: t0, ..Default::default() };
+    assert!(j.list_tasks(req).await.expect("list").into_inner().tasks.is_empty());
+    let cut = all[10].created_at_ms;
+    let req = pb::ListTasksRequest { queue: "lq".into(), created_from_ms: cut, page_size: 100, ..Default::default() };
+    let from = j.list_tasks(req).await.expect("list").into_inner().tasks;
+    assert_eq!(from.len(), all.iter().filter(|t| t.created_at_ms >= cut).count());
+    assert!(from.iter().all(|t| t.created_at_ms >= cut));
+    let bad = pb::ListTasksRequest { page_token: "nonsense".into(), ..Default::default() };
+    assert_eq!(reason(&j.list_tasks(bad).await.expect_err("bad token")), "INVALID_ARGUMENT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_figures_match_a_known_workload() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let mut j = jobs_client(&n).await;
+    for i in 0..12 {
+        c.enqueue(enq("cap", &i.to_string())).await.expect("enqueue");
+    }
+    // Two workers complete 6 tasks (3 each); 6 stay pending.
+    for w in ["w1", "w2"] {
+        let req = pb::ClaimRequest {
+            worker_id: w.into(),
+            queues: vec!["cap".into()],
+            count: 3,
+            lease_ms: 30_000,
+            wait_ms: 0,
+        };
+        for t in c.claim(req).await.expect("claim").into_inner().tasks {
+            let done = pb::AckRequest {
+                task_id: t.id.clone(),
+                token: token(&t),
+                action: Some(Action::Complete(Default::default())),
+            };
+            c.ack(done).await.expect("complete");
+        }
+    }
+    let cap = j.queue_capacity(pb::QueueCapacityRequest { queues: vec!["cap".into()] }).await.expect("capacity");
+    let q = cap.into_inner().queues.remove(0);
+    assert_eq!((q.pending, q.ready, q.running, q.active_workers), (6, 6, 0, 2));
+    assert_eq!((q.completed_1m, q.completed_5m, q.completed_15m), (6, 6, 6));
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(q.rate_5m, 6.0 / 300.0), "{}", q.rate_5m);
+    assert!(close(q.rate_1m, 6.0 / 60.0), "{}", q.rate_1m);
+    // 6 pending at 6 per 5 minutes: 300 s. Per worker 1 per 100 s: 36 per hour, so 1 worker drains in 1 h.
+    assert!(close(q.drain_seconds, 300.0), "{}", q.drain_seconds);
+    assert!(close(q.per_worker_rate, 0.01), "{}", q.per_worker_rate);
+    assert_eq!((q.workers_needed_1h, q.workers_needed_4h, q.workers_needed_8h), (1, 1, 1));
+    // An unknown queue asked for by name reports zeros.
+    let empty = j.queue_capacity(pb::QueueCapacityRequest { queues: vec!["none".into()] }).await.expect("capacity");
+    let e = empty.into_inner().queues.remove(0);
+    assert_eq!((e.pending, e.drain_seconds, e.workers_needed_1h), (0, 0.0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_and_sdk_pause_list_and_capacity() {
+    use raftq_client::{NewTask, Producer, ProducerConfig, TaskQuery, TaskState};
+    let n = TestNode::start_with(fast).await;
+    let a = n.node().http_addr;
+    let p = Producer::connect(ProducerConfig { addrs: vec![n.node().grpc_addr.to_string()], ..Default::default() })
+        .await
+        .expect("producer");
+    for i in 0..3 {
+        p.enqueue(NewTask::new("rq", i.to_string())).await.expect("enqueue");
+    }
+    let (code, _, b) = http(a, "POST", "/v1/queues/rq/pause", None).await;
+    assert_eq!((code, b["paused"].as_bool()), (200, Some(true)), "{b}");
+    let (_, _, qs) = http(a, "GET", "/v1/queues", None).await;
+    assert_eq!(qs["queues"][0]["paused"].as_bool(), Some(true), "{qs}");
+    let claim = json!({"worker_id": "w", "queues": ["rq"], "wait_ms": 100});
+    let (_, _, cl) = http(a, "POST", "/v1/claim", Some(claim)).await;
+    assert_eq!(cl["tasks"].as_array().map(|v| v.len()), Some(0), "paused");
+    assert!(!p.resume_queue("rq").await.expect("resume"), "the SDK resumes it");
+    assert!(p.pause_queue("rq").await.expect("pause again"));
+    let (code, _, b) = http(a, "POST", "/v1/queues/rq/resume", None).await;
+    assert_eq!((code, b["paused"].as_bool()), (200, Some(false)));
+
+    let (code, _, l) = http(a, "GET", "/v1/tasks?queue=rq&state=pending&page_size=2", None).await;
+    assert_eq!(code, 200, "{l}");
+    assert_eq!(l["tasks"].as_array().map(|v| v.len()), Some(2));
+    let next = l["next_page_token"].as_str().expect("more").to_string();
+    let (_, _, l2) = http(a, "GET", &format!("/v1/tasks?queue=rq&page_size=2&page_token={next}"), None).await;
+    assert_eq!((l2["tasks"].as_array().map(|v| v.len()), l2["next_page_token"].is_null()), (Some(1), true));
+    let (code, _, bad) = http(a, "GET", "/v1/tasks?state=sleeping", None).await;
+    assert_eq!((code, bad["error"]["code"].as_str()), (400, Some("INVALID_ARGUMENT")));
+
+    let page = p
+        .list_tasks(&TaskQuery {
+            queue: Some("rq".into()),
+            state: Some(TaskState::Pending),
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(page.tasks.len(), 2);
+    let rest = p
+        .list_tasks(&TaskQuery { queue: Some("rq".into()), page_token: page.next_page_token, ..Default::default() })
+        .await
+        .expect("list");
+    assert_eq!((rest.tasks.len(), rest.next_page_token), (1, None));
+
+    let (code, _, cap) = http(a, "GET", "/v1/queues/rq/capacity", None).await;
+    assert_eq!((code, cap["pending"].as_u64(), cap["drain_seconds"].is_null()), (200, Some(3), true), "{cap}");
+    let sdk = p.capacity(&["rq"]).await.expect("capacity");
+    assert_eq!((sdk[0].pending, sdk[0].drain, sdk[0].workers_needed), (3, None, [None; 3]));
+}

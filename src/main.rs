@@ -177,6 +177,11 @@ enum TaskCmd {
         /// The task must end within this long (e.g. 1h), or it fails with reason deadline-exceeded.
         #[arg(long, value_parser = humantime::parse_duration)]
         deadline: Option<Duration>,
+        /// At most --concurrency-limit tasks with this key run at once.
+        #[arg(long)]
+        concurrency_key: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        concurrency_limit: u32,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -491,6 +496,8 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
             idempotency_key,
             webhook_url,
             deadline,
+            concurrency_key,
+            concurrency_limit,
             client,
         } => {
             let mut c = connect(&client.addr).await?;
@@ -504,6 +511,8 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                     idempotency_key: idempotency_key.unwrap_or_default(),
                     webhook_url: webhook_url.unwrap_or_default(),
                     deadline_in_ms: deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
+                    concurrency_key: concurrency_key.unwrap_or_default(),
+                    concurrency_limit,
                     ..Default::default()
                 })
                 .await

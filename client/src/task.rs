@@ -114,6 +114,10 @@ pub struct Task {
     pub deadline_ms: i64,
     /// The last progress a worker reported for the current delivery.
     pub progress: Option<Progress>,
+    /// The concurrency key given at enqueue, or empty.
+    pub concurrency_key: String,
+    /// Its limit (0 without a key).
+    pub concurrency_limit: u32,
 }
 
 /// One delivery of a task.
@@ -171,6 +175,8 @@ impl Task {
             runs,
             deadline_ms,
             progress,
+            concurrency_key,
+            concurrency_limit,
         } = t;
         Task {
             id,
@@ -209,6 +215,8 @@ impl Task {
                 .collect(),
             deadline_ms,
             progress: progress.map(|pb::Progress { percent, message, at_ms }| Progress { percent, message, at_ms }),
+            concurrency_key,
+            concurrency_limit,
         }
     }
 
@@ -298,6 +306,7 @@ pub struct NewTask {
     webhook_url: String,
     trace: Option<TraceContext>,
     deadline: Duration,
+    concurrency: Option<(String, u32)>,
 }
 
 impl NewTask {
@@ -314,6 +323,7 @@ impl NewTask {
             webhook_url: String::new(),
             trace: None,
             deadline: Duration::ZERO,
+            concurrency: None,
         }
     }
 
@@ -365,6 +375,13 @@ impl NewTask {
         self
     }
 
+    /// At most `limit` tasks of the tenant with this key run at once, across queues and workers; a key at its
+    /// limit never delays other keys. (0 counts as 1.)
+    pub fn concurrency(mut self, key: impl Into<String>, limit: u32) -> NewTask {
+        self.concurrency = Some((key.into(), limit));
+        self
+    }
+
     /// The queue this task is for.
     pub fn queue(&self) -> &str {
         &self.queue
@@ -382,6 +399,7 @@ impl NewTask {
             webhook_url,
             trace,
             deadline,
+            concurrency,
         } = self;
         pb::EnqueueRequest {
             queue,
@@ -397,6 +415,8 @@ impl NewTask {
             webhook_url,
             trace: trace.map(|TraceContext { traceparent, tracestate }| pb::TraceContext { traceparent, tracestate }),
             deadline_in_ms: duration_ms(deadline),
+            concurrency_limit: concurrency.as_ref().map_or(0, |c| c.1.max(1)),
+            concurrency_key: concurrency.map(|c| c.0).unwrap_or_default(),
         }
     }
 }
@@ -439,6 +459,8 @@ mod tests {
                 webhook_url: "http://h/x".into(),
                 trace: Some(pb::TraceContext { traceparent: "00-tp".into(), tracestate: "ts".into() }),
                 deadline_in_ms: 0,
+                concurrency_key: String::new(),
+                concurrency_limit: 0,
             }
         );
     }

@@ -5,7 +5,7 @@ use raftq_proto::v1 as pb;
 
 use super::error::{invalid, ApiError};
 use crate::config::Config;
-use crate::queue::{AckAction, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs};
+use crate::queue::{AckAction, ConcurrencyKey, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs};
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
     s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
@@ -83,6 +83,8 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         webhook_url,
         trace,
         deadline_in_ms,
+        concurrency_key,
+        concurrency_limit,
     } = req;
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
@@ -132,10 +134,20 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         )));
     }
     let visible_at = if run_at_ms > 0 { run_at_ms as u64 } else { now.saturating_add(delay_ms) };
+    if concurrency_key.len() > cfg.max_idempotency_key_len {
+        return Err(invalid(format!("concurrency_key must be at most {} characters", cfg.max_idempotency_key_len)));
+    }
+    if concurrency_key.is_empty() && concurrency_limit > 0 {
+        return Err(invalid("concurrency_limit needs a concurrency_key"));
+    }
     let idempotency_key = non_empty(idempotency_key);
-    let placement = match &idempotency_key {
-        Some(k) => TaskId::placement_for_key(tenant, k),
-        None => rand::random(),
+    let concurrency = non_empty(concurrency_key).map(|key| ConcurrencyKey { key, limit: concurrency_limit.max(1) });
+    // Tasks of one concurrency key share a shard, where their running count lives; an idempotency key then
+    // dedupes within it.
+    let placement = match (&concurrency, &idempotency_key) {
+        (Some(c), _) => TaskId::placement_for_concurrency_key(tenant, &c.key),
+        (None, Some(k)) => TaskId::placement_for_key(tenant, k),
+        (None, None) => rand::random(),
     };
     Ok(NewTask {
         id: TaskId::new(now, placement, rand::random()),
@@ -153,6 +165,7 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         retry: cfg.retry_policy(),
         retention_ms: cfg.retention_ms,
         deadline: (deadline_in_ms > 0).then(|| now.saturating_add(deadline_in_ms)),
+        concurrency,
     })
 }
 
@@ -296,6 +309,7 @@ pub fn task(t: Task) -> pb::Task {
         runs,
         deadline,
         progress,
+        concurrency,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -341,6 +355,8 @@ pub fn task(t: Task) -> pb::Task {
             .collect(),
         deadline_ms: deadline.map(ms).unwrap_or(0),
         progress: progress.map(|p| pb::Progress { percent: p.percent as u32, message: p.message, at_ms: ms(p.at) }),
+        concurrency_key: concurrency.as_ref().map(|c| c.key.clone()).unwrap_or_default(),
+        concurrency_limit: concurrency.map(|c| c.limit).unwrap_or(0),
     }
 }
 

@@ -146,7 +146,7 @@ pub fn task_json(t: &pb::Task) -> Value {
         "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms, "visible_at_ms": t.visible_at_ms,
         "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
         "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
-        "deadline_ms": t.deadline_ms,
+        "deadline_ms": t.deadline_ms, "concurrency_key": t.concurrency_key, "concurrency_limit": t.concurrency_limit,
         "progress": t.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message, "at_ms": p.at_ms})),
         "runs": t.runs.iter().map(|r| json!({
             "worker_id": r.worker_id, "token": r.token.to_string(), "started_at_ms": r.started_at_ms,
@@ -176,6 +176,10 @@ struct NewTaskBody {
     tracestate: Option<String>,
     #[serde(default)]
     deadline_in_ms: u64,
+    #[serde(default)]
+    concurrency_key: String,
+    #[serde(default)]
+    concurrency_limit: u32,
 }
 
 impl NewTaskBody {
@@ -193,6 +197,8 @@ impl NewTaskBody {
             traceparent,
             tracestate,
             deadline_in_ms,
+            concurrency_key,
+            concurrency_limit,
         } = self;
         let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
             traceparent: traceparent.unwrap_or_default(),
@@ -209,6 +215,8 @@ impl NewTaskBody {
             webhook_url,
             trace,
             deadline_in_ms,
+            concurrency_key,
+            concurrency_limit,
         })
     }
 }

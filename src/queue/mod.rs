@@ -15,13 +15,14 @@ use std::collections::{BTreeMap, HashSet};
 pub mod capacity;
 
 pub use shard::{
-    Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, RecordKey, ShardCore, StateCounts, TaskStore,
-    Throughput, THROUGHPUT_WINDOW_S,
+    ClaimOrder, Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, RecordKey, ShardCore,
+    StateCounts, TaskStore, Throughput, THROUGHPUT_WINDOW_S,
 };
 pub use types::*;
 
-/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping
-/// tasks already promised to an in-flight claim.
+/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then the least busy
+/// concurrency key, then FIFO), skipping tasks already promised to an in-flight claim and tasks whose concurrency
+/// key is at its limit (see `ShardCore::claim_candidates`).
 pub fn pick_ready<'a>(
     shards: impl IntoIterator<Item = &'a ShardCore>,
     tenant: &str,
@@ -29,16 +30,13 @@ pub fn pick_ready<'a>(
     count: usize,
     skip: &HashSet<TaskId>,
 ) -> Vec<TaskId> {
-    let mut heads: Vec<ReadyKey> = Vec::new();
+    let mut heads: Vec<ClaimOrder> = Vec::new();
     for shard in shards {
-        for q in queues {
-            let qk = QueueKey { tenant: tenant.to_string(), queue: q.clone() };
-            heads.extend(shard.ready_head(&qk, count, skip));
-        }
+        heads.extend(shard.claim_candidates(tenant, queues, count, skip));
     }
     heads.sort();
-    heads.dedup();
-    heads.into_iter().take(count).map(|k| k.2).collect()
+    heads.dedup_by_key(|k| k.3);
+    heads.into_iter().take(count).map(|k| k.3).collect()
 }
 
 /// A whole state machine in memory: the same shard logic over maps. For tests and the reference model.

@@ -85,6 +85,10 @@ impl QueueKey {
 /// Claim order: higher priority first, then FIFO by sequence.
 pub type ReadyKey = (Reverse<u8>, u64, TaskId);
 
+/// The leader's claim order across queues and shards: priority, then the running tasks of the task's
+/// concurrency key (least busy key first; 0 without a key), then FIFO.
+pub type ClaimOrder = (Reverse<u8>, u32, u64, TaskId);
+
 /// Side effects of applying entries that the node reacts to after commit (waking parked claims, answering
 /// result waiters, webhooks). Derived, never stored.
 #[derive(Debug, Default)]
@@ -178,6 +182,13 @@ pub struct ShardCore {
     deadlines: BTreeSet<(TimeMs, TaskId)>,
     /// Paused queues (every shard holds the whole set).
     paused: HashSet<QueueKey>,
+    /// Running tasks per (tenant, concurrency key) of this shard.
+    running_keys: HashMap<(String, String), u32>,
+    /// The concurrency key of each pending (ready or delayed) task that has one.
+    pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Queues whose keyed running task stopped running during the entry being applied (reported as ready work,
+    /// so parked claims look again). Transient.
+    freed: Vec<QueueKey>,
     /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
     /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
     done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
@@ -257,6 +268,15 @@ impl ShardCore {
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
         if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
             self.deadlines.insert((d, t.id));
+        }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => *self.running_keys.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1,
+                TaskState::Pending => {
+                    self.pending_keys.insert(t.id, ck.clone());
+                }
+                _ => {}
+            }
         }
         *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
         match t.state {
@@ -340,6 +360,23 @@ impl ShardCore {
         if let Some(d) = t.deadline {
             self.deadlines.remove(&(d, t.id));
         }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => {
+                    let k = (t.tenant.clone(), ck.key.clone());
+                    if let Some(n) = self.running_keys.get_mut(&k) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            self.running_keys.remove(&k);
+                        }
+                    }
+                }
+                TaskState::Pending => {
+                    self.pending_keys.remove(&t.id);
+                }
+                _ => {}
+            }
+        }
         if let Some(c) = self.counts.get_mut(&qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
@@ -382,6 +419,11 @@ impl ShardCore {
 
     /// Writes a changed record and moves it between indexes.
     fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
+        if before.state == TaskState::InProgress && after.state != TaskState::InProgress && before.concurrency.is_some()
+        {
+            // A slot of the key came free: tasks of the key in any queue may be claimable now.
+            self.freed.push(QueueKey::of(before));
+        }
         self.unindex_task(before);
         self.index_task(after);
         store.put(after)
@@ -398,6 +440,70 @@ impl ShardCore {
             None => vec![],
             Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
         }
+    }
+
+    /// Tasks of this shard running under a tenant's concurrency key.
+    pub fn running_with_key(&self, tenant: &str, key: &str) -> u32 {
+        self.running_keys.get(&(tenant.to_string(), key.to_string())).copied().unwrap_or(0)
+    }
+
+    /// Claim candidates for the leader: this shard's ready tasks of `queues`, merged in claim order (priority,
+    /// then FIFO), up to `limit`, skipping `skip` (tasks promised to claims in flight) and tasks whose concurrency
+    /// key has no free slot (its running tasks, the in-flight promises and the candidates taken so far fill its
+    /// limit). A blocked key is passed over, never waited for. Each candidate sorts by (priority, running tasks of
+    /// its key (0 without a key), FIFO): at equal priority the least busy key goes first, so claims rotate
+    /// across keys. A key's tasks all live in one shard, so its admission here is exact.
+    pub fn claim_candidates(
+        &self,
+        tenant: &str,
+        queues: &[String],
+        limit: usize,
+        skip: &HashSet<TaskId>,
+    ) -> Vec<ClaimOrder> {
+        let mut taken: HashMap<&str, u32> = HashMap::new();
+        for id in skip {
+            if let Some(ck) = self.pending_keys.get(id) {
+                *taken.entry(ck.key.as_str()).or_default() += 1;
+            }
+        }
+        let mut iters: Vec<_> = queues
+            .iter()
+            .map(|q| QueueKey { tenant: tenant.to_string(), queue: q.clone() })
+            .filter(|qk| !self.paused.contains(qk))
+            .filter_map(|qk| self.ready.get(&qk))
+            .map(|set| set.iter().peekable())
+            .collect();
+        let mut out = Vec::new();
+        while out.len() < limit {
+            // The next ready task across the queues, in claim order.
+            let mut best: Option<(usize, &ReadyKey)> = None;
+            for (i, it) in iters.iter_mut().enumerate() {
+                if let Some(k) = it.peek() {
+                    if best.is_none_or(|(_, b)| *k < b) {
+                        best = Some((i, *k));
+                    }
+                }
+            }
+            let Some((i, _)) = best else { break };
+            let k = iters[i].next().expect("peeked");
+            if skip.contains(&k.2) {
+                continue;
+            }
+            let busy = match self.pending_keys.get(&k.2) {
+                None => 0,
+                Some(ck) => {
+                    let running = self.running_with_key(tenant, &ck.key);
+                    let t = taken.entry(ck.key.as_str()).or_default();
+                    if running + *t >= ck.limit.max(1) {
+                        continue;
+                    }
+                    *t += 1;
+                    running
+                }
+            };
+            out.push((k.0, busy, k.1, k.2));
+        }
+        out
     }
 
     /// Dead-lettered tasks of one queue, oldest first.
@@ -522,6 +628,7 @@ impl ShardCore {
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
+        fx.ready.extend(self.freed.drain(..));
         Ok(())
     }
 
@@ -666,7 +773,7 @@ impl ShardCore {
         fx: &mut Effects,
     ) -> Result<ItemResult<Enqueued>, S::Error> {
         let now = self.now;
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             if let Some(rec) = store.get_key(&n.tenant, key)? {
                 if rec.expires_at > now {
                     return Ok(Ok(Enqueued { task_id: rec.task_id, duplicate: true }));
@@ -704,12 +811,13 @@ impl ShardCore {
             runs: vec![],
             deadline: n.deadline,
             progress: None,
+            concurrency: n.concurrency.clone(),
         };
         store.put(&t)?;
         self.index_task(&t);
         self.note_pending(&t, fx);
         fx.counts.enqueued += 1;
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
             // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
             store.put_key(&n.tenant, key, &rec)?;
@@ -732,10 +840,15 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
+        let key_full = before
+            .concurrency
+            .as_ref()
+            .is_some_and(|ck| self.running_with_key(&before.tenant, &ck.key) >= ck.limit.max(1));
         if before.state != TaskState::Pending
             || before.visible_at > now
             || before.attempts >= before.max_attempts
             || self.paused.contains(&QueueKey::of(&before))
+            || key_full
         {
             return Ok(Err(Rejected::NotClaimable));
         }

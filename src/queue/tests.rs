@@ -239,6 +239,7 @@ impl Harness {
             retry: FIXED,
             retention_ms: 60_000,
             deadline: None,
+            concurrency: None,
         }
     }
 
@@ -1168,6 +1169,52 @@ fn completions_feed_the_throughput_windows_and_survive_a_rebuild() {
     assert_eq!(sum(&h.m), Throughput::default(), "older than the longest window");
 }
 
+fn keyed(h: &mut Harness, queue: &str, key: &str, limit: u32) -> TaskId {
+    let mut spec = h.spec(A, queue);
+    spec.id = TaskId::new(h.time, TaskId::placement_for_concurrency_key(A, key), h.next_id);
+    spec.concurrency = Some(ConcurrencyKey { key: key.into(), limit });
+    h.enqueue(spec)
+}
+
+#[test]
+fn a_blocked_concurrency_key_never_delays_other_keys_or_queues() {
+    let mut h = Harness::new();
+    let a: Vec<TaskId> = (0..5).map(|_| keyed(&mut h, Q, "a", 1)).collect();
+    let b = keyed(&mut h, Q, "b", 1);
+    let plain = h.add(A, Q);
+    let other = keyed(&mut h, "other", "a", 1);
+    // Claim order: a[0] (oldest) runs; the rest of "a" is blocked behind it, nothing else is.
+    let t = h.claim_one(A, 60_000);
+    assert_eq!(t.id, a[0]);
+    assert_eq!(h.pick(A, &[Q, "other"], 10), vec![b, plain], "key a is full in every queue");
+    let r = h.claim_ids(A, &[a[1], other], 60_000);
+    assert!(r.iter().all(|r| r.as_ref().err() == Some(&Rejected::NotClaimable)), "apply re-checks the limit");
+    // The running task ends: the next of "a" becomes claimable.
+    h.ack(a[0], A, token(&t), complete()).expect("completed");
+    assert_eq!(h.pick(A, &[Q], 10), vec![a[1], b, plain]);
+    // Promised to a claim in flight counts as running for the key.
+    let skip: HashSet<TaskId> = [a[1]].into();
+    assert_eq!(pick_ready(&h.m.shards, A, &queues(&[Q]), 10, &skip), vec![b, plain]);
+}
+
+#[test]
+fn claims_rotate_to_the_least_busy_key_and_respect_limits() {
+    let mut h = Harness::new();
+    let a: Vec<TaskId> = (0..4).map(|_| keyed(&mut h, Q, "a", 3)).collect();
+    let b: Vec<TaskId> = (0..3).map(|_| keyed(&mut h, Q, "b", 3)).collect();
+    let first = h.claim_ids(A, &[a[0]], 60_000);
+    assert!(first[0].is_ok());
+    // "a" runs one task, "b" none: b's tasks go first, then a's up to its limit of 3.
+    assert_eq!(h.pick(A, &[Q], 10), vec![b[0], b[1], b[2], a[1], a[2]]);
+    let picked = h.pick(A, &[Q], 10);
+    let got = h.claim_ids(A, &picked, 60_000);
+    assert!(got.iter().all(|r| r.is_ok()));
+    let running = |key: &str| h.m.shards.iter().map(|s| s.running_with_key(A, key)).sum::<u32>();
+    assert_eq!((running("a"), running("b")), (3, 3));
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "both keys full");
+    assert_eq!(h.m.rebuilt().pick(A, &queues(&[Q]), 10), vec![], "a rebuild counts the running tasks again");
+}
+
 #[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
@@ -1225,6 +1272,10 @@ const QUEUES: [&str; 2] = ["q0", "q1"];
 const KEYS: [&str; 2] = ["k0", "k1"];
 /// Placement of keyed tasks, per key: the proposer puts every task of one key in one shard.
 const KEY_PLACEMENT: u16 = 1_000;
+/// Concurrency keys, their limits and placements (again one shard per key).
+const CKEYS: [&str; 2] = ["c0", "c1"];
+const CKEY_LIMITS: [u32; 2] = [1, 2];
+const CKEY_PLACEMENT: u16 = 2_001;
 
 /// The reference model's view of a task, written from the lifecycle rules alone.
 #[derive(Debug, Clone)]
@@ -1254,6 +1305,8 @@ struct ModelTask {
     task_deadline: Option<TimeMs>,
     /// Every delivery: its token and how it ended.
     runs: Vec<(LeaseToken, Option<RunOutcome>)>,
+    /// Concurrency key and limit.
+    ckey: Option<(String, u32)>,
 }
 
 #[derive(Debug, Default)]
@@ -1348,7 +1401,7 @@ impl Model {
     }
 
     fn enqueue(&mut self, pos: u64, n: &NewTask) -> ItemResult<Enqueued> {
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             if let Some(&(original, expires_at)) = self.keys.get(&(n.tenant.clone(), key.clone())) {
                 if expires_at > self.now {
                     return Ok(Enqueued { task_id: original, duplicate: true });
@@ -1377,16 +1430,26 @@ impl Model {
             last_ack: None,
             task_deadline: n.deadline,
             runs: vec![],
+            ckey: n.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
         };
         self.tasks.insert(n.id, t);
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             self.keys.insert((n.tenant.clone(), key.clone()), (n.id, self.now + n.idempotency_window_ms));
         }
         Ok(Enqueued { task_id: n.id, duplicate: false })
     }
 
-    /// Ready tasks of `tenant` in `queues`, in claim order.
-    fn ready(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+    /// Running tasks of a tenant's concurrency key.
+    fn running(&self, tenant: &str, key: &str) -> u32 {
+        let with_key = |t: &&ModelTask| t.ckey.as_ref().is_some_and(|(k, _)| k == key);
+        let running = |t: &&ModelTask| t.tenant == tenant && t.state == TaskState::InProgress;
+        self.tasks.values().filter(running).filter(with_key).count() as u32
+    }
+
+    /// Every claimable task of `tenant` in `queues`, in claim order: ready, queue not paused, its concurrency key
+    /// not full (counting the tasks admitted before it in priority-then-FIFO order); ordered by priority, then
+    /// the running tasks of its key, then FIFO. With its shard.
+    fn admitted(&self, tenant: &str, queues: &[String]) -> Vec<(ClaimOrder, usize)> {
         let mut v: Vec<(Reverse<u8>, u64, TaskId)> = self
             .tasks
             .iter()
@@ -1395,14 +1458,41 @@ impl Model {
             .map(|(id, t)| (Reverse(t.priority), t.seq, *id))
             .collect();
         v.sort();
-        v.into_iter().take(count).map(|k| k.2).collect()
+        let mut taken: HashMap<String, u32> = HashMap::new();
+        let mut out = Vec::new();
+        for (p, seq, id) in v {
+            let busy = match &self.tasks[&id].ckey {
+                None => 0,
+                Some((key, limit)) => {
+                    let running = self.running(tenant, key);
+                    let t = taken.entry(key.clone()).or_default();
+                    if running + *t >= *limit {
+                        continue;
+                    }
+                    *t += 1;
+                    running
+                }
+            };
+            out.push(((p, busy, seq, id), id.shard(SHARDS)));
+        }
+        out.sort();
+        out
+    }
+
+    /// Ready tasks of `tenant` in `queues`, in claim order.
+    fn ready(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+        self.admitted(tenant, queues).into_iter().take(count).map(|(k, _)| k.3).collect()
     }
 
     fn claim(&mut self, id: &TaskId, tenant: &str, lease_ms: u64, pos: u64) -> ItemResult<LeaseToken> {
         let (now, token) = (self.now, self.index * MAX_ITEMS_PER_COMMAND + pos);
         let paused = self.paused.clone();
+        let full = match self.tasks.get(id).and_then(|t| t.ckey.clone()) {
+            Some((key, limit)) => self.running(tenant, &key) >= limit,
+            None => false,
+        };
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
-        if !t.ready(now) || paused.contains(&(t.tenant.clone(), t.queue.clone())) {
+        if !t.ready(now) || paused.contains(&(t.tenant.clone(), t.queue.clone())) || full {
             return Err(Rejected::NotClaimable);
         }
         t.state = TaskState::InProgress;
@@ -1572,6 +1662,8 @@ struct EnqueueSpec {
     placement: u16,
     /// A task deadline, relative to the enqueue.
     deadline: Option<u64>,
+    /// A concurrency key (index into `CKEYS`).
+    ckey: Option<usize>,
     /// Reuse an id seen before (a proposer bug or a retry with a fixed id): `IdExists` while it is stored.
     reuse: Option<Index>,
 }
@@ -1656,6 +1748,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
         0..16u16,
         prop::option::weighted(0.05, any::<Index>()),
         prop::option::weighted(0.2, 0..5_000u64),
+        prop::option::weighted(0.4, 0..2usize),
     )
         .prop_map(
             |(
@@ -1668,6 +1761,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                 placement,
                 reuse,
                 deadline,
+                ckey,
             )| {
                 EnqueueSpec {
                     tenant,
@@ -1681,6 +1775,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                     retry,
                     placement,
                     deadline,
+                    ckey,
                     reuse,
                 }
             },
@@ -1800,7 +1895,16 @@ impl Sim {
                 let qs: Vec<String> =
                     (0..QUEUES.len()).filter(|i| queue_mask & (1 << i) != 0).map(|i| QUEUES[i].to_string()).collect();
                 let picked = self.m.pick(tenant, &qs, *count);
-                assert_eq!(picked, self.model.ready(tenant, &qs, *count), "claim order: priority, then FIFO");
+                let admitted = self.model.admitted(tenant, &qs);
+                let per_shard_max = (0..SHARDS).map(|i| admitted.iter().filter(|a| a.1 == i).count()).max();
+                if per_shard_max.unwrap_or(0) <= *count {
+                    assert_eq!(picked, self.model.ready(tenant, &qs, *count), "claim order: priority, key, FIFO");
+                } else {
+                    // The leader looks at most `count` candidates deep per shard: the same number of picks, all
+                    // of them claimable.
+                    assert_eq!(picked.len(), *count, "a blocked key never holds up claimable tasks");
+                    assert!(picked.iter().all(|id| admitted.iter().any(|a| a.0 .3 == *id)), "{picked:?}");
+                }
                 self.claim(time, tenant, &picked, *lease);
                 false
             }
@@ -1888,6 +1992,10 @@ impl Sim {
         for s in specs {
             self.next_random += 1;
             let id = match (s.key, &s.reuse) {
+                // As the proposer does: a concurrency key's placement wins over an idempotency key's.
+                _ if s.ckey.is_some() => {
+                    TaskId::new(time, CKEY_PLACEMENT + s.ckey.unwrap_or(0) as u16, self.next_random)
+                }
                 (Some(k), _) => TaskId::new(time, KEY_PLACEMENT + k as u16, self.next_random),
                 (None, Some(ix)) => *ix.get(&self.known),
                 (None, None) => TaskId::new(time, s.placement, self.next_random),
@@ -1908,6 +2016,7 @@ impl Sim {
                 retry: s.retry,
                 retention_ms: s.retention,
                 deadline: s.deadline.map(|d| time + d),
+                concurrency: s.ckey.map(|k| ConcurrencyKey { key: CKEYS[k].to_string(), limit: CKEY_LIMITS[k] }),
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));
@@ -1957,6 +2066,14 @@ impl Sim {
         assert_eq!(stored, model.tasks.keys().copied().collect::<BTreeSet<_>>(), "stored tasks");
 
         let mut live_tokens = HashSet::new();
+        let mut running_per_key: HashMap<(String, String), u32> = HashMap::new();
+        for t in m.tasks().filter(|t| t.state == TaskState::InProgress) {
+            if let Some(ck) = &t.concurrency {
+                let n = running_per_key.entry((t.tenant.clone(), ck.key.clone())).or_default();
+                *n += 1;
+                assert!(*n <= ck.limit, "key {} of {} runs {n} tasks, over its limit {}", ck.key, t.tenant, ck.limit);
+            }
+        }
         for t in m.tasks() {
             let want = &model.tasks[&t.id];
             let ctx = format!("task {} at {}: {t:?} vs {want:?}", t.id, model.now);

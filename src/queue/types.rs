@@ -30,6 +30,12 @@ impl TaskId {
 
     /// The placement shared by every task of one tenant's idempotency key, so the key and its task live in the
     /// same shard. FNV-1a: stable across versions and platforms, which `std`'s hasher is not.
+    /// The placement shared by every task of one tenant's concurrency key (a namespace apart from idempotency
+    /// keys).
+    pub fn placement_for_concurrency_key(tenant: &str, key: &str) -> u16 {
+        Self::placement_for_key(tenant, &format!("\u{1}concurrency\u{1}{key}"))
+    }
+
     pub fn placement_for_key(tenant: &str, key: &str) -> u16 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in tenant.bytes().chain([0u8]).chain(key.bytes()) {
@@ -193,6 +199,17 @@ pub struct Task {
     pub deadline: Option<TimeMs>,
     /// The last progress a worker reported for the current delivery (cleared at each claim).
     pub progress: Option<Progress>,
+    /// At most `limit` tasks of the tenant with this key run at once.
+    pub concurrency: Option<ConcurrencyKey>,
+}
+
+/// A per-tenant concurrency key and its limit. Every task of one key is placed in one shard (the proposer
+/// derives the placement from the key), so the key's running count is that shard's alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConcurrencyKey {
+    pub key: String,
+    /// At least 1.
+    pub limit: u32,
 }
 
 /// How many runs a task keeps: worker-shutdown retries consume no attempt, so runs are not bounded by
@@ -336,6 +353,20 @@ pub struct NewTask {
     pub retention_ms: u64,
     /// Absolute deadline (the proposer adds the requested duration to its clock).
     pub deadline: Option<TimeMs>,
+    pub concurrency: Option<ConcurrencyKey>,
+}
+
+impl NewTask {
+    /// The key under which the idempotency key is remembered: with a concurrency key it is namespaced by it, so
+    /// duplicates are found among the tasks of the same concurrency key (they share a shard; tasks of another
+    /// concurrency key may live elsewhere).
+    pub fn idempotency_record_key(&self) -> Option<String> {
+        let key = self.idempotency_key.as_ref()?;
+        Some(match &self.concurrency {
+            Some(c) => format!("\u{1}{}\u{1}{key}", c.key),
+            None => key.clone(),
+        })
+    }
 }
 
 /// One claim: the proposer chose which task goes to which worker; apply checks it is still claimable.

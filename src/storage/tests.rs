@@ -51,6 +51,7 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         retry: RetryPolicy { base_ms: 100, max_ms: 1_000, exponential: true },
         retention_ms: 1_000_000,
         deadline: None,
+        concurrency: None,
     }
 }
 

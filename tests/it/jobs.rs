@@ -412,3 +412,123 @@ async fn rest_and_sdk_pause_list_and_capacity() {
     let sdk = p.capacity(&["rq"]).await.expect("capacity");
     assert_eq!((sdk[0].pending, sdk[0].drain, sdk[0].workers_needed), (3, None, [None; 3]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_keys_limit_running_tasks_without_blocking_others() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let keyed = |key: &str, limit: u32, p: &str| pb::EnqueueRequest {
+        concurrency_key: key.into(),
+        concurrency_limit: limit,
+        ..enq("ck", p)
+    };
+    let mut s1 = Vec::new();
+    for i in 0..3 {
+        s1.push(c.enqueue(keyed("store-1", 1, &format!("s1-{i}"))).await.expect("enqueue").into_inner().task_id);
+    }
+    let s2 = c.enqueue(keyed("store-2", 2, "s2")).await.expect("enqueue").into_inner().task_id;
+    let plain = c.enqueue(enq("ck", "plain")).await.expect("enqueue").into_inner().task_id;
+    let bad = pb::EnqueueRequest { concurrency_limit: 2, ..enq("ck", "x") };
+    assert_eq!(reason(&c.enqueue(bad).await.expect_err("limit without key")), "INVALID_ARGUMENT");
+
+    let claim = |wait_ms| pb::ClaimRequest {
+        worker_id: "w".into(),
+        queues: vec!["ck".into()],
+        count: 10,
+        lease_ms: 30_000,
+        wait_ms,
+    };
+    let got = c.claim(claim(0)).await.expect("claim").into_inner().tasks;
+    let mut ids: Vec<String> = got.iter().map(|t| t.id.clone()).collect();
+    ids.sort();
+    let mut want = vec![s1[0].clone(), s2.clone(), plain.clone()];
+    want.sort();
+    assert_eq!(ids, want, "one of store-1 (limit 1), and everything not blocked");
+    let first = got.iter().find(|t| t.id == s1[0]).expect("store-1's first").clone();
+    assert_eq!((first.concurrency_key.as_str(), first.concurrency_limit), ("store-1", 1));
+
+    // A claim parked while store-1 is full is served as soon as its running task ends.
+    let mut c2 = n.client().await;
+    let parked = tokio::spawn(async move { c2.claim(claim(10_000)).await.expect("claim").into_inner().tasks });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let done = pb::AckRequest {
+        task_id: first.id.clone(),
+        token: token(&first),
+        action: Some(Action::Complete(Default::default())),
+    };
+    c.ack(done).await.expect("complete");
+    let next: Vec<String> = parked.await.expect("join").into_iter().map(|t| t.id).collect();
+    assert_eq!(next, vec![s1[1].clone()]);
+
+    // REST carries the key too.
+    let a = n.node().http_addr;
+    let body = json!({"queue": "ck-rest", "payload": "p", "concurrency_key": "k", "concurrency_limit": 1});
+    let (code, _, b) = http(a, "POST", "/v1/tasks", Some(body)).await;
+    assert_eq!(code, 201, "{b}");
+    let (_, _, t) = http(a, "GET", &format!("/v1/tasks/{}", b["task_id"].as_str().expect("id")), None).await;
+    assert_eq!((t["concurrency_key"].as_str(), t["concurrency_limit"].as_u64()), (Some("k"), Some(1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_workers_never_run_more_than_a_keys_limit_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use raftq_client::{NewTask, Outcome, Producer, ProducerConfig, Worker, WorkerConfig};
+    let n = TestNode::start_with(fast).await;
+    let addr = n.node().grpc_addr.to_string();
+    let p = Producer::connect(ProducerConfig { addrs: vec![addr.clone()], ..Default::default() }).await.expect("p");
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let t = NewTask::new("sdk-ck", format!("a{i}")).concurrency("tenant-a", 2);
+        ids.push(p.enqueue(t).await.expect("enqueue").task_id);
+    }
+    for i in 0..4 {
+        ids.push(
+            p.enqueue(NewTask::new("sdk-ck", format!("b{i}")).concurrency("tenant-b", 1)).await.expect("e").task_id,
+        );
+    }
+    // Two workers of 4 slots each: 8 slots for keys allowing 2 + 1 at once.
+    let running = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let peak = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let stop = raftq_client::CancellationToken::new();
+    let mut workers = Vec::new();
+    for w in 0..2 {
+        let worker = Worker::new(WorkerConfig {
+            addrs: vec![addr.clone()],
+            queues: vec!["sdk-ck".into()],
+            worker_id: format!("w{w}"),
+            concurrency: 4,
+            ..Default::default()
+        })
+        .expect("worker");
+        let (running, peak, stop) = (running.clone(), peak.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            worker
+                .run(
+                    move |t| {
+                        let (running, peak) = (running.clone(), peak.clone());
+                        async move {
+                            let k = usize::from(t.payload.starts_with(b"b"));
+                            let now = running[k].fetch_add(1, Ordering::SeqCst) + 1;
+                            peak[k].fetch_max(now, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(60)).await;
+                            running[k].fetch_sub(1, Ordering::SeqCst);
+                            Outcome::Completed(t.payload)
+                        }
+                    },
+                    stop,
+                )
+                .await
+        }));
+    }
+    for id in &ids {
+        assert!(p.result(id, Duration::from_secs(20)).await.expect("result").done);
+    }
+    stop.cancel();
+    for w in workers {
+        w.await.expect("join").expect("worker");
+    }
+    assert!((1..=2).contains(&peak[0].load(Ordering::SeqCst)), "tenant-a ran at most its limit of 2");
+    assert_eq!(peak[1].load(Ordering::SeqCst), 1, "tenant-b ran one at a time");
+}

@@ -227,6 +227,9 @@ enum TaskCmd {
         token: u64,
         #[arg(long, default_value = "")]
         result: String,
+        /// Chaining: create QUEUE:PAYLOAD with the completion, all or nothing (repeat for several).
+        #[arg(long = "then")]
+        then: Vec<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -579,8 +582,20 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                 }
             }
         }
-        TaskCmd::Complete { id, token, result, client } => {
-            let action = pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into() });
+        TaskCmd::Complete { id, token, result, then, client } => {
+            let follow_ups = then
+                .into_iter()
+                .map(|t| match t.split_once(':') {
+                    Some((queue, payload)) => Ok(pb::EnqueueRequest {
+                        queue: queue.to_string(),
+                        payload: payload.as_bytes().to_vec().into(),
+                        ..Default::default()
+                    }),
+                    None => bail!("--then takes QUEUE:PAYLOAD, not {t:?}"),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let action =
+                pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into(), follow_ups });
             ack(&client, id, token, action).await?;
         }
         TaskCmd::Fail { id, token, error, retryable, client } => {
@@ -609,6 +624,9 @@ async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_r
         .await
         .map_err(status_err)?;
     println!("{}", state_name(r.get_ref().state));
+    for id in &r.get_ref().follow_up_ids {
+        println!("follow-up {id}");
+    }
     Ok(())
 }
 

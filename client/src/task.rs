@@ -118,6 +118,10 @@ pub struct Task {
     pub concurrency_key: String,
     /// Its limit (0 without a key).
     pub concurrency_limit: u32,
+    /// Tasks created by this task's completion (chaining), in order.
+    pub follow_up_ids: Vec<String>,
+    /// The task whose completion created this one, or empty.
+    pub parent_id: String,
 }
 
 /// One delivery of a task.
@@ -177,6 +181,8 @@ impl Task {
             progress,
             concurrency_key,
             concurrency_limit,
+            follow_up_ids,
+            parent_id,
         } = t;
         Task {
             id,
@@ -217,6 +223,8 @@ impl Task {
             progress: progress.map(|pb::Progress { percent, message, at_ms }| Progress { percent, message, at_ms }),
             concurrency_key,
             concurrency_limit,
+            follow_up_ids,
+            parent_id,
         }
     }
 

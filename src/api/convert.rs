@@ -166,18 +166,77 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         retention_ms: cfg.retention_ms,
         deadline: (deadline_in_ms > 0).then(|| now.saturating_add(deadline_in_ms)),
         concurrency,
+        parent: None,
     })
 }
 
-pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Result<AckAction, ApiError> {
+/// Follow-up tasks of a completion: validated like enqueues, then placed in the completed task's shard (same
+/// placement), so the completion and its follow-ups are one shard's effect.
+fn follow_ups(
+    cfg: &Config,
+    tenant: &str,
+    parent: &TaskId,
+    reqs: Vec<pb::EnqueueRequest>,
+    now: TimeMs,
+) -> Result<Vec<NewTask>, ApiError> {
+    if reqs.len() > cfg.max_batch_items {
+        return Err(invalid(format!("a completion creates at most {} follow-ups", cfg.max_batch_items)));
+    }
+    reqs.into_iter()
+        .map(|r| {
+            if !r.idempotency_key.is_empty() || !r.concurrency_key.is_empty() {
+                return Err(invalid("follow-ups take no idempotency_key or concurrency_key"));
+            }
+            let mut n = new_task(cfg, tenant, r, now)?;
+            n.id = TaskId::new(now, parent.placement(), rand::random());
+            n.parent = Some(*parent);
+            Ok(n)
+        })
+        .collect()
+}
+
+/// A follow-up as an enqueue request again (an ack forwarded to the leader is converted there anew).
+fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
+    pb::EnqueueRequest {
+        queue: n.queue.clone(),
+        payload: n.payload.clone().into(),
+        priority: n.priority as u32,
+        delay_ms: 0,
+        run_at_ms: n.visible_at.min(i64::MAX as u64) as i64,
+        max_attempts: n.max_attempts,
+        idempotency_key: String::new(),
+        webhook_url: n.webhook_url.clone().unwrap_or_default(),
+        trace: (n.traceparent.is_some() || n.tracestate.is_some()).then(|| pb::TraceContext {
+            traceparent: n.traceparent.clone().unwrap_or_default(),
+            tracestate: n.tracestate.clone().unwrap_or_default(),
+        }),
+        deadline_in_ms: n.deadline.map(|d| d.saturating_sub(now).max(1)).unwrap_or(0),
+        concurrency_key: String::new(),
+        concurrency_limit: 0,
+    }
+}
+
+/// An ack's action. `tenant`, `task_id` and `now` place and stamp the follow-ups of a chained completion.
+pub fn ack_action(
+    cfg: &Config,
+    tenant: &str,
+    task_id: &TaskId,
+    action: Option<pb::ack_request::Action>,
+    now: TimeMs,
+) -> Result<AckAction, ApiError> {
     use pb::ack_request::Action;
     Ok(match action {
         None => return Err(invalid("ack needs an action: complete, fail, nack, abandon, heartbeat or exception")),
-        Some(Action::Complete(pb::Complete { result })) => {
+        Some(Action::Complete(pb::Complete { result, follow_ups: chained })) => {
             if result.len() > cfg.max_payload_bytes {
                 return Err(invalid(format!("result is larger than {} bytes", cfg.max_payload_bytes)));
             }
-            AckAction::Complete { result: result.to_vec() }
+            if chained.is_empty() {
+                AckAction::Complete { result: result.to_vec() }
+            } else {
+                let follow_ups = follow_ups(cfg, tenant, task_id, chained, now)?;
+                AckAction::CompleteWith { result: result.to_vec(), follow_ups }
+            }
         }
         Some(Action::Fail(pb::Fail { error, retryable })) => AckAction::Fail { error: truncate(error), retryable },
         Some(Action::Nack(pb::Nack { delay_ms, reason })) => {
@@ -215,10 +274,16 @@ pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Resu
 }
 
 /// An ack as a request to another node (the leader).
-pub fn ack_to_pb(item: &crate::queue::AckItem) -> pb::AckRequest {
+pub fn ack_to_pb(item: &crate::queue::AckItem, now: TimeMs) -> pb::AckRequest {
     use pb::ack_request::Action;
     let action = match &item.action {
-        AckAction::Complete { result } => Action::Complete(pb::Complete { result: result.clone().into() }),
+        AckAction::Complete { result } => {
+            Action::Complete(pb::Complete { result: result.clone().into(), follow_ups: vec![] })
+        }
+        AckAction::CompleteWith { result, follow_ups } => Action::Complete(pb::Complete {
+            result: result.clone().into(),
+            follow_ups: follow_ups.iter().map(|n| follow_up_to_pb(n, now)).collect(),
+        }),
         AckAction::Fail { error, retryable } => Action::Fail(pb::Fail { error: error.clone(), retryable: *retryable }),
         AckAction::Nack { delay_ms, reason } => {
             Action::Nack(pb::Nack { delay_ms: delay_ms.unwrap_or(0), reason: reason.clone() })
@@ -310,6 +375,8 @@ pub fn task(t: Task) -> pb::Task {
         deadline,
         progress,
         concurrency,
+        follow_ups,
+        parent,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -357,6 +424,8 @@ pub fn task(t: Task) -> pb::Task {
         progress: progress.map(|p| pb::Progress { percent: p.percent as u32, message: p.message, at_ms: ms(p.at) }),
         concurrency_key: concurrency.as_ref().map(|c| c.key.clone()).unwrap_or_default(),
         concurrency_limit: concurrency.map(|c| c.limit).unwrap_or(0),
+        follow_up_ids: follow_ups.iter().map(|id| id.to_string()).collect(),
+        parent_id: parent.map(|p| p.to_string()).unwrap_or_default(),
     }
 }
 

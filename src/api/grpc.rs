@@ -207,17 +207,23 @@ impl TaskApi {
     async fn ack_local(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
         let who = caller(&req)?;
         let pb::AckRequest { task_id, token, action } = req.into_inner();
-        let item = AckItem {
-            task_id: convert::parse_id(&task_id)?,
-            tenant: who.tenant,
-            token,
-            action: convert::ack_action(&self.proposer.cfg, action)?,
-        };
+        let task_id = convert::parse_id(&task_id)?;
+        let action = convert::ack_action(&self.proposer.cfg, &who.tenant, &task_id, action, wall_clock_ms())?;
+        let chained = matches!(action, crate::queue::AckAction::CompleteWith { .. });
+        let item = AckItem { task_id, tenant: who.tenant, token, action };
         let mut out = self.proposer.ack(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
+        // The ids the completion created are stored with the task (a replayed ack created nothing new).
+        let follow_up_ids = if chained {
+            let t = self.proposer.shared.get_task(&task_id).map_err(|e| ApiError::Internal(e.to_string()))?;
+            t.map(|t| t.follow_ups.iter().map(|id| id.to_string()).collect()).unwrap_or_default()
+        } else {
+            vec![]
+        };
         Ok(Response::new(pb::AckResponse {
             state: convert::state(r.state) as i32,
             at_ms: r.at.min(i64::MAX as u64) as i64,
+            follow_up_ids,
         }))
     }
 
@@ -228,15 +234,13 @@ impl TaskApi {
         if items.is_empty() || items.len() > cfg.max_batch_items {
             return Err(invalid(format!("a batch holds 1 to {} acks", cfg.max_batch_items)).into());
         }
+        let now = wall_clock_ms();
         let checked: Vec<Result<AckItem, ApiError>> = items
             .into_iter()
             .map(|pb::AckRequest { task_id, token, action }| {
-                Ok(AckItem {
-                    task_id: convert::parse_id(&task_id)?,
-                    tenant: who.tenant.clone(),
-                    token,
-                    action: convert::ack_action(cfg, action)?,
-                })
+                let task_id = convert::parse_id(&task_id)?;
+                let action = convert::ack_action(cfg, &who.tenant, &task_id, action, now)?;
+                Ok(AckItem { task_id, tenant: who.tenant.clone(), token, action })
             })
             .collect();
         let applied = self.proposer.ack(valid_items(&checked)).await.map_err(ApiError::from)?;
@@ -329,6 +333,7 @@ pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResul
             Ok(o) => pb::ack_result::Result::Ok(pb::AckResponse {
                 state: convert::state(o.state) as i32,
                 at_ms: o.at.min(i64::MAX as u64) as i64,
+                follow_up_ids: vec![],
             }),
             Err(e) => pb::ack_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
         }),

@@ -147,6 +147,7 @@ pub fn task_json(t: &pb::Task) -> Value {
         "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
         "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
         "deadline_ms": t.deadline_ms, "concurrency_key": t.concurrency_key, "concurrency_limit": t.concurrency_limit,
+        "follow_up_ids": t.follow_up_ids, "parent_id": t.parent_id,
         "progress": t.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message, "at_ms": p.at_ms})),
         "runs": t.runs.iter().map(|r| json!({
             "worker_id": r.worker_id, "token": r.token.to_string(), "started_at_ms": r.started_at_ms,
@@ -324,6 +325,9 @@ struct AckBody {
     /// Heartbeat progress, 0-100 (with `message`).
     progress_percent: Option<u32>,
     message: Option<String>,
+    /// Complete: tasks created with the completion, all or nothing.
+    #[serde(default)]
+    follow_ups: Vec<NewTaskBody>,
 }
 
 /// `complete`, `fail`, `nack`, `abandon` or `heartbeat` a claimed task, naming its fencing token.
@@ -335,7 +339,10 @@ async fn ack(
 ) -> Res {
     use pb::ack_request::Action;
     let action = match action.as_str() {
-        "complete" => Action::Complete(pb::Complete { result: bytes_of(b.result, b.result_base64, "result")? }),
+        "complete" => Action::Complete(pb::Complete {
+            result: bytes_of(b.result, b.result_base64, "result")?,
+            follow_ups: b.follow_ups.into_iter().map(NewTaskBody::into_pb).collect::<Result<_, _>>()?,
+        }),
         "fail" => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
         "nack" => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
         "abandon" => Action::Abandon(pb::Abandon {}),
@@ -361,7 +368,7 @@ async fn ack(
     };
     let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
     let a = r.tasks.ack(request(&headers, req)).await?.into_inner();
-    ok(json!({"state": state_name(a.state), "at_ms": a.at_ms}))
+    ok(json!({"state": state_name(a.state), "at_ms": a.at_ms, "follow_up_ids": a.follow_up_ids}))
 }
 
 #[derive(Deserialize)]

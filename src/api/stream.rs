@@ -143,12 +143,9 @@ impl StreamApi {
         token: u64,
         action: Option<pb::ack_request::Action>,
     ) -> Result<AckItem, ApiError> {
-        Ok(AckItem {
-            task_id: convert::parse_id(task_id)?,
-            tenant: tenant.to_string(),
-            token,
-            action: convert::ack_action(&self.proposer.cfg, action)?,
-        })
+        let task_id = convert::parse_id(task_id)?;
+        let action = convert::ack_action(&self.proposer.cfg, tenant, &task_id, action, wall_clock_ms())?;
+        Ok(AckItem { task_id, tenant: tenant.to_string(), token, action })
     }
 
     /// Applies acks here when this node leads, else on the leader, retrying across leader changes until the
@@ -169,6 +166,7 @@ impl StreamApi {
                             r.map(|o| pb::AckResponse {
                                 state: convert::state(o.state) as i32,
                                 at_ms: o.at.min(i64::MAX as u64) as i64,
+                                follow_up_ids: vec![],
                             })
                             .map_err(ApiError::from)
                         })
@@ -179,7 +177,9 @@ impl StreamApi {
                     let routed_to = self.fwd.leader().0;
                     let req = authorized(
                         caller,
-                        pb::AckBatchRequest { items: items.iter().map(convert::ack_to_pb).collect() },
+                        pb::AckBatchRequest {
+                            items: items.iter().map(|i| convert::ack_to_pb(i, wall_clock_ms())).collect(),
+                        },
                     );
                     let mut c = TaskServiceClient::new(ch);
                     // A leader change abandons the forwarded call: sent again to the new leader, an ack that was

@@ -812,6 +812,8 @@ impl ShardCore {
             deadline: n.deadline,
             progress: None,
             concurrency: n.concurrency.clone(),
+            follow_ups: vec![],
+            parent: n.parent,
         };
         store.put(&t)?;
         self.index_task(&t);
@@ -909,11 +911,22 @@ impl ShardCore {
         if !current {
             return Ok(Err(Rejected::LeaseLost));
         }
+        if let AckAction::CompleteWith { follow_ups, .. } = &item.action {
+            // All or nothing: a follow-up that cannot be created (an id clash, or one the proposer placed in
+            // another shard) refuses the whole completion.
+            for n in follow_ups {
+                if !self.mine(&n.id) || store.get(&n.id)?.is_some() {
+                    return Ok(Err(Rejected::IdExists));
+                }
+            }
+        }
         let mut t = before.clone();
         t.updated_at = now;
         let mut ended = false;
         match &item.action {
-            AckAction::Complete { .. } => close_run(&mut t, now, RunOutcome::Completed, ""),
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => {
+                close_run(&mut t, now, RunOutcome::Completed, "")
+            }
             AckAction::Fail { error, retryable: false } => close_run(&mut t, now, RunOutcome::Failed, error),
             AckAction::Fail { error, .. } | AckAction::Nack { reason: error, .. } => {
                 close_run(&mut t, now, RunOutcome::Retried, error)
@@ -928,6 +941,14 @@ impl ShardCore {
                 t.result = Some(result.clone());
                 t.lease = None;
                 t.ended_at = Some(now);
+                ended = true;
+            }
+            AckAction::CompleteWith { result, follow_ups } => {
+                t.state = TaskState::Completed;
+                t.result = Some(result.clone());
+                t.lease = None;
+                t.ended_at = Some(now);
+                t.follow_ups = follow_ups.iter().map(|n| n.id).collect();
                 ended = true;
             }
             AckAction::Fail { error, retryable: false } => {
@@ -1004,6 +1025,13 @@ impl ShardCore {
         self.note_pending(&t, fx);
         if ended {
             fx.ended.push(t.id);
+        }
+        if let AckAction::CompleteWith { follow_ups, .. } = &item.action {
+            for (j, n) in follow_ups.iter().enumerate() {
+                // Checked above: each is created. FIFO among them follows their order.
+                let created = self.enqueue(store, n, seq + 1 + j as u64, fx)?;
+                debug_assert!(created.is_ok(), "follow-up {} refused: {created:?}", n.id);
+            }
         }
         let at = match t.state {
             TaskState::InProgress => t.lease.as_ref().map(|l| l.deadline).unwrap_or(now),

@@ -240,6 +240,7 @@ impl Harness {
             retention_ms: 60_000,
             deadline: None,
             concurrency: None,
+            parent: None,
         }
     }
 
@@ -1216,6 +1217,38 @@ fn claims_rotate_to_the_least_busy_key_and_respect_limits() {
 }
 
 #[test]
+fn a_chained_completion_creates_its_follow_ups_all_or_nothing() {
+    let mut h = Harness::new();
+    let parent = h.add(A, Q);
+    let t = h.claim_one(A, 60_000);
+    let follow = |h: &mut Harness, queue: &str| {
+        let mut n = h.spec(A, queue);
+        n.id = TaskId::new(h.time, parent.placement(), h.next_id);
+        n.parent = Some(parent);
+        n
+    };
+    let (f1, f2) = (follow(&mut h, "next"), follow(&mut h, "next"));
+    let chained = |f: Vec<NewTask>| AckAction::CompleteWith { result: b"r".to_vec(), follow_ups: f };
+    // A stale token: refused, and nothing is created.
+    assert_eq!(h.ack(parent, A, token(&t) + 1, chained(vec![f1.clone(), f2.clone()])), Err(Rejected::LeaseLost));
+    assert_eq!((h.state(f1.id), h.state(f2.id)), (None, None));
+    // A follow-up id that exists (or lives in another shard) refuses the whole completion.
+    let clash = NewTask { id: parent, ..f2.clone() };
+    assert_eq!(h.ack(parent, A, token(&t), chained(vec![f1.clone(), clash])), Err(Rejected::IdExists));
+    assert_eq!((h.state(parent), h.state(f1.id)), (Some(TaskState::InProgress), None));
+    // Accepted: the completion and both follow-ups in one entry, in order.
+    let out = h.ack(parent, A, token(&t), chained(vec![f1.clone(), f2.clone()])).expect("applied");
+    assert_eq!(out.state, TaskState::Completed);
+    assert_eq!(h.task(parent).follow_ups, vec![f1.id, f2.id]);
+    assert_eq!((h.task(f1.id).parent, h.task(f1.id).state), (Some(parent), TaskState::Pending));
+    assert_eq!(h.pick(A, &["next"], 10), vec![f1.id, f2.id], "FIFO in the order given");
+    // The same completion sent again (another proposer stamped other ids): applied once, nothing new.
+    let (g1, g2) = (follow(&mut h, "next"), follow(&mut h, "next"));
+    assert_eq!(h.ack(parent, A, token(&t), chained(vec![g1.clone(), g2])).map(|o| o.state), Ok(TaskState::Completed));
+    assert_eq!(h.state(g1.id), None);
+}
+
+#[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
     for p in [3, 1, 3, 7, 0, 7] {
@@ -1509,6 +1542,27 @@ impl Model {
     }
 
     fn ack(&mut self, id: &TaskId, tenant: &str, token: LeaseToken, action: &AckAction) -> Outcome {
+        let current = self
+            .tasks
+            .get(id)
+            .is_some_and(|t| t.tenant == tenant && t.state == TaskState::InProgress && t.token == Some(token));
+        // A follow-up must be new and in the completed task's shard, or the completion is refused whole.
+        let clash = match action {
+            AckAction::CompleteWith { follow_ups, .. } => {
+                follow_ups.iter().any(|n| self.tasks.contains_key(&n.id) || n.id.shard(SHARDS) != id.shard(SHARDS))
+            }
+            _ => false,
+        };
+        let outcome = self.ack_task(id, tenant, token, action, clash)?;
+        if let (AckAction::CompleteWith { follow_ups, .. }, true) = (action, current) {
+            for (j, n) in follow_ups.iter().enumerate() {
+                self.enqueue(1 + j as u64, n).expect("checked: a new id");
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn ack_task(&mut self, id: &TaskId, tenant: &str, token: LeaseToken, action: &AckAction, clash: bool) -> Outcome {
         let (now, index) = (self.now, self.index);
         let seq = index * MAX_ITEMS_PER_COMMAND;
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
@@ -1522,11 +1576,14 @@ impl Model {
         if t.token != Some(token) {
             return Err(Rejected::LeaseLost);
         }
+        if clash {
+            return Err(Rejected::IdExists);
+        }
         if !action.is_heartbeat() {
             t.last_ack = Some((token, action.kind()));
         }
         let run_end = match action {
-            AckAction::Complete { .. } => Some(RunOutcome::Completed),
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => Some(RunOutcome::Completed),
             AckAction::Fail { retryable: false, .. } => Some(RunOutcome::Failed),
             AckAction::Fail { .. } | AckAction::Nack { .. } => Some(RunOutcome::Retried),
             AckAction::Abandon => Some(RunOutcome::Abandoned),
@@ -1537,7 +1594,7 @@ impl Model {
             t.close_run(o);
         }
         match action {
-            AckAction::Complete { .. } => t.end(TaskState::Completed, now, index),
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => t.end(TaskState::Completed, now, index),
             AckAction::Fail { retryable: false, .. } => t.end(TaskState::Failed, now, index),
             AckAction::Fail { retryable: true, .. } | AckAction::Nack { delay_ms: None, .. } => {
                 let delay = backoff_range(&t.retry, t.attempts);
@@ -1802,7 +1859,31 @@ fn action_strategy() -> impl Strategy<Value = AckAction> {
             .prop_map(|(extend_ms, percent)| AckAction::Progress { extend_ms, percent, message: "p".into() }),
         2 => prop::sample::select(ExceptionReason::ALL.to_vec())
             .prop_map(|reason| AckAction::Exception { reason, message: String::new() }),
+        // Follow-ups are placeholders here: the simulation gives them ids when it sends the ack.
+        2 => (0..3usize).prop_map(|n| AckAction::CompleteWith { result: vec![7], follow_ups: vec![follow_up_template(); n] }),
     ]
+}
+
+fn follow_up_template() -> NewTask {
+    NewTask {
+        id: TaskId::new(0, 0, 0),
+        tenant: String::new(),
+        queue: QUEUES[0].to_string(),
+        payload: vec![1],
+        priority: 3,
+        visible_at: 0,
+        max_attempts: 2,
+        idempotency_key: None,
+        idempotency_window_ms: 0,
+        webhook_url: None,
+        traceparent: None,
+        tracestate: None,
+        retry: FIXED,
+        retention_ms: 1_000,
+        deadline: None,
+        concurrency: None,
+        parent: None,
+    }
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -1926,8 +2007,35 @@ impl Sim {
                     TokenPick::Own(_) | TokenPick::Issued(_) => 7,
                     TokenPick::Random(v) => *v,
                 };
+                // A chained completion: follow-ups in the completed task's shard, as the proposer places them;
+                // now and then an id that exists already (or lives elsewhere), which must refuse the whole ack.
+                let mut action = action.clone();
+                if let AckAction::CompleteWith { follow_ups, .. } = &mut action {
+                    for (j, n) in follow_ups.iter_mut().enumerate() {
+                        self.next_random += 1;
+                        n.id = if self.next_random.is_multiple_of(10) {
+                            *self.known.last().expect("one id is always known")
+                        } else {
+                            TaskId::new(time, id.placement(), self.next_random)
+                        };
+                        n.tenant = tenant.clone();
+                        n.queue = QUEUES[j % 2].to_string();
+                        n.visible_at = time;
+                        n.parent = Some(id);
+                    }
+                }
+                let action = &action;
                 let resp = self.apply(time, Command::Ack(vec![ack_item(id, &tenant, token, action.clone())]));
                 let want = self.model.ack(&id, &tenant, token, action);
+                if let AckAction::CompleteWith { follow_ups, .. } = action {
+                    for n in follow_ups {
+                        let created = self.model.tasks.get(&n.id).is_some_and(|t| t.tenant == tenant);
+                        if created && !self.tenant_of.contains_key(&n.id) {
+                            self.known.push(n.id);
+                            self.tenant_of.insert(n.id, tenant.clone());
+                        }
+                    }
+                }
                 if want.is_ok() {
                     // Only the current token is accepted, or the ack that ended the last delivery sent again.
                     assert!(Some(token) == current || replay == Some((token, action.kind())), "{token} accepted");
@@ -2017,6 +2125,7 @@ impl Sim {
                 retention_ms: s.retention,
                 deadline: s.deadline.map(|d| time + d),
                 concurrency: s.ckey.map(|k| ConcurrencyKey { key: CKEYS[k].to_string(), limit: CKEY_LIMITS[k] }),
+                parent: None,
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));

@@ -201,6 +201,10 @@ pub struct Task {
     pub progress: Option<Progress>,
     /// At most `limit` tasks of the tenant with this key run at once.
     pub concurrency: Option<ConcurrencyKey>,
+    /// Tasks created by the completion of this one (chaining), in order.
+    pub follow_ups: Vec<TaskId>,
+    /// The task whose completion created this one.
+    pub parent: Option<TaskId>,
 }
 
 /// A per-tenant concurrency key and its limit. Every task of one key is placed in one shard (the proposer
@@ -354,6 +358,8 @@ pub struct NewTask {
     /// Absolute deadline (the proposer adds the requested duration to its clock).
     pub deadline: Option<TimeMs>,
     pub concurrency: Option<ConcurrencyKey>,
+    /// Set for a follow-up task: the task whose completion creates it.
+    pub parent: Option<TaskId>,
 }
 
 impl NewTask {
@@ -409,6 +415,12 @@ pub enum AckAction {
         percent: u8,
         message: String,
     },
+    /// Completes the task and creates `follow_ups` in the same entry, all or nothing. The proposer places every
+    /// follow-up in the completed task's shard (same placement), so the whole effect stays in one shard.
+    CompleteWith {
+        result: Vec<u8>,
+        follow_ups: Vec<NewTask>,
+    },
 }
 
 impl AckAction {
@@ -428,6 +440,7 @@ impl AckAction {
             AckAction::Heartbeat { .. } => 6,
             AckAction::Exception { .. } => 7,
             AckAction::Progress { .. } => 8,
+            AckAction::CompleteWith { .. } => 9,
         }
     }
 }

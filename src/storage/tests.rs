@@ -52,6 +52,7 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         retention_ms: 1_000_000,
         deadline: None,
         concurrency: None,
+        parent: None,
     }
 }
 

@@ -31,7 +31,7 @@ async fn ack(c: &mut Client, t: &pb::Task, tok: u64, action: Action) -> Result<p
 }
 
 fn complete(result: &str) -> Action {
-    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into() })
+    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into(), follow_ups: vec![] })
 }
 
 fn fail(retryable: bool) -> Action {

@@ -532,3 +532,103 @@ async fn sdk_workers_never_run_more_than_a_keys_limit_at_once() {
     assert!((1..=2).contains(&peak[0].load(Ordering::SeqCst)), "tenant-a ran at most its limit of 2");
     assert_eq!(peak[1].load(Ordering::SeqCst), 1, "tenant-b ran one at a time");
 }
+
+fn chained(follow_ups: Vec<pb::EnqueueRequest>) -> Action {
+    Action::Complete(pb::Complete { result: b"done".to_vec().into(), follow_ups })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_completion_creates_follow_ups_with_it_or_not_at_all() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let parent = c.enqueue(enq("step1", "p")).await.expect("enqueue").into_inner().task_id;
+    let t = claim_one(&mut c, "step1", "w").await;
+    let next = vec![enq("step2", "a"), pb::EnqueueRequest { priority: 5, ..enq("step2", "b") }];
+    // Refused with a stale token: nothing is created.
+    let stale = pb::AckRequest { task_id: parent.clone(), token: token(&t) + 1, action: Some(chained(next.clone())) };
+    assert_eq!(reason(&c.ack(stale).await.expect_err("stale")), "LEASE_LOST");
+    let mut j = jobs_client(&n).await;
+    let listed = j.list_tasks(pb::ListTasksRequest { queue: "step2".into(), ..Default::default() }).await;
+    assert!(listed.expect("list").into_inner().tasks.is_empty());
+    // Keys are refused on follow-ups.
+    let keyed = vec![pb::EnqueueRequest { idempotency_key: "k".into(), ..enq("step2", "x") }];
+    assert_eq!(reason(&ack(&mut c, &t, chained(keyed)).await.expect_err("keyed")), "INVALID_ARGUMENT");
+
+    let r = ack(&mut c, &t, chained(next)).await.expect("applied");
+    assert_eq!(r.state, pb::TaskState::Completed as i32);
+    assert_eq!(r.follow_up_ids.len(), 2);
+    let p = get(&mut c, &parent).await;
+    assert_eq!(p.follow_up_ids, r.follow_up_ids);
+    for id in &r.follow_up_ids {
+        let f = get(&mut c, id).await;
+        assert_eq!(
+            (f.parent_id.as_str(), f.state, f.tenant.as_str()),
+            (parent.as_str(), pb::TaskState::Pending as i32, "default")
+        );
+    }
+    // Sent again (an unknown outcome retried): applied once, the same follow-ups.
+    let again = ack(&mut c, &t, chained(vec![enq("step2", "c")])).await.expect("replay");
+    assert_eq!(again.follow_up_ids, r.follow_up_ids);
+    let listed = j.list_tasks(pb::ListTasksRequest { queue: "step2".into(), ..Default::default() }).await;
+    assert_eq!(listed.expect("list").into_inner().tasks.len(), 2);
+    let next = claim_one(&mut c, "step2", "w").await;
+    assert_eq!(&next.payload[..], b"b", "priorities of follow-ups are kept");
+
+    // REST: follow_ups on /complete.
+    let a = n.node().http_addr;
+    let (_, _, e) = http(a, "POST", "/v1/tasks", Some(json!({"queue": "r1", "payload": "x"}))).await;
+    let id = e["task_id"].as_str().expect("id").to_string();
+    let (_, _, cl) = http(a, "POST", "/v1/claim", Some(json!({"worker_id": "w", "queues": ["r1"]}))).await;
+    let tok = cl["tasks"][0]["lease"]["token"].as_str().expect("token").to_string();
+    let body = json!({"token": tok, "result": "ok", "follow_ups": [{"queue": "r2", "payload": "next"}]});
+    let (code, _, done) = http(a, "POST", &format!("/v1/tasks/{id}/complete"), Some(body)).await;
+    assert_eq!((code, done["state"].as_str()), (200, Some("COMPLETED")), "{done}");
+    let fid = done["follow_up_ids"][0].as_str().expect("follow-up id");
+    let (_, _, f) = http(a, "GET", &format!("/v1/tasks/{fid}"), None).await;
+    assert_eq!((f["queue"].as_str(), f["parent_id"].as_str()), (Some("r2"), Some(id.as_str())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_worker_chains_a_follow_up() {
+    use raftq_client::{NewTask, Outcome, Producer, ProducerConfig, Worker, WorkerConfig};
+    let n = TestNode::start_with(fast).await;
+    let addr = n.node().grpc_addr.to_string();
+    let p = Producer::connect(ProducerConfig { addrs: vec![addr.clone()], ..Default::default() }).await.expect("p");
+    let first = p.enqueue(NewTask::new("sdk-a", "1")).await.expect("enqueue").task_id;
+    let w = Worker::new(WorkerConfig {
+        addrs: vec![addr],
+        queues: vec!["sdk-a".into(), "sdk-b".into()],
+        worker_id: "chain".into(),
+        ..Default::default()
+    })
+    .expect("worker");
+    let stop = raftq_client::CancellationToken::new();
+    let run = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            w.run(
+                |t| async move {
+                    if t.queue == "sdk-a" {
+                        Outcome::CompletedWith {
+                            result: "a".into(),
+                            follow_ups: vec![NewTask::new("sdk-b", format!("after {}", t.id))],
+                        }
+                    } else {
+                        Outcome::Completed(t.payload)
+                    }
+                },
+                stop,
+            )
+            .await
+        })
+    };
+    assert!(p.result(&first, Duration::from_secs(10)).await.expect("result").done);
+    let parent = p.get(&first).await.expect("get");
+    assert_eq!(parent.follow_up_ids.len(), 1);
+    let child = p.result(&parent.follow_up_ids[0], Duration::from_secs(10)).await.expect("result");
+    assert!(child.done);
+    assert_eq!(child.result, format!("after {first}").into_bytes());
+    stop.cancel();
+    let s = run.await.expect("join").expect("worker");
+    assert_eq!(s.completed, 2);
+}

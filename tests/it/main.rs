@@ -5,6 +5,7 @@ mod api;
 mod cluster;
 mod crash;
 mod jobs;
+mod jobs_cluster;
 mod metrics;
 mod procs;
 mod rest;

@@ -182,6 +182,12 @@ enum TaskCmd {
         concurrency_key: Option<String>,
         #[arg(long, default_value_t = 0)]
         concurrency_limit: u32,
+        /// Wait for this task (repeat for several): claimable once all completed, cancelled if one fails.
+        #[arg(long = "depends-on")]
+        depends_on: Vec<String>,
+        /// With --depends-on: wait for them to end whatever their outcome.
+        #[arg(long)]
+        all_resolved: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -464,6 +470,9 @@ fn print_task(out: Output, t: &pb::Task) {
     if let Some(p) = &t.progress {
         println!("progress     {}% {}", p.percent, p.message);
     }
+    if !t.depends_on.is_empty() {
+        println!("depends_on   {} (waiting on {})", t.depends_on.join(","), t.waiting_on.len());
+    }
     for (i, r) in t.runs.iter().enumerate() {
         let outcome = if r.outcome.is_empty() { "RUNNING" } else { &r.outcome };
         println!("run {i:<8} worker={} started_ms={} {outcome} {}", r.worker_id, r.started_at_ms, r.reason);
@@ -501,6 +510,8 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
             deadline,
             concurrency_key,
             concurrency_limit,
+            depends_on,
+            all_resolved,
             client,
         } => {
             let mut c = connect(&client.addr).await?;
@@ -516,6 +527,12 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                     deadline_in_ms: deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
                     concurrency_key: concurrency_key.unwrap_or_default(),
                     concurrency_limit,
+                    depends_on,
+                    dependency_rule: if all_resolved {
+                        pb::DependencyRule::AllResolved as i32
+                    } else {
+                        pb::DependencyRule::AllCompleted as i32
+                    },
                     ..Default::default()
                 })
                 .await

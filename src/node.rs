@@ -230,6 +230,7 @@ impl Node {
             }
         });
 
+        tasks.spawn(crate::raft::resolver::run(proposer.clone(), leading.clone(), shutdown.clone()));
         tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 
         tracing::info!(

@@ -122,6 +122,12 @@ pub struct Task {
     pub follow_up_ids: Vec<String>,
     /// The task whose completion created this one, or empty.
     pub parent_id: String,
+    /// Tasks this one waits for.
+    pub depends_on: Vec<String>,
+    /// True: it waits for them to end whatever their outcome; false: for them to complete.
+    pub all_resolved: bool,
+    /// Dependencies not yet resolved (the task is not claimable while any remains).
+    pub waiting_on: Vec<String>,
 }
 
 /// One delivery of a task.
@@ -183,6 +189,9 @@ impl Task {
             concurrency_limit,
             follow_up_ids,
             parent_id,
+            depends_on,
+            dependency_rule,
+            waiting_on,
         } = t;
         Task {
             id,
@@ -225,6 +234,9 @@ impl Task {
             concurrency_limit,
             follow_up_ids,
             parent_id,
+            depends_on,
+            all_resolved: dependency_rule == pb::DependencyRule::AllResolved as i32,
+            waiting_on,
         }
     }
 
@@ -315,6 +327,8 @@ pub struct NewTask {
     trace: Option<TraceContext>,
     deadline: Duration,
     concurrency: Option<(String, u32)>,
+    depends_on: Vec<String>,
+    all_resolved: bool,
 }
 
 impl NewTask {
@@ -332,6 +346,8 @@ impl NewTask {
             trace: None,
             deadline: Duration::ZERO,
             concurrency: None,
+            depends_on: Vec::new(),
+            all_resolved: false,
         }
     }
 
@@ -390,6 +406,21 @@ impl NewTask {
         self
     }
 
+    /// Waits for these tasks (existing tasks of the same tenant) to complete: claimable once all have, cancelled
+    /// as soon as one fails or is cancelled.
+    pub fn after_all_completed(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> NewTask {
+        self.depends_on = ids.into_iter().map(Into::into).collect();
+        self.all_resolved = false;
+        self
+    }
+
+    /// Waits for these tasks to end, whatever their outcome.
+    pub fn after_all_resolved(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> NewTask {
+        self.depends_on = ids.into_iter().map(Into::into).collect();
+        self.all_resolved = true;
+        self
+    }
+
     /// The queue this task is for.
     pub fn queue(&self) -> &str {
         &self.queue
@@ -408,6 +439,8 @@ impl NewTask {
             trace,
             deadline,
             concurrency,
+            depends_on,
+            all_resolved,
         } = self;
         pb::EnqueueRequest {
             queue,
@@ -425,6 +458,12 @@ impl NewTask {
             deadline_in_ms: duration_ms(deadline),
             concurrency_limit: concurrency.as_ref().map_or(0, |c| c.1.max(1)),
             concurrency_key: concurrency.map(|c| c.0).unwrap_or_default(),
+            depends_on,
+            dependency_rule: if all_resolved {
+                pb::DependencyRule::AllResolved as i32
+            } else {
+                pb::DependencyRule::AllCompleted as i32
+            },
         }
     }
 }
@@ -469,6 +508,8 @@ mod tests {
                 deadline_in_ms: 0,
                 concurrency_key: String::new(),
                 concurrency_limit: 0,
+                depends_on: vec![],
+                dependency_rule: 0,
             }
         );
     }

@@ -5,7 +5,9 @@ use raftq_proto::v1 as pb;
 
 use super::error::{invalid, ApiError};
 use crate::config::Config;
-use crate::queue::{AckAction, ConcurrencyKey, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs};
+use crate::queue::{
+    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs,
+};
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
     s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
@@ -85,6 +87,8 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         deadline_in_ms,
         concurrency_key,
         concurrency_limit,
+        depends_on,
+        dependency_rule,
     } = req;
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
@@ -167,7 +171,29 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         deadline: (deadline_in_ms > 0).then(|| now.saturating_add(deadline_in_ms)),
         concurrency,
         parent: None,
+        depends_on: dependencies(cfg, &depends_on)?,
+        dependency_rule: match pb::DependencyRule::try_from(dependency_rule) {
+            Ok(pb::DependencyRule::AllCompleted) => DependencyRule::AllCompleted,
+            Ok(pb::DependencyRule::AllResolved) => DependencyRule::AllResolved,
+            Err(_) => return Err(invalid(format!("unknown dependency_rule {dependency_rule}"))),
+        },
     })
+}
+
+/// Dependency ids: parsed, without repeats, at most `max_batch_items`. That they exist is checked on the leader
+/// before proposing (`TaskApi`), and since they must exist first no cycle can form.
+fn dependencies(cfg: &Config, ids: &[String]) -> Result<Vec<TaskId>, ApiError> {
+    if ids.len() > cfg.max_batch_items {
+        return Err(invalid(format!("a task depends on at most {} tasks", cfg.max_batch_items)));
+    }
+    let mut out: Vec<TaskId> = Vec::with_capacity(ids.len());
+    for s in ids {
+        let id = parse_id(s)?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
 }
 
 /// Follow-up tasks of a completion: validated like enqueues, then placed in the completed task's shard (same
@@ -184,8 +210,8 @@ fn follow_ups(
     }
     reqs.into_iter()
         .map(|r| {
-            if !r.idempotency_key.is_empty() || !r.concurrency_key.is_empty() {
-                return Err(invalid("follow-ups take no idempotency_key or concurrency_key"));
+            if !r.idempotency_key.is_empty() || !r.concurrency_key.is_empty() || !r.depends_on.is_empty() {
+                return Err(invalid("follow-ups take no idempotency_key, concurrency_key or depends_on"));
             }
             let mut n = new_task(cfg, tenant, r, now)?;
             n.id = TaskId::new(now, parent.placement(), rand::random());
@@ -213,6 +239,8 @@ fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
         deadline_in_ms: n.deadline.map(|d| d.saturating_sub(now).max(1)).unwrap_or(0),
         concurrency_key: String::new(),
         concurrency_limit: 0,
+        depends_on: vec![],
+        dependency_rule: 0,
     }
 }
 
@@ -377,6 +405,9 @@ pub fn task(t: Task) -> pb::Task {
         concurrency,
         follow_ups,
         parent,
+        depends_on,
+        dependency_rule,
+        waiting_on,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -426,6 +457,12 @@ pub fn task(t: Task) -> pb::Task {
         concurrency_limit: concurrency.map(|c| c.limit).unwrap_or(0),
         follow_up_ids: follow_ups.iter().map(|id| id.to_string()).collect(),
         parent_id: parent.map(|p| p.to_string()).unwrap_or_default(),
+        depends_on: depends_on.iter().map(|id| id.to_string()).collect(),
+        dependency_rule: match dependency_rule {
+            DependencyRule::AllCompleted => pb::DependencyRule::AllCompleted,
+            DependencyRule::AllResolved => pb::DependencyRule::AllResolved,
+        } as i32,
+        waiting_on: waiting_on.iter().map(|id| id.to_string()).collect(),
     }
 }
 

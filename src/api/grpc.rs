@@ -42,6 +42,18 @@ pub fn authenticate(token: &str) -> Result<Caller, ApiError> {
     Ok(Caller { tenant: DEFAULT_TENANT.to_string(), token: token.to_string() })
 }
 
+/// A task's dependencies must exist and belong to its tenant (checked on the leader, from its applied state). A
+/// dependency created in the same batch does not exist yet, so no cycle can ever form.
+pub fn check_dependencies(shared: &crate::storage::SmShared, n: &crate::queue::NewTask) -> Result<(), ApiError> {
+    for d in &n.depends_on {
+        match shared.get_task(d).map_err(|e| ApiError::Internal(e.to_string()))? {
+            Some(t) if t.tenant == n.tenant => {}
+            _ => return Err(invalid(format!("depends_on: no task {d}"))),
+        }
+    }
+    Ok(())
+}
+
 pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::EnqueueResult {
     pb::EnqueueResult {
         result: Some(match r {
@@ -90,6 +102,7 @@ impl TaskApi {
     async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
         let who = caller(&req)?;
         let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
+        check_dependencies(&self.proposer.shared, &item)?;
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
         Ok(Response::new(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate }))
@@ -104,8 +117,14 @@ impl TaskApi {
         }
         let now = wall_clock_ms();
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
-        let checked: Vec<Result<_, ApiError>> =
-            items.into_iter().map(|i| convert::new_task(cfg, &who.tenant, i, now)).collect();
+        let checked: Vec<Result<_, ApiError>> = items
+            .into_iter()
+            .map(|i| {
+                let n = convert::new_task(cfg, &who.tenant, i, now)?;
+                check_dependencies(&self.proposer.shared, &n)?;
+                Ok(n)
+            })
+            .collect();
         let applied = self.proposer.enqueue(valid_items(&checked)).await.map_err(ApiError::from)?;
         let results = merge_items(checked, applied).into_iter().map(enqueue_result).collect();
         Ok(Response::new(pb::EnqueueBatchResponse { results }))

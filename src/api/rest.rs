@@ -147,7 +147,9 @@ pub fn task_json(t: &pb::Task) -> Value {
         "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
         "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
         "deadline_ms": t.deadline_ms, "concurrency_key": t.concurrency_key, "concurrency_limit": t.concurrency_limit,
-        "follow_up_ids": t.follow_up_ids, "parent_id": t.parent_id,
+        "follow_up_ids": t.follow_up_ids, "parent_id": t.parent_id, "depends_on": t.depends_on,
+        "waiting_on": t.waiting_on,
+        "dependency_rule": if t.dependency_rule == pb::DependencyRule::AllResolved as i32 { "all_resolved" } else { "all_completed" },
         "progress": t.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message, "at_ms": p.at_ms})),
         "runs": t.runs.iter().map(|r| json!({
             "worker_id": r.worker_id, "token": r.token.to_string(), "started_at_ms": r.started_at_ms,
@@ -181,6 +183,10 @@ struct NewTaskBody {
     concurrency_key: String,
     #[serde(default)]
     concurrency_limit: u32,
+    #[serde(default)]
+    depends_on: Vec<String>,
+    /// `all_completed` (default) or `all_resolved`.
+    dependency_rule: Option<String>,
 }
 
 impl NewTaskBody {
@@ -200,6 +206,8 @@ impl NewTaskBody {
             deadline_in_ms,
             concurrency_key,
             concurrency_limit,
+            depends_on,
+            dependency_rule,
         } = self;
         let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
             traceparent: traceparent.unwrap_or_default(),
@@ -218,6 +226,14 @@ impl NewTaskBody {
             deadline_in_ms,
             concurrency_key,
             concurrency_limit,
+            depends_on,
+            dependency_rule: match dependency_rule.as_deref() {
+                None | Some("all_completed") => pb::DependencyRule::AllCompleted as i32,
+                Some("all_resolved") => pb::DependencyRule::AllResolved as i32,
+                Some(other) => {
+                    return Err(RestError::bad(format!("dependency_rule {other:?}: all_completed or all_resolved")))
+                }
+            },
         })
     }
 }

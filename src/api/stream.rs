@@ -565,8 +565,14 @@ impl StreamApi {
     ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
         let cfg = &self.proposer.cfg;
         let now = wall_clock_ms();
-        let checked: Vec<Result<_, ApiError>> =
-            items.into_iter().map(|i| convert::new_task(cfg, tenant, i, now)).collect();
+        let checked: Vec<Result<_, ApiError>> = items
+            .into_iter()
+            .map(|i| {
+                let n = convert::new_task(cfg, tenant, i, now)?;
+                super::grpc::check_dependencies(&self.proposer.shared, &n)?;
+                Ok(n)
+            })
+            .collect();
         let applied = self.proposer.enqueue(valid_items(&checked)).await?;
         Ok(merge_items(checked, applied).into_iter().map(super::grpc::enqueue_result).collect())
     }

@@ -127,6 +127,7 @@ pub enum PartialResponse {
     Purged(Vec<TaskId>),
     Ticked,
     QueuePaused(bool),
+    Resolved(u64),
 }
 
 impl PartialResponse {
@@ -140,6 +141,7 @@ impl PartialResponse {
             Command::PurgeDeadLetters { .. } => PartialResponse::Purged(vec![]),
             Command::Tick => PartialResponse::Ticked,
             Command::SetQueuePaused { paused, .. } => PartialResponse::QueuePaused(*paused),
+            Command::ResolveDependencies(_) => PartialResponse::Resolved(0),
         }
     }
 
@@ -159,6 +161,7 @@ impl PartialResponse {
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
             PartialResponse::QueuePaused(p) => Response::QueuePaused(p),
+            PartialResponse::Resolved(n) => Response::Resolved(n),
         }
     }
 }
@@ -186,6 +189,9 @@ pub struct ShardCore {
     running_keys: HashMap<(String, String), u32>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
     pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Pending tasks held by dependencies, and for each dependency the held tasks of this shard waiting on it.
+    held: BTreeSet<TaskId>,
+    waiters: BTreeMap<TaskId, BTreeSet<TaskId>>,
     /// Queues whose keyed running task stopped running during the entry being applied (reported as ready work,
     /// so parked claims look again). Transient.
     freed: Vec<QueueKey>,
@@ -265,6 +271,18 @@ impl ShardCore {
     /// Adds a record to the indexes matching its state. Used by apply and by the rebuild at start.
     pub fn index_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && !t.waiting_on.is_empty() {
+            // Held by dependencies: counted as delayed (pending, not claimable), in no other index.
+            self.held.insert(t.id);
+            for d in &t.waiting_on {
+                self.waiters.entry(*d).or_default().insert(t.id);
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.insert((d, t.id));
+            }
+            self.counts.entry(qk).or_default().delayed += 1;
+            return;
+        }
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
         if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
             self.deadlines.insert((d, t.id));
@@ -356,6 +374,23 @@ impl ShardCore {
     /// Removes a record (as it is before a change) from the indexes.
     fn unindex_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && self.held.remove(&t.id) {
+            for d in &t.waiting_on {
+                if let Some(w) = self.waiters.get_mut(d) {
+                    w.remove(&t.id);
+                    if w.is_empty() {
+                        self.waiters.remove(d);
+                    }
+                }
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.remove(&(d, t.id));
+            }
+            if let Some(c) = self.counts.get_mut(&qk) {
+                c.delayed = c.delayed.saturating_sub(1);
+            }
+            return;
+        }
         let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
         if let Some(d) = t.deadline {
             self.deadlines.remove(&(d, t.id));
@@ -440,6 +475,11 @@ impl ShardCore {
             None => vec![],
             Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
         }
+    }
+
+    /// Dependencies that tasks of this shard wait on, with the waiting tasks.
+    pub fn waiters(&self) -> &BTreeMap<TaskId, BTreeSet<TaskId>> {
+        &self.waiters
     }
 
     /// Tasks of this shard running under a tenant's concurrency key.
@@ -540,6 +580,7 @@ impl ShardCore {
             dead: self.dead.values().map(|s| s.len()).sum(),
             keys: self.keys.len(),
             deadlines: self.deadlines.len(),
+            held: self.held.len(),
         }
     }
 
@@ -612,6 +653,13 @@ impl ShardCore {
                 }
             }
             (Command::Tick, PartialResponse::Ticked) => {}
+            (Command::ResolveDependencies(items), PartialResponse::Resolved(n)) => {
+                for (pos, r) in items.iter().enumerate() {
+                    if self.mine(&r.task_id) && self.resolve(store, r, base_seq + pos as u64, fx)? {
+                        *n += 1;
+                    }
+                }
+            }
             (Command::SetQueuePaused { tenant, queue, paused }, PartialResponse::QueuePaused(_)) => {
                 let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
                 if *paused {
@@ -630,6 +678,44 @@ impl ShardCore {
         }
         fx.ready.extend(self.freed.drain(..));
         Ok(())
+    }
+
+    /// One dependency of a held task ended: under all-completed, anything but a completion cancels the task
+    /// (it can no longer become ready); otherwise the dependency is crossed off, and with none left the task is
+    /// pending like any other (FIFO from this entry). Returns whether the task changed.
+    fn resolve<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        r: &DependencyResolved,
+        seq: u64,
+        fx: &mut Effects,
+    ) -> Result<bool, S::Error> {
+        let now = self.now;
+        let Some(before) = store.get(&r.task_id)? else { return Ok(false) };
+        if before.state != TaskState::Pending || !before.waiting_on.contains(&r.dependency) {
+            return Ok(false);
+        }
+        let mut t = before.clone();
+        t.updated_at = now;
+        t.waiting_on.retain(|d| *d != r.dependency);
+        let met = r.outcome == Some(TaskState::Completed) || t.dependency_rule == DependencyRule::AllResolved;
+        if !met {
+            let outcome = r.outcome.map(|s| s.as_str()).unwrap_or("GONE");
+            t.state = TaskState::Cancelled;
+            t.last_error = Some(format!("dependency {} ended {outcome}", r.dependency));
+            t.ended_at = Some(now);
+            self.update(store, &before, &t)?;
+            fx.ended.push(t.id);
+            fx.counts.cancelled += 1;
+            fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
+        } else {
+            if t.waiting_on.is_empty() {
+                t.seq = seq;
+            }
+            self.update(store, &before, &t)?;
+            self.note_pending(&t, fx);
+        }
+        Ok(true)
     }
 
     fn select_dead(&self, qk: &QueueKey, select: &DlqSelector) -> Vec<TaskId> {
@@ -814,6 +900,9 @@ impl ShardCore {
             concurrency: n.concurrency.clone(),
             follow_ups: vec![],
             parent: n.parent,
+            depends_on: n.depends_on.clone(),
+            dependency_rule: n.dependency_rule,
+            waiting_on: n.depends_on.clone(),
         };
         store.put(&t)?;
         self.index_task(&t);
@@ -847,6 +936,7 @@ impl ShardCore {
             .as_ref()
             .is_some_and(|ck| self.running_with_key(&before.tenant, &ck.key) >= ck.limit.max(1));
         if before.state != TaskState::Pending
+            || !before.waiting_on.is_empty()
             || before.visible_at > now
             || before.attempts >= before.max_attempts
             || self.paused.contains(&QueueKey::of(&before))
@@ -1103,4 +1193,6 @@ pub struct IndexSizes {
     pub dead: usize,
     pub keys: usize,
     pub deadlines: usize,
+    /// Pending tasks held by dependencies.
+    pub held: usize,
 }

@@ -51,6 +51,7 @@ fn total_sizes(m: &MemMachine) -> IndexSizes {
         total.dead += s.dead;
         total.keys += s.keys;
         total.deadlines += s.deadlines;
+        total.held += s.held;
     }
     total
 }
@@ -86,6 +87,10 @@ fn assert_indexes_match_records(m: &MemMachine) {
             }
             let c = counts.entry(QueueKey::of(t)).or_default();
             match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => {
+                    want.held += 1;
+                    c.delayed += 1;
+                }
                 TaskState::Pending if t.visible_at > now => {
                     want.delayed += 1;
                     c.delayed += 1;
@@ -130,7 +135,7 @@ fn assert_indexes_match_records(m: &MemMachine) {
         );
         assert!(got.keys >= want.keys, "shard {i}: a stored key is missing from the key index");
         assert_eq!(
-            got.ready + got.delayed + got.leases + got.retention + got.dead,
+            got.ready + got.delayed + got.leases + got.retention + got.dead + got.held,
             store.tasks.len(),
             "shard {i}: every task is in exactly one index"
         );
@@ -241,6 +246,8 @@ impl Harness {
             deadline: None,
             concurrency: None,
             parent: None,
+            depends_on: vec![],
+            dependency_rule: DependencyRule::AllCompleted,
         }
     }
 
@@ -1248,6 +1255,73 @@ fn a_chained_completion_creates_its_follow_ups_all_or_nothing() {
     assert_eq!(h.state(g1.id), None);
 }
 
+fn dependent(h: &mut Harness, deps: &[TaskId], rule: DependencyRule) -> TaskId {
+    let mut spec = h.spec(A, Q);
+    spec.depends_on = deps.to_vec();
+    spec.dependency_rule = rule;
+    h.enqueue(spec)
+}
+
+fn resolve(h: &mut Harness, task_id: TaskId, dependency: TaskId) -> Response {
+    let outcome = h.m.task(&dependency).map(|t| t.state);
+    h.apply(Command::ResolveDependencies(vec![DependencyResolved { task_id, dependency, outcome }]))
+}
+
+#[test]
+fn dependencies_hold_a_task_until_their_rule_is_met_or_cancel_it() {
+    let mut h = Harness::new();
+    let (a, b) = (h.add(A, "deps"), h.add(A, "deps"));
+    let all_done = dependent(&mut h, &[a, b], DependencyRule::AllCompleted);
+    let all_ended = dependent(&mut h, &[a, b], DependencyRule::AllResolved);
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "held tasks are not claimable");
+    assert_eq!(h.claim_ids(A, &[all_done], 1_000)[0].clone().map(|t| t.id), Err(Rejected::NotClaimable));
+    assert_eq!(h.task(all_done).waiting_on, vec![a, b]);
+    let counts = machine_counts(&h.m)[&QueueKey { tenant: A.into(), queue: Q.into() }];
+    assert_eq!((counts.pending, counts.delayed), (0, 2), "held tasks count as delayed");
+
+    let ta = h.claim_ids(A, &[a], 1_000)[0].clone().expect("claimed");
+    h.ack(a, A, token(&ta), complete()).expect("a completed");
+    assert_eq!(resolve(&mut h, all_done, a), Response::Resolved(1));
+    assert_eq!(resolve(&mut h, all_done, a), Response::Resolved(0), "a resolution is applied once");
+    assert_eq!(h.task(all_done).waiting_on, vec![b]);
+    let tb = h.claim_ids(A, &[b], 1_000)[0].clone().expect("claimed");
+    h.ack(b, A, token(&tb), fail(false)).expect("b failed");
+    // All-completed can no longer be met: cancelled. All-resolved: ready once both ended.
+    resolve(&mut h, all_done, b);
+    let t = h.task(all_done);
+    assert_eq!(t.state, TaskState::Cancelled);
+    assert!(t.last_error.as_deref().is_some_and(|e| e.contains("FAILED")), "{:?}", t.last_error);
+    resolve(&mut h, all_ended, a);
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "still waiting on b");
+    resolve(&mut h, all_ended, b);
+    assert_eq!(h.pick(A, &[Q], 10), vec![all_ended]);
+    assert_eq!(h.m.rebuilt().pick(A, &queues(&[Q]), 10), vec![all_ended]);
+}
+
+#[test]
+fn a_held_task_survives_a_rebuild_and_can_be_cancelled_or_time_out() {
+    let mut h = Harness::new();
+    let a = h.add(A, "deps");
+    let held = dependent(&mut h, &[a], DependencyRule::AllCompleted);
+    let mut spec = h.spec(A, Q);
+    spec.depends_on = vec![a];
+    spec.deadline = Some(h.time + 1_000);
+    let timed = h.enqueue(spec);
+    let r = h.m.rebuilt();
+    let waiting: Vec<TaskId> =
+        r.shards.iter().flat_map(|s| s.waiters().get(&a).into_iter().flatten().copied()).collect();
+    assert_eq!(waiting.len(), 2);
+    assert_eq!(h.cancel(A, held), Ok(TaskState::Cancelled));
+    h.advance(1_000);
+    assert_eq!(h.task(timed).last_error.as_deref(), Some(DEADLINE_EXCEEDED));
+    assert!(h.m.shards.iter().all(|s| s.waiters().is_empty()), "nothing waits any more");
+    // A gone dependency (removed after its retention) counts as not completed.
+    let b = h.add(A, "deps");
+    let c = dependent(&mut h, &[b], DependencyRule::AllResolved);
+    h.apply(Command::ResolveDependencies(vec![DependencyResolved { task_id: c, dependency: b, outcome: None }]));
+    assert_eq!(h.pick(A, &[Q], 10), vec![c]);
+}
+
 #[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
@@ -1883,6 +1957,8 @@ fn follow_up_template() -> NewTask {
         deadline: None,
         concurrency: None,
         parent: None,
+        depends_on: vec![],
+        dependency_rule: DependencyRule::AllCompleted,
     }
 }
 
@@ -2126,6 +2202,8 @@ impl Sim {
                 deadline: s.deadline.map(|d| time + d),
                 concurrency: s.ckey.map(|k| ConcurrencyKey { key: CKEYS[k].to_string(), limit: CKEY_LIMITS[k] }),
                 parent: None,
+                depends_on: vec![],
+                dependency_rule: DependencyRule::AllCompleted,
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));

@@ -205,6 +205,31 @@ pub struct Task {
     pub follow_ups: Vec<TaskId>,
     /// The task whose completion created this one.
     pub parent: Option<TaskId>,
+    /// Dependencies given at enqueue, and the rule they must meet.
+    pub depends_on: Vec<TaskId>,
+    pub dependency_rule: DependencyRule,
+    /// Dependencies not yet resolved: while any remains the pending task is held (not claimable).
+    pub waiting_on: Vec<TaskId>,
+}
+
+/// When a task with dependencies becomes ready.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DependencyRule {
+    /// Every dependency completed; one that fails or is cancelled cancels the task.
+    #[default]
+    AllCompleted,
+    /// Every dependency ended, whatever its outcome.
+    AllResolved,
+}
+
+/// The leader's report that a dependency ended (or is gone), for a task waiting on it. Apply trusts `outcome`
+/// (the leader read it from replicated state); it is ignored unless the task still waits on `dependency`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyResolved {
+    pub task_id: TaskId,
+    pub dependency: TaskId,
+    /// The dependency's terminal state; `None` when it no longer exists (removed after its retention).
+    pub outcome: Option<TaskState>,
 }
 
 /// A per-tenant concurrency key and its limit. Every task of one key is placed in one shard (the proposer
@@ -360,6 +385,9 @@ pub struct NewTask {
     pub concurrency: Option<ConcurrencyKey>,
     /// Set for a follow-up task: the task whose completion creates it.
     pub parent: Option<TaskId>,
+    /// Tasks (of the same tenant, existing at enqueue) this one waits for.
+    pub depends_on: Vec<TaskId>,
+    pub dependency_rule: DependencyRule,
 }
 
 impl NewTask {
@@ -490,6 +518,8 @@ pub enum Command {
         queue: String,
         paused: bool,
     },
+    /// Dependencies that ended, for the tasks waiting on them (proposed by the leader's resolver).
+    ResolveDependencies(Vec<DependencyResolved>),
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -512,6 +542,7 @@ impl fmt::Display for Request {
             Command::PurgeDeadLetters { .. } => ("purge", 1),
             Command::Tick => ("tick", 0),
             Command::SetQueuePaused { .. } => ("pause", 1),
+            Command::ResolveDependencies(v) => ("resolve", v.len()),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -578,4 +609,6 @@ pub enum Response {
     Ticked,
     /// The queue's paused flag after a `SetQueuePaused`.
     QueuePaused(bool),
+    /// How many waiting tasks a `ResolveDependencies` changed.
+    Resolved(u64),
 }

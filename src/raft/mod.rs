@@ -4,6 +4,7 @@
 pub mod dispatcher;
 pub mod network;
 pub mod proposer;
+pub mod resolver;
 pub mod service;
 pub mod types;
 

@@ -208,6 +208,30 @@ impl SmShared {
         Ok((out, more))
     }
 
+    /// For the leader's dependency resolver: every (waiting task, dependency) whose dependency has ended (or is
+    /// gone), with the dependency's outcome, at most `limit`.
+    pub fn dependency_resolutions(&self, limit: usize) -> io::Result<Vec<queue::DependencyResolved>> {
+        let waiting: Vec<(TaskId, Vec<TaskId>)> = {
+            let g = self.read();
+            g.cores.iter().flat_map(|c| c.waiters().iter().map(|(d, w)| (*d, w.iter().copied().collect()))).collect()
+        };
+        let mut out = Vec::new();
+        for (dep, tasks) in waiting {
+            let outcome = match self.get_task(&dep)? {
+                Some(t) if t.state.is_terminal() => Some(t.state),
+                Some(_) => continue,
+                None => None,
+            };
+            for task_id in tasks {
+                out.push(queue::DependencyResolved { task_id, dependency: dep, outcome });
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     pub fn next_due(&self) -> Option<TimeMs> {
         self.read().cores.iter().filter_map(|c| c.next_due()).min()
     }
@@ -268,7 +292,7 @@ impl SmShared {
             let txn = db.begin_read().map_err(io_err)?;
             let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;
             let s = core.index_sizes();
-            if s.ready + s.delayed + s.leases + s.retention + s.dead != n {
+            if s.ready + s.delayed + s.leases + s.retention + s.dead + s.held != n {
                 return Err(io::Error::other(format!("shard {i}: {n} records but indexes {s:?}")));
             }
         }

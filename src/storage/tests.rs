@@ -53,6 +53,8 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         deadline: None,
         concurrency: None,
         parent: None,
+        depends_on: vec![],
+        dependency_rule: DependencyRule::AllCompleted,
     }
 }
 

@@ -632,3 +632,73 @@ async fn sdk_worker_chains_a_follow_up() {
     let s = run.await.expect("join").expect("worker");
     assert_eq!(s.completed, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dependencies_in_both_rules_with_cancellation_through_grpc_rest_and_sdk() {
+    let n = TestNode::start_with(fast).await;
+    let mut c = n.client().await;
+    let a = c.enqueue(enq("dep", "a")).await.expect("enqueue").into_inner().task_id;
+    let b = c.enqueue(enq("dep", "b")).await.expect("enqueue").into_inner().task_id;
+    let after = |deps: &[&String], rule: pb::DependencyRule, q: &str| pb::EnqueueRequest {
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        dependency_rule: rule as i32,
+        ..enq(q, "waits")
+    };
+    let all_done = c.enqueue(after(&[&a, &b], pb::DependencyRule::AllCompleted, "next")).await.expect("e");
+    let all_done = all_done.into_inner().task_id;
+    let all_ended = c.enqueue(after(&[&a, &b], pb::DependencyRule::AllResolved, "next")).await.expect("e");
+    let all_ended = all_ended.into_inner().task_id;
+    // Cancelled in turn when all_done is cancelled.
+    let grandchild = c.enqueue(after(&[&all_done], pb::DependencyRule::AllCompleted, "next")).await.expect("e");
+    let grandchild = grandchild.into_inner().task_id;
+    let unknown = "0".repeat(32);
+    let bad = c.enqueue(after(&[&unknown], pb::DependencyRule::AllCompleted, "next")).await.expect_err("unknown");
+    assert_eq!(reason(&bad), "INVALID_ARGUMENT");
+    let shown = get(&mut c, &all_done).await;
+    assert_eq!((shown.state, shown.waiting_on.len()), (pb::TaskState::Pending as i32, 2));
+
+    let next = |wait_ms| pb::ClaimRequest {
+        worker_id: "w".into(),
+        queues: vec!["next".into()],
+        count: 10,
+        lease_ms: 30_000,
+        wait_ms,
+    };
+    assert!(c.claim(next(100)).await.expect("claim").into_inner().tasks.is_empty(), "all wait");
+    let ta = claim_one(&mut c, "dep", "w").await;
+    let tb = claim_one(&mut c, "dep", "w").await;
+    let (ta, tb) = if ta.id == a { (ta, tb) } else { (tb, ta) };
+    ack(&mut c, &ta, Action::Complete(pb::Complete::default())).await.expect("a completes");
+    ack(&mut c, &tb, Action::Fail(pb::Fail { error: "no".into(), retryable: false })).await.expect("b fails");
+
+    for id in [&all_done, &grandchild] {
+        let r = c.get_result(pb::GetResultRequest { id: id.clone(), wait_ms: 5_000 }).await.expect("result");
+        let r = r.into_inner();
+        assert_eq!(r.state, pb::TaskState::Cancelled as i32, "{id}: all-completed can no longer be met");
+        assert!(r.error.contains("dependency"), "{}", r.error);
+    }
+    let got = c.claim(next(5_000)).await.expect("claim").into_inner().tasks;
+    assert_eq!(got.iter().map(|t| t.id.clone()).collect::<Vec<_>>(), vec![all_ended], "all-resolved is ready");
+
+    // REST and the SDK carry dependencies too.
+    use raftq_client::{NewTask, Producer, ProducerConfig};
+    let p = Producer::connect(ProducerConfig { addrs: vec![n.node().grpc_addr.to_string()], ..Default::default() })
+        .await
+        .expect("producer");
+    let x = p.enqueue(NewTask::new("sdk-dep", "x")).await.expect("enqueue").task_id;
+    let y = p.enqueue(NewTask::new("sdk-dep", "y").after_all_completed([x.clone()])).await.expect("e").task_id;
+    let yt = p.get(&y).await.expect("get");
+    assert_eq!((yt.depends_on.clone(), yt.waiting_on.len(), yt.all_resolved), (vec![x.clone()], 1, false));
+    let a_http = n.node().http_addr;
+    let body = json!({"queue": "rest-dep", "payload": "z", "depends_on": [x], "dependency_rule": "all_resolved"});
+    let (code, _, z) = http(a_http, "POST", "/v1/tasks", Some(body)).await;
+    assert_eq!(code, 201, "{z}");
+    let (_, _, zt) = http(a_http, "GET", &format!("/v1/tasks/{}", z["task_id"].as_str().expect("id")), None).await;
+    assert_eq!(
+        (zt["dependency_rule"].as_str(), zt["waiting_on"][0].as_str()),
+        (Some("all_resolved"), Some(x.as_str()))
+    );
+    assert_eq!(p.cancel(&x).await.expect("cancel"), raftq_client::TaskState::Cancelled);
+    let r = p.result(&y, Duration::from_secs(5)).await.expect("result");
+    assert_eq!(r.state, raftq_client::TaskState::Cancelled);
+}

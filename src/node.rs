@@ -231,6 +231,7 @@ impl Node {
         });
 
         tasks.spawn(crate::raft::resolver::run(proposer.clone(), leading.clone(), shutdown.clone()));
+        tasks.spawn(crate::raft::scheduler::run(proposer.clone(), leading.clone(), shutdown.clone()));
         tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 
         tracing::info!(

@@ -187,3 +187,146 @@ impl Producer {
         Ok(r.queues.into_iter().map(QueueCapacity::from_proto).collect())
     }
 }
+
+/// A recurring task (see [`Producer::create_schedule`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Schedule {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The queue its tasks go to.
+    pub queue: String,
+    /// The cron expression and time zone, or empty for an interval.
+    pub cron: String,
+    /// The time zone of the cron expression.
+    pub time_zone: String,
+    /// The interval, or 0 for a cron schedule.
+    pub interval_ms: u64,
+    /// Paused schedules fire nothing.
+    pub paused: bool,
+    /// The last occurrence fired or skipped (ms since the Unix epoch), or 0.
+    pub last_occurrence_ms: i64,
+    /// The next occurrence, or 0 when paused.
+    pub next_occurrence_ms: i64,
+    /// Tasks created so far.
+    pub fired: u64,
+}
+
+/// When a schedule fires: a cron expression in a time zone, or an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recurrence {
+    /// A 5-field cron expression and an IANA time zone (`UTC`, `Europe/Paris`, ...).
+    Cron {
+        /// `minute hour day-of-month month day-of-week`.
+        expr: String,
+        /// The IANA time zone name.
+        time_zone: String,
+    },
+    /// Every this long from the schedule's creation.
+    Every(Duration),
+}
+
+impl Schedule {
+    fn from_proto(s: pb::Schedule) -> Schedule {
+        let pb::Schedule {
+            id,
+            name,
+            queue,
+            cron,
+            time_zone,
+            interval_ms,
+            missed_policy: _,
+            paused,
+            created_at_ms: _,
+            last_occurrence_ms,
+            next_occurrence_ms,
+            fired,
+        } = s;
+        Schedule {
+            id,
+            name,
+            queue,
+            cron,
+            time_zone,
+            interval_ms,
+            paused,
+            last_occurrence_ms,
+            next_occurrence_ms,
+            fired,
+        }
+    }
+}
+
+impl Producer {
+    /// Creates a schedule that enqueues `task` at each occurrence; `run_missed_once` runs the latest occurrence
+    /// missed while the cluster was down once (else missed ones are skipped).
+    pub async fn create_schedule(
+        &self,
+        name: &str,
+        task: crate::task::NewTask,
+        when: Recurrence,
+        run_missed_once: bool,
+    ) -> Result<Schedule> {
+        let (cron, time_zone, interval_ms) = match when {
+            Recurrence::Cron { expr, time_zone } => (expr, time_zone, 0),
+            Recurrence::Every(d) => (String::new(), String::new(), crate::task::duration_ms(d)),
+        };
+        let req = pb::CreateScheduleRequest {
+            name: name.to_string(),
+            task: Some(task.into_proto()),
+            cron,
+            time_zone,
+            interval_ms,
+            missed_policy: if run_missed_once { pb::MissedPolicy::RunOnce } else { pb::MissedPolicy::Skip } as i32,
+        };
+        let s = self
+            .call_on(Kind::Write, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.create_schedule(req).await }
+            })
+            .await?;
+        Ok(Schedule::from_proto(s))
+    }
+
+    /// The tenant's schedules.
+    pub async fn schedules(&self) -> Result<Vec<Schedule>> {
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(pb::ListSchedulesRequest {});
+                async move { c.list_schedules(req).await }
+            })
+            .await?;
+        Ok(r.schedules.into_iter().map(Schedule::from_proto).collect())
+    }
+
+    /// Pauses (`true`) or resumes a schedule. Idempotent, so retried like a read.
+    pub async fn pause_schedule(&self, id: &str, paused: bool) -> Result<Schedule> {
+        let req = pb::ScheduleRef { id: id.to_string() };
+        let s = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move {
+                    if paused {
+                        c.pause_schedule(req).await
+                    } else {
+                        c.resume_schedule(req).await
+                    }
+                }
+            })
+            .await?;
+        Ok(Schedule::from_proto(s))
+    }
+
+    /// Deletes a schedule.
+    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
+        let req = pb::ScheduleRef { id: id.to_string() };
+        self.call_on(Kind::Write, Duration::ZERO, jobs, |mut c, conn| {
+            let req = conn.request(req.clone());
+            async move { c.delete_schedule(req).await }
+        })
+        .await?;
+        Ok(())
+    }
+}

@@ -44,7 +44,7 @@ mod worker;
 pub use backoff::Backoff;
 pub use connection::DEFAULT_ADDR;
 pub use error::{Error, Result, LEADER_HEADER, LEASE_LOST, NOT_LEADER, REASON_HEADER, UNKNOWN_OUTCOME};
-pub use jobs::{QueueCapacity, TaskPage, TaskQuery};
+pub use jobs::{QueueCapacity, Recurrence, Schedule, TaskPage, TaskQuery};
 pub use producer::{Producer, ProducerConfig};
 pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};
 pub use task::{Enqueued, Lease, NewTask, Progress, Run, Task, TaskResult, TaskState, TraceContext};

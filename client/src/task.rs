@@ -128,6 +128,10 @@ pub struct Task {
     pub all_resolved: bool,
     /// Dependencies not yet resolved (the task is not claimable while any remains).
     pub waiting_on: Vec<String>,
+    /// The schedule that created this task, or empty.
+    pub schedule_id: String,
+    /// The schedule occurrence it is for (ms since the Unix epoch), or 0.
+    pub scheduled_for_ms: i64,
 }
 
 /// One delivery of a task.
@@ -192,6 +196,8 @@ impl Task {
             depends_on,
             dependency_rule,
             waiting_on,
+            schedule_id,
+            scheduled_for_ms,
         } = t;
         Task {
             id,
@@ -237,6 +243,8 @@ impl Task {
             depends_on,
             all_resolved: dependency_rule == pb::DependencyRule::AllResolved as i32,
             waiting_on,
+            schedule_id,
+            scheduled_for_ms,
         }
     }
 

@@ -408,6 +408,7 @@ pub fn task(t: Task) -> pb::Task {
         depends_on,
         dependency_rule,
         waiting_on,
+        scheduled,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -463,6 +464,8 @@ pub fn task(t: Task) -> pb::Task {
             DependencyRule::AllResolved => pb::DependencyRule::AllResolved,
         } as i32,
         waiting_on: waiting_on.iter().map(|id| id.to_string()).collect(),
+        schedule_id: scheduled.map(|(id, _)| id.to_string()).unwrap_or_default(),
+        scheduled_for_ms: scheduled.map(|(_, at)| ms(at)).unwrap_or(0),
     }
 }
 

@@ -15,12 +15,42 @@ use super::convert;
 use super::error::{invalid, ApiError};
 use super::forward::{forwarded, stale_read, Forwarder, Route};
 use super::grpc::caller;
-use crate::queue::{self, Command, Response as SmResponse, TaskFilter, TaskState};
+use crate::queue::{
+    self, Command, MissedPolicy, Response as SmResponse, Schedule, ScheduleSpec, TaskFilter, TaskId, TaskState,
+};
 use crate::raft::dispatcher::Dispatcher;
+use crate::raft::proposer::wall_clock_ms;
 use crate::raft::proposer::Proposer;
 
 /// Largest page a listing returns.
 const MAX_PAGE_SIZE: u32 = 1000;
+/// Shortest schedule interval: each occurrence is a Raft entry.
+const MIN_INTERVAL_MS: u64 = 100;
+
+fn schedule_pb(s: &Schedule) -> pb::Schedule {
+    let ms = |t: u64| t.min(i64::MAX as u64) as i64;
+    let (cron, time_zone, interval_ms) = match &s.spec {
+        ScheduleSpec::Cron { expr, tz } => (expr.clone(), tz.clone(), 0),
+        ScheduleSpec::Interval { every_ms } => (String::new(), String::new(), *every_ms),
+    };
+    pb::Schedule {
+        id: s.id.to_string(),
+        name: s.name.clone(),
+        queue: s.template.queue.clone(),
+        cron,
+        time_zone,
+        interval_ms,
+        missed_policy: match s.missed {
+            MissedPolicy::Skip => pb::MissedPolicy::Skip,
+            MissedPolicy::RunOnce => pb::MissedPolicy::RunOnce,
+        } as i32,
+        paused: s.paused,
+        created_at_ms: ms(s.created_at),
+        last_occurrence_ms: s.last_occurrence.map(ms).unwrap_or(0),
+        next_occurrence_ms: queue::cron::next_due(s).map(ms).unwrap_or(0),
+        fired: s.fired,
+    }
+}
 
 pub struct JobsApi {
     pub proposer: Arc<Proposer>,
@@ -175,6 +205,105 @@ impl JobsApi {
         Ok(Response::new(pb::QueueCapacityResponse { queues: out }))
     }
 
+    async fn create_schedule_local(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
+        let who = caller(&req)?;
+        let cfg = &self.proposer.cfg;
+        let pb::CreateScheduleRequest { name, task, cron, time_zone, interval_ms, missed_policy } = req.into_inner();
+        if name.is_empty() || name.len() > 128 {
+            return Err(invalid("name must be 1 to 128 characters").into());
+        }
+        let task = task.ok_or_else(|| invalid("a schedule needs its task"))?;
+        if !task.idempotency_key.is_empty()
+            || !task.concurrency_key.is_empty()
+            || !task.depends_on.is_empty()
+            || task.delay_ms > 0
+            || task.run_at_ms > 0
+            || task.deadline_in_ms > 0
+        {
+            return Err(invalid("a schedule's task takes no keys, dependencies, delay or deadline").into());
+        }
+        let spec = match (cron.is_empty(), interval_ms) {
+            (false, 0) => {
+                let tz = if time_zone.is_empty() { "UTC".to_string() } else { time_zone };
+                queue::cron::Cron::parse(&cron, &tz).map_err(invalid)?;
+                ScheduleSpec::Cron { expr: cron, tz }
+            }
+            (true, ms) if ms >= MIN_INTERVAL_MS => ScheduleSpec::Interval { every_ms: ms },
+            (true, _) => {
+                return Err(invalid(format!("give a cron expression or interval_ms >= {MIN_INTERVAL_MS}")).into())
+            }
+            (false, _) => return Err(invalid("give a cron expression or an interval, not both").into()),
+        };
+        let missed = match pb::MissedPolicy::try_from(missed_policy) {
+            Ok(pb::MissedPolicy::Skip) => MissedPolicy::Skip,
+            Ok(pb::MissedPolicy::RunOnce) => MissedPolicy::RunOnce,
+            Err(_) => return Err(invalid(format!("unknown missed_policy {missed_policy}")).into()),
+        };
+        let now = wall_clock_ms();
+        let mut template = convert::new_task(cfg, &who.tenant, task, now)?;
+        template.deadline = None;
+        let id = TaskId::new(now, rand::random(), rand::random());
+        let sch = Schedule {
+            id,
+            tenant: who.tenant,
+            name,
+            spec,
+            missed,
+            paused: false,
+            created_at: now,
+            last_occurrence: None,
+            fired: 0,
+            template,
+        };
+        self.schedule_write(Command::CreateSchedule(Box::new(sch))).await
+    }
+
+    async fn schedule_write(&self, cmd: Command) -> Res<pb::Schedule> {
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::Schedule(Ok(Some(s))) => Ok(Response::new(schedule_pb(&s))),
+            SmResponse::Schedule(Ok(None)) => Err(ApiError::NotFound.into()),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+        }
+    }
+
+    async fn update_schedule(&self, tenant: String, id: &str, paused: bool, delete: bool) -> Result<Command, Status> {
+        let id: TaskId = convert::parse_id(id)?;
+        Ok(Command::UpdateSchedule { tenant, id, paused, delete })
+    }
+
+    async fn pause_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        let who = caller(&req)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, true, false).await?;
+        self.schedule_write(cmd).await
+    }
+
+    async fn resume_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        let who = caller(&req)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, false).await?;
+        self.schedule_write(cmd).await
+    }
+
+    async fn delete_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
+        let who = caller(&req)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, true).await?;
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::Schedule(Ok(_)) => Ok(Response::new(pb::DeleteScheduleResponse {})),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+        }
+    }
+
+    async fn list_schedules_local(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
+        let who = caller(&req)?;
+        if !stale_read(&req) {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let mut all = self.proposer.shared.schedules(Some(&who.tenant));
+        all.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
+        Ok(Response::new(pb::ListSchedulesResponse { schedules: all.iter().map(schedule_pb).collect() }))
+    }
+
     /// Serves here when this node leads (or a stale read was asked for), else forwards to the leader.
     async fn routed<T, R, LF, RF, RFut>(
         &self,
@@ -217,5 +346,25 @@ impl Jobs for JobsApi {
 
     async fn queue_capacity(&self, req: Request<pb::QueueCapacityRequest>) -> Res<pb::QueueCapacityResponse> {
         self.routed(req, |r| self.capacity_local(r), |mut c, r| async move { c.queue_capacity(r).await }).await
+    }
+
+    async fn create_schedule(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.create_schedule_local(r), |mut c, r| async move { c.create_schedule(r).await }).await
+    }
+
+    async fn list_schedules(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
+        self.routed(req, |r| self.list_schedules_local(r), |mut c, r| async move { c.list_schedules(r).await }).await
+    }
+
+    async fn pause_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.pause_schedule_local(r), |mut c, r| async move { c.pause_schedule(r).await }).await
+    }
+
+    async fn resume_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.resume_schedule_local(r), |mut c, r| async move { c.resume_schedule(r).await }).await
+    }
+
+    async fn delete_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
+        self.routed(req, |r| self.delete_schedule_local(r), |mut c, r| async move { c.delete_schedule(r).await }).await
     }
 }

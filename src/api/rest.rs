@@ -46,6 +46,9 @@ pub fn routes(rest: Rest) -> Router {
         .route("/v1/queues/{queue}/resume", post(resume_queue))
         .route("/v1/queues/{queue}/capacity", get(queue_capacity))
         .route("/v1/capacity", get(capacity))
+        .route("/v1/schedules", post(create_schedule).get(list_schedules))
+        .route("/v1/schedules/{id}", axum::routing::delete(delete_schedule))
+        .route("/v1/schedules/{id}/{action}", post(schedule_action))
         .route("/v1/queues/{queue}/dead-letters/redrive", post(redrive))
         .route("/v1/queues/{queue}/dead-letters/purge", post(purge))
         .route("/v1/cluster/status", get(cluster_status))
@@ -575,4 +578,77 @@ async fn list_tasks(State(r): State<Rest>, headers: HeaderMap, Query(q): Query<L
     let l = r.jobs.list_tasks(request(&headers, req)).await?.into_inner();
     let next = (!l.next_page_token.is_empty()).then_some(l.next_page_token);
     ok(json!({"tasks": l.tasks.iter().map(task_json).collect::<Vec<_>>(), "next_page_token": next}))
+}
+
+fn schedule_json(s: &pb::Schedule) -> Value {
+    json!({
+        "id": s.id, "name": s.name, "queue": s.queue, "cron": s.cron, "time_zone": s.time_zone,
+        "interval_ms": s.interval_ms, "paused": s.paused, "created_at_ms": s.created_at_ms,
+        "missed_policy": if s.missed_policy == pb::MissedPolicy::RunOnce as i32 { "run_once" } else { "skip" },
+        "last_occurrence_ms": s.last_occurrence_ms, "next_occurrence_ms": s.next_occurrence_ms, "fired": s.fired,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleBody {
+    name: String,
+    task: NewTaskBody,
+    #[serde(default)]
+    cron: String,
+    #[serde(default)]
+    time_zone: String,
+    #[serde(default)]
+    interval_ms: u64,
+    /// `skip` (default) or `run_once`.
+    missed_policy: Option<String>,
+}
+
+async fn create_schedule(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ScheduleBody>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let missed_policy = match b.missed_policy.as_deref() {
+        None | Some("skip") => pb::MissedPolicy::Skip,
+        Some("run_once") => pb::MissedPolicy::RunOnce,
+        Some(other) => return Err(RestError::bad(format!("missed_policy {other:?}: skip or run_once"))),
+    } as i32;
+    let req = pb::CreateScheduleRequest {
+        name: b.name,
+        task: Some(b.task.into_pb()?),
+        cron: b.cron,
+        time_zone: b.time_zone,
+        interval_ms: b.interval_ms,
+        missed_policy,
+    };
+    let s = r.jobs.create_schedule(request(&headers, req)).await?.into_inner();
+    Ok((StatusCode::CREATED, Json(schedule_json(&s))).into_response())
+}
+
+async fn list_schedules(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let l = r.jobs.list_schedules(request(&headers, pb::ListSchedulesRequest {})).await?.into_inner();
+    ok(json!({"schedules": l.schedules.iter().map(schedule_json).collect::<Vec<_>>()}))
+}
+
+/// `pause` or `resume` a schedule.
+async fn schedule_action(State(r): State<Rest>, headers: HeaderMap, Path((id, action)): Path<(String, String)>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let req = request(&headers, pb::ScheduleRef { id });
+    let s = match action.as_str() {
+        "pause" => r.jobs.pause_schedule(req).await?,
+        "resume" => r.jobs.resume_schedule(req).await?,
+        other => {
+            return Err(RestError(
+                StatusCode::NOT_FOUND,
+                json!({"error": {"code": "NOT_FOUND", "message": format!("no action {other:?}: pause or resume")}}),
+                None,
+            ))
+        }
+    };
+    ok(schedule_json(&s.into_inner()))
+}
+
+async fn delete_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    r.jobs.delete_schedule(request(&headers, pb::ScheduleRef { id })).await?;
+    ok(json!({"deleted": true}))
 }

@@ -50,6 +50,49 @@ pub enum JobsCmd {
         #[command(flatten)]
         client: JobsClientArgs,
     },
+    /// Create a recurring task: --cron "*/5 * * * *" [--time-zone Europe/Paris] or --every 30s.
+    ScheduleCreate {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        queue: String,
+        #[arg(long, default_value = "")]
+        payload: String,
+        #[arg(long)]
+        cron: Option<String>,
+        #[arg(long)]
+        time_zone: Option<String>,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        every: Option<Duration>,
+        /// Missed occurrences (cluster down): skip them, or run the latest once.
+        #[arg(long)]
+        run_missed_once: bool,
+        #[command(flatten)]
+        client: JobsClientArgs,
+    },
+    /// List the schedules.
+    Schedules {
+        #[command(flatten)]
+        client: JobsClientArgs,
+    },
+    /// Pause a schedule.
+    SchedulePause {
+        id: String,
+        #[command(flatten)]
+        client: JobsClientArgs,
+    },
+    /// Resume a schedule.
+    ScheduleResume {
+        id: String,
+        #[command(flatten)]
+        client: JobsClientArgs,
+    },
+    /// Delete a schedule.
+    ScheduleDelete {
+        id: String,
+        #[command(flatten)]
+        client: JobsClientArgs,
+    },
     /// Backlog, throughput, time to drain and workers needed, per queue.
     Capacity {
         #[arg(long = "queue")]
@@ -152,6 +195,36 @@ pub async fn run(cmd: JobsCmd) -> Result<()> {
                 }
             }
         }
+        JobsCmd::ScheduleCreate { name, queue, payload, cron, time_zone, every, run_missed_once, client } => {
+            let req = pb::CreateScheduleRequest {
+                name,
+                task: Some(pb::EnqueueRequest { queue, payload: payload.into_bytes().into(), ..Default::default() }),
+                cron: cron.unwrap_or_default(),
+                time_zone: time_zone.unwrap_or_default(),
+                interval_ms: every.map(|d| d.as_millis() as u64).unwrap_or(0),
+                missed_policy: if run_missed_once { pb::MissedPolicy::RunOnce } else { pb::MissedPolicy::Skip } as i32,
+            };
+            let s = connect(&client.addr).await?.create_schedule(req).await.map_err(status_err)?.into_inner();
+            print_schedule(&s, client.json);
+        }
+        JobsCmd::Schedules { client } => {
+            let r = connect(&client.addr).await?.list_schedules(pb::ListSchedulesRequest {}).await;
+            for s in r.map_err(status_err)?.into_inner().schedules {
+                print_schedule(&s, client.json);
+            }
+        }
+        JobsCmd::SchedulePause { id, client } => {
+            let s = connect(&client.addr).await?.pause_schedule(pb::ScheduleRef { id }).await;
+            print_schedule(&s.map_err(status_err)?.into_inner(), client.json);
+        }
+        JobsCmd::ScheduleResume { id, client } => {
+            let s = connect(&client.addr).await?.resume_schedule(pb::ScheduleRef { id }).await;
+            print_schedule(&s.map_err(status_err)?.into_inner(), client.json);
+        }
+        JobsCmd::ScheduleDelete { id, client } => {
+            connect(&client.addr).await?.delete_schedule(pb::ScheduleRef { id }).await.map_err(status_err)?;
+            println!("deleted");
+        }
         JobsCmd::Capacity { queues, client } => {
             let r = connect(&client.addr).await?.queue_capacity(pb::QueueCapacityRequest { queues }).await;
             let r = r.map_err(status_err)?.into_inner();
@@ -178,4 +251,23 @@ pub async fn run(cmd: JobsCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn print_schedule(s: &pb::Schedule, json: bool) {
+    if json {
+        let v = serde_json::json!({"id": s.id, "name": s.name, "queue": s.queue, "cron": s.cron,
+            "time_zone": s.time_zone, "interval_ms": s.interval_ms, "paused": s.paused, "fired": s.fired,
+            "last_occurrence_ms": s.last_occurrence_ms, "next_occurrence_ms": s.next_occurrence_ms});
+        println!("{v}");
+    } else {
+        let when = if s.cron.is_empty() {
+            format!("every {} ms", s.interval_ms)
+        } else {
+            format!("{} {}", s.cron, s.time_zone)
+        };
+        println!(
+            "{}\t{}\t{}\t{when}\tpaused={}\tfired={}\tnext_ms={}",
+            s.id, s.name, s.queue, s.paused, s.fired, s.next_occurrence_ms
+        );
+    }
 }

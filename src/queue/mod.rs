@@ -13,6 +13,7 @@ mod tests;
 use std::collections::{BTreeMap, HashSet};
 
 pub mod capacity;
+pub mod cron;
 
 pub use shard::{
     ClaimOrder, Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, RecordKey, ShardCore,
@@ -141,9 +142,12 @@ impl MemMachine {
         m.last_index = self.last_index;
         for (i, core) in m.shards.iter_mut().enumerate() {
             core.now = self.shards[i].now;
-            for k in m.stores[i].records.keys() {
+            for (k, v) in &m.stores[i].records {
                 if let Some(qk) = RecordKey::parse_paused(k) {
                     core.index_paused(qk);
+                }
+                if k.first() == Some(&RecordKey::SCHEDULE) {
+                    core.index_schedule(bincode::deserialize(v).expect("a stored schedule"));
                 }
             }
             for t in m.stores[i].tasks.values() {

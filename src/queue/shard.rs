@@ -35,6 +35,14 @@ pub struct RecordKey;
 
 impl RecordKey {
     pub const PAUSED: u8 = b'p';
+    /// `s` + 16-byte schedule id: a schedule, in the shard of its id.
+    pub const SCHEDULE: u8 = b's';
+
+    pub fn schedule(id: &TaskId) -> Vec<u8> {
+        let mut v = vec![Self::SCHEDULE];
+        v.extend_from_slice(&id.0);
+        v
+    }
 
     /// `p tenant \0 queue`.
     pub fn paused(qk: &QueueKey) -> Vec<u8> {
@@ -48,7 +56,10 @@ impl RecordKey {
     /// The one shard that holds a record, or `None` for records every shard holds.
     pub fn shard_of(key: &[u8], _shards: usize) -> Option<usize> {
         match key.first() {
-            Some(&Self::PAUSED) => None,
+            Some(&Self::SCHEDULE) if key.len() == 17 => {
+                let id: [u8; 16] = key[1..17].try_into().expect("16 bytes");
+                Some(TaskId(id).shard(_shards))
+            }
             _ => None,
         }
     }
@@ -128,6 +139,8 @@ pub enum PartialResponse {
     Ticked,
     QueuePaused(bool),
     Resolved(u64),
+    Schedule(Option<ItemResult<Option<Box<Schedule>>>>),
+    Fired(bool),
 }
 
 impl PartialResponse {
@@ -142,6 +155,8 @@ impl PartialResponse {
             Command::Tick => PartialResponse::Ticked,
             Command::SetQueuePaused { paused, .. } => PartialResponse::QueuePaused(*paused),
             Command::ResolveDependencies(_) => PartialResponse::Resolved(0),
+            Command::CreateSchedule(_) | Command::UpdateSchedule { .. } => PartialResponse::Schedule(None),
+            Command::FireSchedule { .. } => PartialResponse::Fired(false),
         }
     }
 
@@ -162,6 +177,8 @@ impl PartialResponse {
             PartialResponse::Ticked => Response::Ticked,
             PartialResponse::QueuePaused(p) => Response::QueuePaused(p),
             PartialResponse::Resolved(n) => Response::Resolved(n),
+            PartialResponse::Schedule(v) => Response::Schedule(v.unwrap_or(Err(Rejected::NotFound))),
+            PartialResponse::Fired(f) => Response::Fired(f),
         }
     }
 }
@@ -189,6 +206,8 @@ pub struct ShardCore {
     running_keys: HashMap<(String, String), u32>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
     pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Schedules stored in this shard.
+    schedules: BTreeMap<TaskId, Schedule>,
     /// Pending tasks held by dependencies, and for each dependency the held tasks of this shard waiting on it.
     held: BTreeSet<TaskId>,
     waiters: BTreeMap<TaskId, BTreeSet<TaskId>>,
@@ -357,6 +376,14 @@ impl ShardCore {
             }
         }
         out
+    }
+
+    pub fn index_schedule(&mut self, s: Schedule) {
+        self.schedules.insert(s.id, s);
+    }
+
+    pub fn schedules(&self) -> &BTreeMap<TaskId, Schedule> {
+        &self.schedules
     }
 
     pub fn index_paused(&mut self, qk: QueueKey) {
@@ -653,6 +680,42 @@ impl ShardCore {
                 }
             }
             (Command::Tick, PartialResponse::Ticked) => {}
+            (Command::CreateSchedule(sch), PartialResponse::Schedule(slot)) => {
+                if self.mine(&sch.id) {
+                    *slot = Some(if self.schedules.contains_key(&sch.id) {
+                        Err(Rejected::IdExists)
+                    } else {
+                        let mut sch = (**sch).clone();
+                        sch.created_at = now;
+                        store.put_record(&RecordKey::schedule(&sch.id), &schedule_bytes(&sch))?;
+                        self.schedules.insert(sch.id, sch.clone());
+                        Ok(Some(Box::new(sch)))
+                    });
+                }
+            }
+            (Command::UpdateSchedule { tenant, id, paused, delete }, PartialResponse::Schedule(slot)) => {
+                if self.mine(id) {
+                    *slot = Some(match self.schedules.get(id).filter(|s| s.tenant == *tenant).cloned() {
+                        None => Err(Rejected::NotFound),
+                        Some(_) if *delete => {
+                            store.remove_record(&RecordKey::schedule(id))?;
+                            self.schedules.remove(id);
+                            Ok(None)
+                        }
+                        Some(mut sch) => {
+                            sch.paused = *paused;
+                            store.put_record(&RecordKey::schedule(id), &schedule_bytes(&sch))?;
+                            self.schedules.insert(*id, sch.clone());
+                            Ok(Some(Box::new(sch)))
+                        }
+                    });
+                }
+            }
+            (Command::FireSchedule { id, occurrence, task }, PartialResponse::Fired(done)) => {
+                if self.mine(id) {
+                    *done = self.fire(store, id, *occurrence, task.as_deref(), base_seq, fx)?;
+                }
+            }
             (Command::ResolveDependencies(items), PartialResponse::Resolved(n)) => {
                 for (pos, r) in items.iter().enumerate() {
                     if self.mine(&r.task_id) && self.resolve(store, r, base_seq + pos as u64, fx)? {
@@ -678,6 +741,41 @@ impl ShardCore {
         }
         fx.ready.extend(self.freed.drain(..));
         Ok(())
+    }
+
+    /// One occurrence of a schedule: exactly once, because an occurrence at or before the last one recorded (in
+    /// the same shard, the same transaction) is ignored. The task lands in the schedule's shard.
+    fn fire<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        id: &TaskId,
+        occurrence: TimeMs,
+        task: Option<&NewTask>,
+        seq: u64,
+        fx: &mut Effects,
+    ) -> Result<bool, S::Error> {
+        let Some(mut sch) = self.schedules.get(id).cloned() else { return Ok(false) };
+        if sch.paused || sch.last_occurrence.is_some_and(|last| occurrence <= last) {
+            return Ok(false);
+        }
+        if let Some(n) = task {
+            if !self.mine(&n.id) || store.get(&n.id)?.is_some() {
+                return Ok(false);
+            }
+            let mut n = n.clone();
+            n.tenant = sch.tenant.clone();
+            if self.enqueue(store, &n, seq, fx)?.is_ok() {
+                if let Some(mut t) = store.get(&n.id)? {
+                    t.scheduled = Some((*id, occurrence));
+                    store.put(&t)?;
+                }
+                sch.fired += 1;
+            }
+        }
+        sch.last_occurrence = Some(occurrence);
+        store.put_record(&RecordKey::schedule(id), &schedule_bytes(&sch))?;
+        self.schedules.insert(*id, sch);
+        Ok(true)
     }
 
     /// One dependency of a held task ended: under all-completed, anything but a completion cancels the task
@@ -903,6 +1001,7 @@ impl ShardCore {
             depends_on: n.depends_on.clone(),
             dependency_rule: n.dependency_rule,
             waiting_on: n.depends_on.clone(),
+            scheduled: None,
         };
         store.put(&t)?;
         self.index_task(&t);
@@ -1160,6 +1259,11 @@ impl ShardCore {
         fx.enqueue_to_end_ms.push(self.now.saturating_sub(t.created_at));
         Ok(Ok(TaskState::Cancelled))
     }
+}
+
+/// A schedule record's bytes. bincode of plain data cannot fail.
+fn schedule_bytes(s: &Schedule) -> Vec<u8> {
+    bincode::serialize(s).expect("a schedule serialises")
 }
 
 /// Ends the open run of a task (the current delivery), if there is one.

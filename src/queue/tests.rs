@@ -1323,6 +1323,54 @@ fn a_held_task_survives_a_rebuild_and_can_be_cancelled_or_time_out() {
 }
 
 #[test]
+fn a_schedule_fires_each_occurrence_once_into_its_own_shard() {
+    let mut h = Harness::new();
+    let id = TaskId::new(h.time, 7, 7);
+    let template = h.spec(A, "cron");
+    let sch = Schedule {
+        id,
+        tenant: A.into(),
+        name: "n".into(),
+        spec: ScheduleSpec::Interval { every_ms: 1_000 },
+        missed: MissedPolicy::Skip,
+        paused: false,
+        created_at: 0,
+        last_occurrence: None,
+        fired: 0,
+        template: template.clone(),
+    };
+    let Response::Schedule(Ok(Some(created))) = h.apply(Command::CreateSchedule(Box::new(sch))) else { panic!() };
+    assert_eq!(created.created_at, h.now(), "creation time is the entry's");
+    let task = |h: &Harness, n: u64| {
+        Some(Box::new(NewTask { id: TaskId::new(h.time, id.placement(), 100 + n), ..template.clone() }))
+    };
+    let occ = created.created_at + 1_000;
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ, task: task(&h, 1) }), Response::Fired(true));
+    // The same occurrence again (a second leader, a retry): nothing.
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ, task: task(&h, 2) }), Response::Fired(false));
+    let made: Vec<&Task> = h.m.tasks().filter(|t| t.scheduled.is_some()).collect();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].scheduled, Some((id, occ)));
+    assert_eq!(made[0].id.shard(SHARDS), id.shard(SHARDS));
+    // A skipped occurrence moves on without a task; a paused schedule fires nothing.
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ + 1_000, task: None }), Response::Fired(true));
+    let pause = Command::UpdateSchedule { tenant: A.into(), id, paused: true, delete: false };
+    assert!(matches!(h.apply(pause), Response::Schedule(Ok(Some(s))) if s.paused));
+    assert_eq!(
+        h.apply(Command::FireSchedule { id, occurrence: occ + 2_000, task: task(&h, 3) }),
+        Response::Fired(false)
+    );
+    let r = h.m.rebuilt();
+    let kept = &r.shards[id.shard(SHARDS)].schedules()[&id];
+    assert_eq!((kept.last_occurrence, kept.fired, kept.paused), (Some(occ + 1_000), 1, true), "survives a rebuild");
+    let foreign = Command::UpdateSchedule { tenant: B.into(), id, paused: false, delete: true };
+    assert_eq!(h.apply(foreign), Response::Schedule(Err(Rejected::NotFound)), "tenants see only their own");
+    let delete = Command::UpdateSchedule { tenant: A.into(), id, paused: false, delete: true };
+    assert_eq!(h.apply(delete), Response::Schedule(Ok(None)));
+    assert!(h.m.shards.iter().all(|s| s.schedules().is_empty()));
+}
+
+#[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
     for p in [3, 1, 3, 7, 0, 7] {

@@ -210,6 +210,45 @@ pub struct Task {
     pub dependency_rule: DependencyRule,
     /// Dependencies not yet resolved: while any remains the pending task is held (not claimable).
     pub waiting_on: Vec<TaskId>,
+    /// Created by a schedule: which one, and the occurrence it is for.
+    pub scheduled: Option<(TaskId, TimeMs)>,
+}
+
+/// When a schedule's occurrences fall.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScheduleSpec {
+    /// A 5-field cron expression in an IANA time zone.
+    Cron { expr: String, tz: String },
+    /// Every `every_ms` from the schedule's creation.
+    Interval { every_ms: u64 },
+}
+
+/// What happens to occurrences missed while the cluster could not fire them (down, no leader).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MissedPolicy {
+    /// Missed occurrences are not run; firing resumes with the next one.
+    #[default]
+    Skip,
+    /// The latest missed occurrence runs once; older missed ones are dropped.
+    RunOnce,
+}
+
+/// A recurring task of one tenant. Stored in the shard of its id's placement, with the tasks it creates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    pub id: TaskId,
+    pub tenant: String,
+    pub name: String,
+    pub spec: ScheduleSpec,
+    pub missed: MissedPolicy,
+    pub paused: bool,
+    pub created_at: TimeMs,
+    /// The occurrence most recently fired or skipped: the next one is the first after it.
+    pub last_occurrence: Option<TimeMs>,
+    /// How many tasks it created.
+    pub fired: u64,
+    /// The task each occurrence creates (its id and visible time are replaced when fired).
+    pub template: NewTask,
 }
 
 /// When a task with dependencies becomes ready.
@@ -520,6 +559,22 @@ pub enum Command {
     },
     /// Dependencies that ended, for the tasks waiting on them (proposed by the leader's resolver).
     ResolveDependencies(Vec<DependencyResolved>),
+    CreateSchedule(Box<Schedule>),
+    /// Pauses or resumes (`paused`), or deletes (`delete`) a schedule of the tenant.
+    UpdateSchedule {
+        tenant: String,
+        id: TaskId,
+        paused: bool,
+        delete: bool,
+    },
+    /// One occurrence of a schedule, proposed by the leader's ticker: applied once per occurrence (an occurrence
+    /// at or before the schedule's last is ignored). `task` is `None` for an occurrence skipped by the missed
+    /// policy; otherwise it is created in the schedule's shard.
+    FireSchedule {
+        id: TaskId,
+        occurrence: TimeMs,
+        task: Option<Box<NewTask>>,
+    },
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -543,6 +598,9 @@ impl fmt::Display for Request {
             Command::Tick => ("tick", 0),
             Command::SetQueuePaused { .. } => ("pause", 1),
             Command::ResolveDependencies(v) => ("resolve", v.len()),
+            Command::CreateSchedule(_) => ("schedule-create", 1),
+            Command::UpdateSchedule { .. } => ("schedule-update", 1),
+            Command::FireSchedule { .. } => ("schedule-fire", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -611,4 +669,8 @@ pub enum Response {
     QueuePaused(bool),
     /// How many waiting tasks a `ResolveDependencies` changed.
     Resolved(u64),
+    /// A schedule command's outcome: the schedule after it (`None` once deleted).
+    Schedule(ItemResult<Option<Box<Schedule>>>),
+    /// Whether a `FireSchedule` took effect (false: an occurrence already fired, or no such schedule).
+    Fired(bool),
 }

@@ -5,6 +5,7 @@ pub mod dispatcher;
 pub mod network;
 pub mod proposer;
 pub mod resolver;
+pub mod scheduler;
 pub mod service;
 pub mod types;
 

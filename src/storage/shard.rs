@@ -61,9 +61,12 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
     // Records first: they shape the indexes of tasks (a paused queue).
     let records = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
     for item in records.iter().map_err(io_err)? {
-        let (k, _) = item.map_err(io_err)?;
+        let (k, v) = item.map_err(io_err)?;
         if let Some(qk) = RecordKey::parse_paused(k.value()) {
             core.index_paused(qk);
+        }
+        if k.value().first() == Some(&RecordKey::SCHEDULE) {
+            core.index_schedule(decode(v.value())?);
         }
     }
     let tasks = txn.open_table(TASKS).map_err(io_err)?;

@@ -135,6 +135,17 @@ impl SmShared {
         self.read().cores.first().is_some_and(|c| c.is_paused(&qk))
     }
 
+    /// Every schedule (all tenants when `None`).
+    pub fn schedules(&self, tenant: Option<&str>) -> Vec<queue::Schedule> {
+        let g = self.read();
+        g.cores
+            .iter()
+            .flat_map(|c| c.schedules().values())
+            .filter(|s| tenant.is_none_or(|t| t == s.tenant))
+            .cloned()
+            .collect()
+    }
+
     /// Paused queues of a tenant.
     pub fn paused_queues(&self, tenant: &str) -> Vec<String> {
         let g = self.read();

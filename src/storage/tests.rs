@@ -94,6 +94,25 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
                     command: Command::SetQueuePaused { tenant: "t".into(), queue: "paused".into(), paused: true },
                 },
             ),
+            entry(
+                5,
+                Request {
+                    time_ms: 1_200,
+                    seed: 5,
+                    command: Command::CreateSchedule(Box::new(Schedule {
+                        id: TaskId::new(1_200, 5, 5),
+                        tenant: "t".into(),
+                        name: "s".into(),
+                        spec: ScheduleSpec::Interval { every_ms: 1_000 },
+                        missed: MissedPolicy::Skip,
+                        paused: false,
+                        created_at: 0,
+                        last_occurrence: None,
+                        fired: 0,
+                        template: new_task(99, None),
+                    })),
+                },
+            ),
         ],
     )
     .await;
@@ -109,17 +128,20 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert!(before.values().any(|t| t.state == TaskState::InProgress));
 
     let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 4)));
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 5)));
 
     // A follower with a different shard count installs it and holds the same records and time.
     let b = tempfile::tempdir().expect("dir");
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
     follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
     assert_eq!(dump(&follower), before);
-    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 4)));
+    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 5)));
     assert_eq!(follower.shared.now(), leader.shared.now());
     follower.shared.check_indexes().expect("indexes agree with records");
     assert!(follower.shared.is_paused("t", "paused"), "paused queues travel in the snapshot");
+    let schedules = follower.shared.schedules(Some("t"));
+    assert_eq!(schedules.len(), 1, "schedules travel in the snapshot");
+    assert_eq!(schedules[0].id, TaskId::new(1_200, 5, 5));
     assert_eq!(follower.shared.paused_queues("t"), vec!["paused".to_string()]);
     assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     let queues = vec!["q".to_string()];
@@ -128,7 +150,7 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
     let cur = follower.get_current_snapshot().await.expect("current").expect("some");
-    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 4)));
+    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 5)));
     drop(follower);
     let reopened = StateMachine::open(b.path(), 3).expect("reopen");
     assert_eq!(dump(&reopened), before);

@@ -702,3 +702,77 @@ async fn dependencies_in_both_rules_with_cancellation_through_grpc_rest_and_sdk(
     let r = p.result(&y, Duration::from_secs(5)).await.expect("result");
     assert_eq!(r.state, raftq_client::TaskState::Cancelled);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_fire_each_occurrence_once_pause_resume_and_delete() {
+    let n = TestNode::start_with(fast).await;
+    let mut j = jobs_client(&n).await;
+    let req = pb::CreateScheduleRequest {
+        name: "tick".into(),
+        task: Some(enq("sched", "beat")),
+        interval_ms: 200,
+        ..Default::default()
+    };
+    let s = j.create_schedule(req).await.expect("create").into_inner();
+    assert!(s.next_occurrence_ms > s.created_at_ms);
+    let bad = pb::CreateScheduleRequest {
+        name: "x".into(),
+        task: Some(enq("q", "")),
+        cron: "61 * * * *".into(),
+        ..Default::default()
+    };
+    assert_eq!(reason(&j.create_schedule(bad).await.expect_err("bad cron")), "INVALID_ARGUMENT");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let paused = j.pause_schedule(pb::ScheduleRef { id: s.id.clone() }).await.expect("pause").into_inner();
+    assert!(paused.paused);
+    let fired = paused.fired;
+    assert!(fired >= 3, "fired {fired} times in 1.1 s at 200 ms");
+    let list = |j: &mut raftq_proto::v1::jobs_client::JobsClient<tonic::transport::Channel>| {
+        let mut j = j.clone();
+        async move {
+            let req = pb::ListTasksRequest { queue: "sched".into(), page_size: 1000, ..Default::default() };
+            j.list_tasks(req).await.expect("list").into_inner().tasks
+        }
+    };
+    let tasks = list(&mut j).await;
+    assert_eq!(tasks.len() as u64, fired);
+    let mut occ: Vec<i64> = tasks.iter().map(|t| t.scheduled_for_ms).collect();
+    occ.sort();
+    let want: Vec<i64> = (1..=fired as i64).map(|k| s.created_at_ms + 200 * k).collect();
+    assert_eq!(occ, want, "every occurrence exactly once, in order");
+    assert!(tasks.iter().all(|t| t.schedule_id == s.id));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(list(&mut j).await.len() as u64, fired, "a paused schedule fires nothing");
+    let resumed = j.resume_schedule(pb::ScheduleRef { id: s.id.clone() }).await.expect("resume").into_inner();
+    assert!(!resumed.paused);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let listed = j.list_schedules(pb::ListSchedulesRequest {}).await.expect("list").into_inner().schedules;
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].fired > fired, "resumed");
+    j.delete_schedule(pb::ScheduleRef { id: s.id.clone() }).await.expect("delete");
+    assert!(j.list_schedules(pb::ListSchedulesRequest {}).await.expect("list").into_inner().schedules.is_empty());
+
+    // REST and the SDK: a cron schedule in a time zone.
+    let a = n.node().http_addr;
+    let body = json!({"name": "nightly", "task": {"queue": "night", "payload": "p"}, "cron": "0 3 * * *",
+        "time_zone": "Europe/Paris", "missed_policy": "run_once"});
+    let (code, _, c) = http(a, "POST", "/v1/schedules", Some(body)).await;
+    assert_eq!((code, c["missed_policy"].as_str()), (201, Some("run_once")), "{c}");
+    let id = c["id"].as_str().expect("id").to_string();
+    let (code, _, p) = http(a, "POST", &format!("/v1/schedules/{id}/pause"), None).await;
+    assert_eq!((code, p["paused"].as_bool()), (200, Some(true)));
+    use raftq_client::{NewTask, Producer, ProducerConfig, Recurrence};
+    let prod = Producer::connect(ProducerConfig { addrs: vec![n.node().grpc_addr.to_string()], ..Default::default() })
+        .await
+        .expect("producer");
+    let every = prod
+        .create_schedule("sdk", NewTask::new("sdk-sched", "x"), Recurrence::Every(Duration::from_secs(3600)), false)
+        .await
+        .expect("create");
+    let all = prod.schedules().await.expect("list");
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().any(|s| s.id == every.id && s.interval_ms == 3_600_000));
+    prod.delete_schedule(&every.id).await.expect("delete");
+    let (code, _, _) = http(a, "DELETE", &format!("/v1/schedules/{id}"), None).await;
+    assert_eq!(code, 200);
+}

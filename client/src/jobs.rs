@@ -129,6 +129,26 @@ impl QueueCapacity {
 }
 
 impl Producer {
+    /// Reports progress (0-100 and a message) on a task this process is running, with a lease extension to the
+    /// server's default lease; `GetTask` shows it. For worker handlers: the task carries its fencing token.
+    pub async fn report_progress(&self, task: &Task, percent: u32, message: &str) -> Result<()> {
+        let req = pb::AckRequest {
+            task_id: task.id.clone(),
+            token: task.token(),
+            action: Some(pb::ack_request::Action::Heartbeat(pb::Heartbeat {
+                extend_ms: 0,
+                progress: Some(pb::Progress { percent, message: message.to_string(), at_ms: 0 }),
+            })),
+        };
+        let tasks = |ch| raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
+        self.call_on(Kind::Read, Duration::ZERO, tasks, |mut c, conn| {
+            let req = conn.request(req.clone());
+            async move { c.ack(req).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Pauses a queue: it keeps accepting enqueues and serves no claims. Idempotent, so retried like a read.
     pub async fn pause_queue(&self, queue: &str) -> Result<bool> {
         let req = pb::PauseQueueRequest { queue: queue.to_string() };

@@ -176,11 +176,15 @@ async fn sdk_worker_reports_an_exception_and_producer_sees_the_runs() {
     .expect("worker");
     let stop = raftq_client::CancellationToken::new();
     let run = {
-        let stop = stop.clone();
+        let (stop, p) = (stop.clone(), p.clone());
         tokio::spawn(async move {
             w.run(
-                |_t| async {
-                    Outcome::Exception { reason: "malformed-payload".into(), message: "cannot parse".into() }
+                move |t| {
+                    let p = p.clone();
+                    async move {
+                        p.report_progress(&t, 50, "parsing").await.expect("progress");
+                        Outcome::Exception { reason: "malformed-payload".into(), message: "cannot parse".into() }
+                    }
                 },
                 stop,
             )
@@ -195,6 +199,8 @@ async fn sdk_worker_reports_an_exception_and_producer_sees_the_runs() {
     let t = p.get(&e.task_id).await.expect("get");
     assert_eq!(t.state, raftq_client::TaskState::Failed);
     assert_eq!((t.runs.len(), t.runs[0].reason.as_str()), (1, "malformed-payload"));
+    let progress = t.progress.expect("reported progress");
+    assert_eq!((progress.percent, progress.message.as_str()), (50, "parsing"));
     assert!(t.deadline_ms > 0);
 }
 

@@ -1462,6 +1462,9 @@ struct ModelTask {
     runs: Vec<(LeaseToken, Option<RunOutcome>)>,
     /// Concurrency key and limit.
     ckey: Option<(String, u32)>,
+    /// Dependencies not yet resolved, and whether all-resolved (else all-completed) is the rule.
+    waiting_on: Vec<TaskId>,
+    all_resolved: bool,
 }
 
 #[derive(Debug, Default)]
@@ -1518,7 +1521,7 @@ impl ModelTask {
     }
 
     fn ready(&self, now: TimeMs) -> bool {
-        self.state == TaskState::Pending && self.visible_at <= now
+        self.state == TaskState::Pending && self.visible_at <= now && self.waiting_on.is_empty()
     }
 }
 
@@ -1586,6 +1589,8 @@ impl Model {
             task_deadline: n.deadline,
             runs: vec![],
             ckey: n.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
+            waiting_on: n.depends_on.clone(),
+            all_resolved: n.dependency_rule == DependencyRule::AllResolved,
         };
         self.tasks.insert(n.id, t);
         if let Some(key) = &n.idempotency_record_key() {
@@ -1761,6 +1766,46 @@ impl Model {
         Ok(TaskState::Cancelled)
     }
 
+    /// What the leader's resolver proposes: every (held task, dependency) whose dependency ended or is gone.
+    fn resolutions(&self) -> Vec<DependencyResolved> {
+        let mut out = Vec::new();
+        for (id, t) in &self.tasks {
+            if t.state != TaskState::Pending {
+                continue;
+            }
+            for d in &t.waiting_on {
+                let outcome = match self.tasks.get(d) {
+                    Some(dt) if dt.state.is_terminal() => Some(dt.state),
+                    Some(_) => continue,
+                    None => None,
+                };
+                out.push(DependencyResolved { task_id: *id, dependency: *d, outcome });
+            }
+        }
+        out
+    }
+
+    /// Applies resolutions: all-completed cancels on anything but a completion, otherwise the dependency is
+    /// crossed off (the task becomes pending from this entry when none is left).
+    fn resolve(&mut self, items: &[DependencyResolved]) -> u64 {
+        let (now, index) = (self.now, self.index);
+        let mut changed = 0;
+        for (pos, r) in items.iter().enumerate() {
+            let Some(t) = self.tasks.get_mut(&r.task_id) else { continue };
+            if t.state != TaskState::Pending || !t.waiting_on.contains(&r.dependency) {
+                continue;
+            }
+            changed += 1;
+            t.waiting_on.retain(|d| *d != r.dependency);
+            if r.outcome != Some(TaskState::Completed) && !t.all_resolved {
+                t.end(TaskState::Cancelled, now, index);
+            } else if t.waiting_on.is_empty() {
+                t.seq = index * MAX_ITEMS_PER_COMMAND + pos as u64;
+            }
+        }
+        changed
+    }
+
     fn dead_of(&self, tenant: &str, queue: &str) -> BTreeSet<TaskId> {
         self.tasks
             .iter()
@@ -1792,6 +1837,7 @@ impl Model {
         let mut s = IndexSizes::default();
         for (_, t) in self.tasks.iter().filter(|(id, _)| id.shard(SHARDS) == shard) {
             match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => s.held += 1,
                 TaskState::Pending if t.visible_at > self.now => s.delayed += 1,
                 TaskState::Pending => s.ready += 1,
                 TaskState::InProgress => s.leases += 1,
@@ -1813,6 +1859,7 @@ impl Model {
         for t in self.tasks.values() {
             let c = out.entry(QueueKey { tenant: t.tenant.clone(), queue: t.queue.clone() }).or_default();
             let slot = match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => &mut c.delayed,
                 TaskState::Pending if t.visible_at > self.now => &mut c.delayed,
                 TaskState::Pending => &mut c.pending,
                 TaskState::InProgress => &mut c.in_progress,
@@ -1843,6 +1890,8 @@ struct EnqueueSpec {
     deadline: Option<u64>,
     /// A concurrency key (index into `CKEYS`).
     ckey: Option<usize>,
+    /// Dependencies: up to two known ids, and whether the rule is all-resolved.
+    deps: Option<(Index, Index, bool)>,
     /// Reuse an id seen before (a proposer bug or a retry with a fixed id): `IdExists` while it is stored.
     reuse: Option<Index>,
 }
@@ -1899,6 +1948,8 @@ enum Op {
         queue: usize,
         paused: bool,
     },
+    /// The leader's dependency resolver runs.
+    Resolve,
 }
 
 #[derive(Debug, Clone)]
@@ -1928,6 +1979,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
         prop::option::weighted(0.05, any::<Index>()),
         prop::option::weighted(0.2, 0..5_000u64),
         prop::option::weighted(0.4, 0..2usize),
+        prop::option::weighted(0.3, (any::<Index>(), any::<Index>(), any::<bool>())),
     )
         .prop_map(
             |(
@@ -1941,6 +1993,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                 reuse,
                 deadline,
                 ckey,
+                deps,
             )| {
                 EnqueueSpec {
                     tenant,
@@ -1955,6 +2008,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                     placement,
                     deadline,
                     ckey,
+                    deps,
                     reuse,
                 }
             },
@@ -2025,6 +2079,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Redrive { tenant, queue }),
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Purge { tenant, queue }),
         1 => (0..2usize, 0..2usize, any::<bool>()).prop_map(|(tenant, queue, paused)| Op::Pause { tenant, queue, paused }),
+        2 => Just(Op::Resolve),
     ]
 }
 
@@ -2192,6 +2247,13 @@ impl Sim {
                 assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), self.model.redrive(tenant, queue));
                 false
             }
+            Op::Resolve => {
+                let items = self.model.resolutions();
+                let resp = self.apply(time, Command::ResolveDependencies(items.clone()));
+                let want = self.model.resolve(&items);
+                assert_eq!(resp, Response::Resolved(want), "resolutions {items:?}");
+                want == 0
+            }
             Op::Pause { tenant, queue, paused } => {
                 let (tenant, queue) = (TENANTS[*tenant], QUEUES[*queue]);
                 let cmd = Command::SetQueuePaused { tenant: tenant.into(), queue: queue.into(), paused: *paused };
@@ -2250,8 +2312,21 @@ impl Sim {
                 deadline: s.deadline.map(|d| time + d),
                 concurrency: s.ckey.map(|k| ConcurrencyKey { key: CKEYS[k].to_string(), limit: CKEY_LIMITS[k] }),
                 parent: None,
-                depends_on: vec![],
-                dependency_rule: DependencyRule::AllCompleted,
+                depends_on: match &s.deps {
+                    // Known ids other than the task itself (the API refuses unknown ones, so no cycles).
+                    Some((a, b, _)) => {
+                        let mut v = vec![*a.get(&self.known), *b.get(&self.known)];
+                        v.retain(|d| *d != id);
+                        v.dedup();
+                        v
+                    }
+                    None => vec![],
+                },
+                dependency_rule: if s.deps.is_some_and(|d| d.2) {
+                    DependencyRule::AllResolved
+                } else {
+                    DependencyRule::AllCompleted
+                },
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));
@@ -2348,7 +2423,10 @@ impl Sim {
             let (sizes, want) = (core.index_sizes(), model.sizes(i));
             assert_eq!(IndexSizes { keys: 0, ..sizes }, IndexSizes { keys: 0, ..want }, "shard {i} index sizes");
             assert!(sizes.keys >= want.keys, "shard {i}: key index misses a key");
-            assert_eq!(sizes.ready + sizes.delayed + sizes.leases + sizes.retention + sizes.dead, store.tasks.len());
+            assert_eq!(
+                sizes.ready + sizes.delayed + sizes.leases + sizes.retention + sizes.dead + sizes.held,
+                store.tasks.len()
+            );
             stored_count += store.tasks.len();
         }
         assert_eq!(stored_count, model.tasks.len());
@@ -2419,7 +2497,10 @@ proptest! {
     /// Random command sequences agree with the reference model, and the invariants hold after every entry: one
     /// state and one index per task, at most one live lease per task, stale tokens change nothing, attempts never
     /// exceed max, claims in priority-then-FIFO order, retention counted from the end, and a rebuild from the
-    /// records gives the same machine.
+    /// records gives the same machine. Issue 9 rules ride along: runs (one open run while running), exception
+    /// reasons, task deadlines, paused queues, concurrency keys (no key ever runs more than its limit; a pick
+    /// that returns fewer than asked left only blocked tasks behind), chained completions (all or nothing) and
+    /// dependencies (held until resolved; all-completed cancels on a failure).
     #[test]
     fn random_command_sequences_match_the_reference_model(steps in prop::collection::vec(step_strategy(), 1..60)) {
         let mut sim = Sim::new();

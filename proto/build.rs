@@ -1,7 +1,13 @@
 //! Compiles raftq's protos with protox (pure Rust; no system protoc).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["raftq/v1/task.proto", "raftq/v1/stream.proto", "raftq/v1/admin.proto", "raftq/v1/raft.proto"];
+    let protos = [
+        "raftq/v1/task.proto",
+        "raftq/v1/stream.proto",
+        "raftq/v1/admin.proto",
+        "raftq/v1/raft.proto",
+        "raftq/v1/jobs.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

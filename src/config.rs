@@ -122,6 +122,8 @@ pub struct Config {
     /// An OTLP/HTTP collector (e.g. `http://127.0.0.1:4318`): raftq's trace spans are posted to `<it>/v1/traces`
     /// (JSON encoding). None: no export.
     pub otlp_endpoint: Option<String>,
+    /// A worker counts as active for a queue's capacity view when it asked for that queue's work this recently.
+    pub active_worker_window_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -230,6 +232,8 @@ impl Default for Config {
             webhook_concurrency: 16,
             log_format: LogFormat::Text,
             otlp_endpoint: None,
+            // Twice the Ready hold: an idle worker re-arms its Ready at least once per hold time.
+            active_worker_window_ms: 60_000,
         }
     }
 }

@@ -47,6 +47,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: DlqCmd,
     },
+    /// Job features: pause and resume queues, list tasks, the capacity view.
+    Jobs {
+        #[command(subcommand)]
+        cmd: cmd::jobs::JobsCmd,
+    },
     /// Load a node or cluster (an embedded node unless --addr is given): full cycles or enqueues only.
     Bench(cmd::bench::BenchArgs),
     /// Run a command per task: payload on stdin; exit 0 completes with stdout, another exit fails with stderr.
@@ -251,6 +256,20 @@ enum TaskCmd {
         idempotency_key: Option<String>,
         #[arg(long)]
         webhook_url: Option<String>,
+        /// The task must end within this long (e.g. 1h), or it fails with reason deadline-exceeded.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        deadline: Option<Duration>,
+        /// At most --concurrency-limit tasks with this key run at once.
+        #[arg(long)]
+        concurrency_key: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        concurrency_limit: u32,
+        /// Wait for this task (repeat for several): claimable once all completed, cancelled if one fails.
+        #[arg(long = "depends-on")]
+        depends_on: Vec<String>,
+        /// With --depends-on: wait for them to end whatever their outcome.
+        #[arg(long)]
+        all_resolved: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -296,6 +315,9 @@ enum TaskCmd {
         token: u64,
         #[arg(long, default_value = "")]
         result: String,
+        /// Chaining: create QUEUE:PAYLOAD with the completion, all or nothing (repeat for several).
+        #[arg(long = "then")]
+        then: Vec<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -308,6 +330,34 @@ enum TaskCmd {
         error: String,
         #[arg(long)]
         retryable: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// End a claimed task's run with an exception: malformed-payload, worker-shutdown, resource-unavailable or
+    /// internal-error.
+    Exception {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long)]
+        reason: String,
+        #[arg(long, default_value = "")]
+        message: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Extend a claimed task's lease, optionally reporting progress.
+    Heartbeat {
+        id: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        extend: Option<Duration>,
+        /// Progress, 0-100.
+        #[arg(long)]
+        percent: Option<u32>,
+        #[arg(long, default_value = "")]
+        message: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -376,6 +426,7 @@ async fn run() -> Result<()> {
         Cmd::Dlq { cmd } => dlq_cmd(cmd).await,
         Cmd::Queues { queues, stale, client } => queues_cmd(queues, stale, client).await,
         Cmd::Bench(a) => cmd::bench::run(a).await,
+        Cmd::Jobs { cmd } => cmd::jobs::run(cmd).await,
         Cmd::Cluster { cmd } => cluster_cmd(cmd).await,
         Cmd::Token { cmd } => token_cmd(cmd),
         Cmd::Worker(a) => {
@@ -640,6 +691,19 @@ fn print_task(out: Output, t: &pb::Task) {
     if !t.last_error.is_empty() {
         println!("last_error   {}", t.last_error);
     }
+    if t.deadline_ms > 0 {
+        println!("deadline_ms  {}", t.deadline_ms);
+    }
+    if let Some(p) = &t.progress {
+        println!("progress     {}% {}", p.percent, p.message);
+    }
+    if !t.depends_on.is_empty() {
+        println!("depends_on   {} (waiting on {})", t.depends_on.join(","), t.waiting_on.len());
+    }
+    for (i, r) in t.runs.iter().enumerate() {
+        let outcome = if r.outcome.is_empty() { "RUNNING" } else { &r.outcome };
+        println!("run {i:<8} worker={} started_ms={} {outcome} {}", r.worker_id, r.started_at_ms, r.reason);
+    }
 }
 
 fn task_json(t: &pb::Task) -> serde_json::Value {
@@ -649,7 +713,10 @@ fn task_json(t: &pb::Task) -> serde_json::Value {
         "payload": String::from_utf8_lossy(&t.payload),
         "lease": t.lease.as_ref().map(|l| serde_json::json!({"worker_id": l.worker_id, "token": l.token, "deadline_ms": l.deadline_ms})),
         "created_at_ms": t.created_at_ms, "visible_at_ms": t.visible_at_ms, "ended_at_ms": t.ended_at_ms,
-        "last_error": t.last_error, "idempotency_key": t.idempotency_key,
+        "last_error": t.last_error, "idempotency_key": t.idempotency_key, "deadline_ms": t.deadline_ms,
+        "progress": t.progress.as_ref().map(|p| serde_json::json!({"percent": p.percent, "message": p.message})),
+        "runs": t.runs.iter().map(|r| serde_json::json!({"worker_id": r.worker_id, "started_at_ms": r.started_at_ms,
+            "ended_at_ms": r.ended_at_ms, "outcome": r.outcome, "reason": r.reason})).collect::<Vec<_>>(),
     })
 }
 
@@ -659,7 +726,21 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
 
 async fn task_cmd(cmd: TaskCmd) -> Result<()> {
     match cmd {
-        TaskCmd::Enqueue { queue, payload, priority, delay, max_attempts, idempotency_key, webhook_url, client } => {
+        TaskCmd::Enqueue {
+            queue,
+            payload,
+            priority,
+            delay,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            deadline,
+            concurrency_key,
+            concurrency_limit,
+            depends_on,
+            all_resolved,
+            client,
+        } => {
             let mut c = connect(&client).await?;
             let r = c
                 .enqueue(pb::EnqueueRequest {
@@ -670,6 +751,15 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                     max_attempts,
                     idempotency_key: idempotency_key.unwrap_or_default(),
                     webhook_url: webhook_url.unwrap_or_default(),
+                    deadline_in_ms: deadline.map(|d| d.as_millis() as u64).unwrap_or(0),
+                    concurrency_key: concurrency_key.unwrap_or_default(),
+                    concurrency_limit,
+                    depends_on,
+                    dependency_rule: if all_resolved {
+                        pb::DependencyRule::AllResolved as i32
+                    } else {
+                        pb::DependencyRule::AllCompleted as i32
+                    },
                     ..Default::default()
                 })
                 .await
@@ -736,12 +826,35 @@ async fn task_cmd(cmd: TaskCmd) -> Result<()> {
                 }
             }
         }
-        TaskCmd::Complete { id, token, result, client } => {
-            let action = pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into() });
+        TaskCmd::Complete { id, token, result, then, client } => {
+            let follow_ups = then
+                .into_iter()
+                .map(|t| match t.split_once(':') {
+                    Some((queue, payload)) => Ok(pb::EnqueueRequest {
+                        queue: queue.to_string(),
+                        payload: payload.as_bytes().to_vec().into(),
+                        ..Default::default()
+                    }),
+                    None => bail!("--then takes QUEUE:PAYLOAD, not {t:?}"),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let action =
+                pb::ack_request::Action::Complete(pb::Complete { result: result.into_bytes().into(), follow_ups });
             ack(&client, id, token, action).await?;
         }
         TaskCmd::Fail { id, token, error, retryable, client } => {
             let action = pb::ack_request::Action::Fail(pb::Fail { error, retryable });
+            ack(&client, id, token, action).await?;
+        }
+        TaskCmd::Exception { id, token, reason, message, client } => {
+            let action = pb::ack_request::Action::Exception(pb::Exception { reason, message });
+            ack(&client, id, token, action).await?;
+        }
+        TaskCmd::Heartbeat { id, token, extend, percent, message, client } => {
+            let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat {
+                extend_ms: extend.map(|d| d.as_millis() as u64).unwrap_or(0),
+                progress: percent.map(|percent| pb::Progress { percent, message, at_ms: 0 }),
+            });
             ack(&client, id, token, action).await?;
         }
     }
@@ -755,6 +868,9 @@ async fn ack(client: &ClientArgs, task_id: String, token: u64, action: pb::ack_r
         .await
         .map_err(status_err)?;
     println!("{}", state_name(r.get_ref().state));
+    for id in &r.get_ref().follow_up_ids {
+        println!("follow-up {id}");
+    }
     Ok(())
 }
 

@@ -191,6 +191,16 @@ impl Node {
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let task_svc =
             tonic::service::interceptor::InterceptedService::new(task_svc, api::grpc::interceptor(auth.clone()));
+        let jobs_api = Arc::new(api::jobs::JobsApi {
+            proposer: proposer.clone(),
+            dispatcher: dispatcher.clone(),
+            fwd: fwd.clone(),
+        });
+        let jobs_svc = raftq_proto::v1::jobs_server::JobsServer::from_arc(jobs_api.clone())
+            .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
+        let jobs_svc =
+            tonic::service::interceptor::InterceptedService::new(jobs_svc, api::grpc::interceptor(auth.clone()));
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -230,6 +240,7 @@ impl Node {
                 .add_service(admin_svc)
                 .add_service(worker_svc)
                 .add_service(producer_svc)
+                .add_service(jobs_svc)
                 .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())
                 .await;
             if let Err(e) = r {
@@ -237,7 +248,7 @@ impl Node {
             }
         });
 
-        let rest = api::rest::Rest { tasks: task_api, admin: admin_api };
+        let rest = api::rest::Rest { tasks: task_api, admin: admin_api, jobs: jobs_api };
         let router = api::http::router(proposer.clone(), log_stats.clone(), rest);
         let token = shutdown.clone();
         match &tls {
@@ -256,6 +267,8 @@ impl Node {
         }
 
         crate::raft::webhooks::spawn(proposer.clone(), &cfg, webhook_key, leading.clone(), &tasks, shutdown.clone());
+        tasks.spawn(crate::raft::resolver::run(proposer.clone(), leading.clone(), shutdown.clone()));
+        tasks.spawn(crate::raft::scheduler::run(proposer.clone(), leading.clone(), shutdown.clone()));
         tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
 
         tracing::info!(

@@ -4,7 +4,7 @@
 //! redb), so worker applications stay small.
 //!
 //! - [`Producer`]: enqueue (one, or a batch whose items succeed or fail one by one), read a task or its
-//!   result, cancel; [`Producer::stream`] opens a [`StreamProducer`] that keeps many creates in flight on one
+//!   result, cancel; pause and resume queues, list tasks ([`TaskQuery`]), the capacity view ([`QueueCapacity`]); [`Producer::stream`] opens a [`StreamProducer`] that keeps many creates in flight on one
 //!   stream.
 //! - [`Worker`]: one worker stream shared by many slots running a handler that returns an [`Outcome`];
 //!   automatic lease extension, reconnects, graceful shutdown; every answer to an outcome is checked
@@ -21,6 +21,7 @@
 //! | `backoff` | [`Backoff`]: exponential delays with jitter |
 //! | `task` | [`Task`], [`NewTask`] and the other task types, conversions from and to the protocol |
 //! | `producer` | [`Producer`], [`ProducerConfig`], the retry rule of unary calls |
+//! | `jobs` | job features on the producer: pause/resume, [`TaskQuery`] listings, [`QueueCapacity`] |
 //! | `producer_stream` | [`StreamProducer`]: creates matched to acks by sequence number |
 //! | `worker` | [`Worker`], [`WorkerConfig`], [`Outcome`], [`Rejection`], [`WorkerStats`]; the stream session, slots, heartbeats |
 //!
@@ -34,6 +35,7 @@
 mod backoff;
 mod connection;
 mod error;
+mod jobs;
 mod producer;
 mod producer_stream;
 mod task;
@@ -42,9 +44,10 @@ mod worker;
 pub use backoff::Backoff;
 pub use connection::DEFAULT_ADDR;
 pub use error::{Error, Result, LEADER_HEADER, LEASE_LOST, NOT_LEADER, REASON_HEADER, UNKNOWN_OUTCOME};
+pub use jobs::{QueueCapacity, Recurrence, Schedule, TaskPage, TaskQuery};
 pub use producer::{Producer, ProducerConfig};
 pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};
-pub use task::{Enqueued, Lease, NewTask, Task, TaskResult, TaskState, TraceContext};
+pub use task::{Enqueued, Lease, NewTask, Progress, Run, Task, TaskResult, TaskState, TraceContext};
 /// The shutdown signal [`Worker::run`] takes (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;
 pub use worker::{Outcome, Rejection, TokenProvider, Worker, WorkerConfig, WorkerStats, WorkerSummary};

@@ -245,9 +245,24 @@ impl Producer {
 
     /// Runs one request with the retry rule of its kind. `extra` is added to the request timeout (a long
     /// poll's wait).
-    async fn call<T, F, Fut>(&self, kind: Kind, extra: Duration, mut f: F) -> Result<T>
+    async fn call<T, F, Fut>(&self, kind: Kind, extra: Duration, f: F) -> Result<T>
     where
         F: FnMut(TaskServiceClient<Channel>, &Connector) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let make = |ch| {
+            TaskServiceClient::new(ch)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        };
+        self.call_on(kind, extra, make, f).await
+    }
+
+    /// `call` for any service on the same connection: `make` builds its client from the channel.
+    pub(crate) async fn call_on<C, T, M, F, Fut>(&self, kind: Kind, extra: Duration, make: M, mut f: F) -> Result<T>
+    where
+        M: Fn(Channel) -> C,
+        F: FnMut(C, &Connector) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let cfg = &self.inner.cfg;
@@ -259,9 +274,7 @@ impl Producer {
             let err = match conn.channel().await {
                 Err(e) => e,
                 Ok((addr, ch)) => {
-                    let client = TaskServiceClient::new(ch)
-                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+                    let client = make(ch);
                     let timeout = cfg.request_timeout.saturating_add(extra);
                     let answer = tokio::time::timeout(timeout, f(client, conn)).await;
                     let e = match answer {

@@ -108,6 +108,61 @@ pub struct Task {
     pub ended_at_ms: i64,
     /// When the task was dead-lettered (ms since the Unix epoch), or 0.
     pub dead_lettered_at_ms: i64,
+    /// Every delivery, oldest first (the last 32).
+    pub runs: Vec<Run>,
+    /// The task must end by this time (ms since the Unix epoch), or 0 for no deadline.
+    pub deadline_ms: i64,
+    /// The last progress a worker reported for the current delivery.
+    pub progress: Option<Progress>,
+    /// The concurrency key given at enqueue, or empty.
+    pub concurrency_key: String,
+    /// Its limit (0 without a key).
+    pub concurrency_limit: u32,
+    /// Tasks created by this task's completion (chaining), in order.
+    pub follow_up_ids: Vec<String>,
+    /// The task whose completion created this one, or empty.
+    pub parent_id: String,
+    /// Tasks this one waits for.
+    pub depends_on: Vec<String>,
+    /// True: it waits for them to end whatever their outcome; false: for them to complete.
+    pub all_resolved: bool,
+    /// Dependencies not yet resolved (the task is not claimable while any remains).
+    pub waiting_on: Vec<String>,
+    /// The schedule that created this task, or empty.
+    pub schedule_id: String,
+    /// The schedule occurrence it is for (ms since the Unix epoch), or 0.
+    pub scheduled_for_ms: i64,
+}
+
+/// One delivery of a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Run {
+    /// The worker that ran it.
+    pub worker_id: String,
+    /// The fencing token of this delivery.
+    pub token: u64,
+    /// When the run started (ms since the Unix epoch).
+    pub started_at_ms: i64,
+    /// When it ended, or 0 while it is open.
+    pub ended_at_ms: i64,
+    /// Empty while open; else COMPLETED, FAILED, RETRIED, ABANDONED, LEASE_EXPIRED, EXCEPTION, CANCELLED or
+    /// DEADLINE_EXCEEDED.
+    pub outcome: String,
+    /// The exception reason, `deadline-exceeded`, or the error or nack reason.
+    pub reason: String,
+}
+
+/// Progress a worker reported with a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// 0-100.
+    pub percent: u32,
+    /// Free text.
+    pub message: String,
+    /// When it was reported (ms since the Unix epoch, the leader's clock).
+    pub at_ms: i64,
 }
 
 impl Task {
@@ -131,6 +186,18 @@ impl Task {
             last_error,
             ended_at_ms,
             dead_lettered_at_ms,
+            runs,
+            deadline_ms,
+            progress,
+            concurrency_key,
+            concurrency_limit,
+            follow_up_ids,
+            parent_id,
+            depends_on,
+            dependency_rule,
+            waiting_on,
+            schedule_id,
+            scheduled_for_ms,
         } = t;
         Task {
             id,
@@ -156,6 +223,28 @@ impl Task {
             last_error,
             ended_at_ms,
             dead_lettered_at_ms,
+            runs: runs
+                .into_iter()
+                .map(|pb::Run { worker_id, token, started_at_ms, ended_at_ms, outcome, reason }| Run {
+                    worker_id,
+                    token,
+                    started_at_ms,
+                    ended_at_ms,
+                    outcome,
+                    reason,
+                })
+                .collect(),
+            deadline_ms,
+            progress: progress.map(|pb::Progress { percent, message, at_ms }| Progress { percent, message, at_ms }),
+            concurrency_key,
+            concurrency_limit,
+            follow_up_ids,
+            parent_id,
+            depends_on,
+            all_resolved: dependency_rule == pb::DependencyRule::AllResolved as i32,
+            waiting_on,
+            schedule_id,
+            scheduled_for_ms,
         }
     }
 
@@ -244,6 +333,10 @@ pub struct NewTask {
     idempotency_key: String,
     webhook_url: String,
     trace: Option<TraceContext>,
+    deadline: Duration,
+    concurrency: Option<(String, u32)>,
+    depends_on: Vec<String>,
+    all_resolved: bool,
 }
 
 impl NewTask {
@@ -259,6 +352,10 @@ impl NewTask {
             idempotency_key: String::new(),
             webhook_url: String::new(),
             trace: None,
+            deadline: Duration::ZERO,
+            concurrency: None,
+            depends_on: Vec::new(),
+            all_resolved: false,
         }
     }
 
@@ -304,14 +401,55 @@ impl NewTask {
         self
     }
 
+    /// The task must end within this long from its enqueue, or it fails with reason `deadline-exceeded`.
+    pub fn deadline(mut self, within: Duration) -> NewTask {
+        self.deadline = within;
+        self
+    }
+
+    /// At most `limit` tasks of the tenant with this key run at once, across queues and workers; a key at its
+    /// limit never delays other keys. (0 counts as 1.)
+    pub fn concurrency(mut self, key: impl Into<String>, limit: u32) -> NewTask {
+        self.concurrency = Some((key.into(), limit));
+        self
+    }
+
+    /// Waits for these tasks (existing tasks of the same tenant) to complete: claimable once all have, cancelled
+    /// as soon as one fails or is cancelled.
+    pub fn after_all_completed(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> NewTask {
+        self.depends_on = ids.into_iter().map(Into::into).collect();
+        self.all_resolved = false;
+        self
+    }
+
+    /// Waits for these tasks to end, whatever their outcome.
+    pub fn after_all_resolved(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> NewTask {
+        self.depends_on = ids.into_iter().map(Into::into).collect();
+        self.all_resolved = true;
+        self
+    }
+
     /// The queue this task is for.
     pub fn queue(&self) -> &str {
         &self.queue
     }
 
     pub(crate) fn into_proto(self) -> pb::EnqueueRequest {
-        let NewTask { queue, payload, priority, delay, run_at, max_attempts, idempotency_key, webhook_url, trace } =
-            self;
+        let NewTask {
+            queue,
+            payload,
+            priority,
+            delay,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            webhook_url,
+            trace,
+            deadline,
+            concurrency,
+            depends_on,
+            all_resolved,
+        } = self;
         pb::EnqueueRequest {
             queue,
             payload,
@@ -325,6 +463,15 @@ impl NewTask {
             idempotency_key,
             webhook_url,
             trace: trace.map(|TraceContext { traceparent, tracestate }| pb::TraceContext { traceparent, tracestate }),
+            deadline_in_ms: duration_ms(deadline),
+            concurrency_limit: concurrency.as_ref().map_or(0, |c| c.1.max(1)),
+            concurrency_key: concurrency.map(|c| c.0).unwrap_or_default(),
+            depends_on,
+            dependency_rule: if all_resolved {
+                pb::DependencyRule::AllResolved as i32
+            } else {
+                pb::DependencyRule::AllCompleted as i32
+            },
         }
     }
 }
@@ -366,6 +513,11 @@ mod tests {
                 idempotency_key: "k".into(),
                 webhook_url: "http://h/x".into(),
                 trace: Some(pb::TraceContext { traceparent: "00-tp".into(), tracestate: "ts".into() }),
+                deadline_in_ms: 0,
+                concurrency_key: String::new(),
+                concurrency_limit: 0,
+                depends_on: vec![],
+                dependency_rule: 0,
             }
         );
     }

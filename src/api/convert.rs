@@ -5,7 +5,9 @@ use raftq_proto::v1 as pb;
 
 use super::error::{invalid, ApiError};
 use crate::config::Config;
-use crate::queue::{AckAction, NewTask, Task, TaskId, TaskState, TimeMs};
+use crate::queue::{
+    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs,
+};
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
     s.parse().map_err(|_| invalid(format!("task id {s:?} is not 32 hex characters")))
@@ -82,6 +84,11 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         idempotency_key,
         webhook_url,
         trace,
+        deadline_in_ms,
+        concurrency_key,
+        concurrency_limit,
+        depends_on,
+        dependency_rule,
     } = req;
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
@@ -124,11 +131,27 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         }
         None => (None, None),
     };
+    if deadline_in_ms > cfg.max_delay_ms {
+        return Err(invalid(format!(
+            "deadline_in_ms {deadline_in_ms} is beyond the horizon of {} ms",
+            cfg.max_delay_ms
+        )));
+    }
     let visible_at = if run_at_ms > 0 { run_at_ms as u64 } else { now.saturating_add(delay_ms) };
+    if concurrency_key.len() > cfg.max_idempotency_key_len {
+        return Err(invalid(format!("concurrency_key must be at most {} characters", cfg.max_idempotency_key_len)));
+    }
+    if concurrency_key.is_empty() && concurrency_limit > 0 {
+        return Err(invalid("concurrency_limit needs a concurrency_key"));
+    }
     let idempotency_key = non_empty(idempotency_key);
-    let placement = match &idempotency_key {
-        Some(k) => TaskId::placement_for_key(tenant, k),
-        None => rand::random(),
+    let concurrency = non_empty(concurrency_key).map(|key| ConcurrencyKey { key, limit: concurrency_limit.max(1) });
+    // Tasks of one concurrency key share a shard, where their running count lives; an idempotency key then
+    // dedupes within it.
+    let placement = match (&concurrency, &idempotency_key) {
+        (Some(c), _) => TaskId::placement_for_concurrency_key(tenant, &c.key),
+        (None, Some(k)) => TaskId::placement_for_key(tenant, k),
+        (None, None) => rand::random(),
     };
     Ok(NewTask {
         id: TaskId::new(now, placement, rand::random()),
@@ -145,18 +168,103 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         tracestate,
         retry: cfg.retry_policy(),
         retention_ms: cfg.retention_ms,
+        deadline: (deadline_in_ms > 0).then(|| now.saturating_add(deadline_in_ms)),
+        concurrency,
+        parent: None,
+        depends_on: dependencies(cfg, &depends_on)?,
+        dependency_rule: match pb::DependencyRule::try_from(dependency_rule) {
+            Ok(pb::DependencyRule::AllCompleted) => DependencyRule::AllCompleted,
+            Ok(pb::DependencyRule::AllResolved) => DependencyRule::AllResolved,
+            Err(_) => return Err(invalid(format!("unknown dependency_rule {dependency_rule}"))),
+        },
     })
 }
 
-pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Result<AckAction, ApiError> {
+/// Dependency ids: parsed, without repeats, at most `max_batch_items`. That they exist is checked on the leader
+/// before proposing (`TaskApi`), and since they must exist first no cycle can form.
+fn dependencies(cfg: &Config, ids: &[String]) -> Result<Vec<TaskId>, ApiError> {
+    if ids.len() > cfg.max_batch_items {
+        return Err(invalid(format!("a task depends on at most {} tasks", cfg.max_batch_items)));
+    }
+    let mut out: Vec<TaskId> = Vec::with_capacity(ids.len());
+    for s in ids {
+        let id = parse_id(s)?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Follow-up tasks of a completion: validated like enqueues, then placed in the completed task's shard (same
+/// placement), so the completion and its follow-ups are one shard's effect.
+fn follow_ups(
+    cfg: &Config,
+    tenant: &str,
+    parent: &TaskId,
+    reqs: Vec<pb::EnqueueRequest>,
+    now: TimeMs,
+) -> Result<Vec<NewTask>, ApiError> {
+    if reqs.len() > cfg.max_batch_items {
+        return Err(invalid(format!("a completion creates at most {} follow-ups", cfg.max_batch_items)));
+    }
+    reqs.into_iter()
+        .map(|r| {
+            if !r.idempotency_key.is_empty() || !r.concurrency_key.is_empty() || !r.depends_on.is_empty() {
+                return Err(invalid("follow-ups take no idempotency_key, concurrency_key or depends_on"));
+            }
+            let mut n = new_task(cfg, tenant, r, now)?;
+            n.id = TaskId::new(now, parent.placement(), rand::random());
+            n.parent = Some(*parent);
+            Ok(n)
+        })
+        .collect()
+}
+
+/// A follow-up as an enqueue request again (an ack forwarded to the leader is converted there anew).
+fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
+    pb::EnqueueRequest {
+        queue: n.queue.clone(),
+        payload: n.payload.clone().into(),
+        priority: n.priority as u32,
+        delay_ms: 0,
+        run_at_ms: n.visible_at.min(i64::MAX as u64) as i64,
+        max_attempts: n.max_attempts,
+        idempotency_key: String::new(),
+        webhook_url: n.webhook_url.clone().unwrap_or_default(),
+        trace: (n.traceparent.is_some() || n.tracestate.is_some()).then(|| pb::TraceContext {
+            traceparent: n.traceparent.clone().unwrap_or_default(),
+            tracestate: n.tracestate.clone().unwrap_or_default(),
+        }),
+        deadline_in_ms: n.deadline.map(|d| d.saturating_sub(now).max(1)).unwrap_or(0),
+        concurrency_key: String::new(),
+        concurrency_limit: 0,
+        depends_on: vec![],
+        dependency_rule: 0,
+    }
+}
+
+/// An ack's action. `tenant`, `task_id` and `now` place and stamp the follow-ups of a chained completion.
+pub fn ack_action(
+    cfg: &Config,
+    tenant: &str,
+    task_id: &TaskId,
+    action: Option<pb::ack_request::Action>,
+    now: TimeMs,
+) -> Result<AckAction, ApiError> {
     use pb::ack_request::Action;
     Ok(match action {
-        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon or heartbeat")),
-        Some(Action::Complete(pb::Complete { result })) => {
+        None => return Err(invalid("ack needs an action: complete, fail, nack, abandon, heartbeat or exception")),
+        Some(Action::Complete(pb::Complete { result, follow_ups: chained })) => {
             if result.len() > cfg.max_payload_bytes {
                 return Err(invalid(format!("result is larger than {} bytes", cfg.max_payload_bytes)));
             }
-            AckAction::Complete { result: result.to_vec() }
+            if chained.is_empty() {
+                AckAction::Complete { result: result.to_vec() }
+            } else {
+                let follow_ups = follow_ups(cfg, tenant, task_id, chained, now)?;
+                AckAction::CompleteWith { result: result.to_vec(), follow_ups }
+            }
         }
         Some(Action::Fail(pb::Fail { error, retryable })) => AckAction::Fail { error: truncate(error), retryable },
         Some(Action::Nack(pb::Nack { delay_ms, reason })) => {
@@ -166,26 +274,65 @@ pub fn ack_action(cfg: &Config, action: Option<pb::ack_request::Action>) -> Resu
             AckAction::Nack { delay_ms: if delay_ms == 0 { None } else { Some(delay_ms) }, reason: truncate(reason) }
         }
         Some(Action::Abandon(pb::Abandon {})) => AckAction::Abandon,
-        Some(Action::Heartbeat(pb::Heartbeat { extend_ms })) => {
+        Some(Action::Heartbeat(pb::Heartbeat { extend_ms, progress: None })) => {
             AckAction::Heartbeat { extend_ms: lease_ms(cfg, extend_ms)? }
+        }
+        Some(Action::Heartbeat(pb::Heartbeat {
+            extend_ms,
+            progress: Some(pb::Progress { percent, message, at_ms: _ }),
+        })) => {
+            if percent > 100 {
+                return Err(invalid(format!("progress percent {percent} is above 100")));
+            }
+            if message.len() > MAX_PROGRESS_MESSAGE_BYTES {
+                return Err(invalid(format!("progress message is longer than {MAX_PROGRESS_MESSAGE_BYTES} bytes")));
+            }
+            AckAction::Progress { extend_ms: lease_ms(cfg, extend_ms)?, percent: percent as u8, message }
+        }
+        Some(Action::Exception(pb::Exception { reason, message })) => {
+            let Some(reason) = ExceptionReason::parse(&reason) else {
+                return Err(invalid(format!(
+                    "exception reason {reason:?} is not one of malformed-payload, worker-shutdown, \
+                     resource-unavailable, internal-error"
+                )));
+            };
+            AckAction::Exception { reason, message: truncate(message) }
         }
     })
 }
 
 /// An ack as a request to another node (the leader).
-pub fn ack_to_pb(item: &crate::queue::AckItem) -> pb::AckRequest {
+pub fn ack_to_pb(item: &crate::queue::AckItem, now: TimeMs) -> pb::AckRequest {
     use pb::ack_request::Action;
     let action = match &item.action {
-        AckAction::Complete { result } => Action::Complete(pb::Complete { result: result.clone().into() }),
+        AckAction::Complete { result } => {
+            Action::Complete(pb::Complete { result: result.clone().into(), follow_ups: vec![] })
+        }
+        AckAction::CompleteWith { result, follow_ups } => Action::Complete(pb::Complete {
+            result: result.clone().into(),
+            follow_ups: follow_ups.iter().map(|n| follow_up_to_pb(n, now)).collect(),
+        }),
         AckAction::Fail { error, retryable } => Action::Fail(pb::Fail { error: error.clone(), retryable: *retryable }),
         AckAction::Nack { delay_ms, reason } => {
             Action::Nack(pb::Nack { delay_ms: delay_ms.unwrap_or(0), reason: reason.clone() })
         }
         AckAction::Abandon => Action::Abandon(pb::Abandon {}),
-        AckAction::Heartbeat { extend_ms } => Action::Heartbeat(pb::Heartbeat { extend_ms: *extend_ms }),
+        AckAction::Heartbeat { extend_ms } => {
+            Action::Heartbeat(pb::Heartbeat { extend_ms: *extend_ms, progress: None })
+        }
+        AckAction::Progress { extend_ms, percent, message } => Action::Heartbeat(pb::Heartbeat {
+            extend_ms: *extend_ms,
+            progress: Some(pb::Progress { percent: *percent as u32, message: message.clone(), at_ms: 0 }),
+        }),
+        AckAction::Exception { reason, message } => {
+            Action::Exception(pb::Exception { reason: reason.as_str().to_string(), message: message.clone() })
+        }
     };
     pb::AckRequest { task_id: item.task_id.to_string(), token: item.token, action: Some(action) }
 }
+
+/// Progress messages are stored with the task and replaced by each heartbeat: kept short.
+const MAX_PROGRESS_MESSAGE_BYTES: usize = 1024;
 
 /// Error texts are kept, but bounded: they are stored with the task.
 fn truncate(mut s: String) -> String {
@@ -252,6 +399,16 @@ pub fn task(t: Task) -> pb::Task {
         ended_at,
         dead_at,
         last_ack: _,
+        runs,
+        deadline,
+        progress,
+        concurrency,
+        follow_ups,
+        parent,
+        depends_on,
+        dependency_rule,
+        waiting_on,
+        scheduled,
     } = t;
     pb::Task {
         id: id.to_string(),
@@ -284,6 +441,31 @@ pub fn task(t: Task) -> pb::Task {
         last_error: last_error.unwrap_or_default(),
         ended_at_ms: ended_at.map(ms).unwrap_or(0),
         dead_lettered_at_ms: dead_at.map(ms).unwrap_or(0),
+        runs: runs
+            .into_iter()
+            .map(|r| pb::Run {
+                worker_id: r.worker_id,
+                token: r.token,
+                started_at_ms: ms(r.started_at),
+                ended_at_ms: r.ended_at.map(ms).unwrap_or(0),
+                outcome: r.outcome.map(|o| o.as_str().to_string()).unwrap_or_default(),
+                reason: r.reason,
+            })
+            .collect(),
+        deadline_ms: deadline.map(ms).unwrap_or(0),
+        progress: progress.map(|p| pb::Progress { percent: p.percent as u32, message: p.message, at_ms: ms(p.at) }),
+        concurrency_key: concurrency.as_ref().map(|c| c.key.clone()).unwrap_or_default(),
+        concurrency_limit: concurrency.map(|c| c.limit).unwrap_or(0),
+        follow_up_ids: follow_ups.iter().map(|id| id.to_string()).collect(),
+        parent_id: parent.map(|p| p.to_string()).unwrap_or_default(),
+        depends_on: depends_on.iter().map(|id| id.to_string()).collect(),
+        dependency_rule: match dependency_rule {
+            DependencyRule::AllCompleted => pb::DependencyRule::AllCompleted,
+            DependencyRule::AllResolved => pb::DependencyRule::AllResolved,
+        } as i32,
+        waiting_on: waiting_on.iter().map(|id| id.to_string()).collect(),
+        schedule_id: scheduled.map(|(id, _)| id.to_string()).unwrap_or_default(),
+        scheduled_for_ms: scheduled.map(|(_, at)| ms(at)).unwrap_or(0),
     }
 }
 
@@ -400,7 +582,8 @@ mod tests {
                 }
                 if let Ok(a) = pb::AckRequest::decode(&bytes[..]) {
                     let _ = parse_id(&a.task_id).map_err(|e| check_refused(&e));
-                    let _ = ack_action(&cfg, a.action).map_err(|e| check_refused(&e));
+                    let id = TaskId::new(NOW, 1, 1);
+                    let _ = ack_action(&cfg, "t", &id, a.action, NOW).map_err(|e| check_refused(&e));
                 }
                 if let Ok(c) = pb::ClaimRequest::decode(&bytes[..]) {
                     for q in &c.queues {
@@ -427,6 +610,7 @@ mod tests {
                     queue, payload: payload.into(), priority, delay_ms, run_at_ms, max_attempts,
                     idempotency_key: key, webhook_url: webhook,
                     trace: Some(pb::TraceContext { traceparent, tracestate: String::new() }),
+                    ..Default::default()
                 };
                 match new_task(&cfg, "t", r, NOW) {
                     Ok(t) => check_accepted(&cfg, &t),

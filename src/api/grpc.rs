@@ -64,6 +64,18 @@ pub fn caller_with<T>(req: &Request<T>, scope: Scope) -> Result<Caller, ApiError
     Ok(who)
 }
 
+/// A task's dependencies must exist and belong to its tenant (checked on the leader, from its applied state). A
+/// dependency created in the same batch does not exist yet, so no cycle can ever form.
+pub fn check_dependencies(shared: &crate::storage::SmShared, n: &crate::queue::NewTask) -> Result<(), ApiError> {
+    for d in &n.depends_on {
+        match shared.get_task(d).map_err(|e| ApiError::Internal(e.to_string()))? {
+            Some(t) if t.tenant == n.tenant => {}
+            _ => return Err(invalid(format!("depends_on: no task {d}"))),
+        }
+    }
+    Ok(())
+}
+
 pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::EnqueueResult {
     pb::EnqueueResult {
         result: Some(match r {
@@ -120,8 +132,10 @@ impl TaskApi {
 }
 
 /// The tasks of an enqueue batch, each checked on its own: a queue outside the token's patterns fails that item.
+/// Dependencies must name existing tasks of the caller's tenant.
 pub fn new_tasks(
     cfg: &crate::config::Config,
+    shared: &crate::storage::SmShared,
     who: &Caller,
     items: Vec<pb::EnqueueRequest>,
     now: u64,
@@ -130,7 +144,9 @@ pub fn new_tasks(
         .into_iter()
         .map(|i| {
             who.check_queue(&i.queue)?;
-            convert::new_task(cfg, &who.tenant, i, now)
+            let n = convert::new_task(cfg, &who.tenant, i, now)?;
+            check_dependencies(shared, &n)?;
+            Ok(n)
         })
         .collect()
 }
@@ -144,6 +160,7 @@ impl TaskApi {
         let who = caller_with(&req, Scope::Enqueue)?;
         who.check_queue(&req.get_ref().queue)?;
         let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
+        check_dependencies(&self.proposer.shared, &item)?;
         self.limits.enqueue(&who.tenant, 1)?;
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
@@ -159,7 +176,7 @@ impl TaskApi {
         }
         let now = wall_clock_ms();
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
-        let checked = new_tasks(cfg, &who, items, now);
+        let checked = new_tasks(cfg, &self.proposer.shared, &who, items, now);
         let valid = valid_items(&checked);
         self.limits.enqueue(&who.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?;
@@ -280,17 +297,23 @@ impl TaskApi {
     async fn ack_local(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
         let who = caller_with(&req, Scope::Work)?;
         let pb::AckRequest { task_id, token, action } = req.into_inner();
-        let item = AckItem {
-            task_id: convert::parse_id(&task_id)?,
-            tenant: who.tenant,
-            token,
-            action: convert::ack_action(&self.proposer.cfg, action)?,
-        };
+        let task_id = convert::parse_id(&task_id)?;
+        let action = convert::ack_action(&self.proposer.cfg, &who.tenant, &task_id, action, wall_clock_ms())?;
+        let chained = matches!(action, crate::queue::AckAction::CompleteWith { .. });
+        let item = AckItem { task_id, tenant: who.tenant, token, action };
         let mut out = self.proposer.ack(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
+        // The ids the completion created are stored with the task (a replayed ack created nothing new).
+        let follow_up_ids = if chained {
+            let t = self.proposer.shared.get_task(&task_id).map_err(|e| ApiError::Internal(e.to_string()))?;
+            t.map(|t| t.follow_ups.iter().map(|id| id.to_string()).collect()).unwrap_or_default()
+        } else {
+            vec![]
+        };
         Ok(Response::new(pb::AckResponse {
             state: convert::state(r.state) as i32,
             at_ms: r.at.min(i64::MAX as u64) as i64,
+            follow_up_ids,
         }))
     }
 
@@ -301,15 +324,13 @@ impl TaskApi {
         if items.is_empty() || items.len() > cfg.max_batch_items {
             return Err(invalid(format!("a batch holds 1 to {} acks", cfg.max_batch_items)).into());
         }
+        let now = wall_clock_ms();
         let checked: Vec<Result<AckItem, ApiError>> = items
             .into_iter()
             .map(|pb::AckRequest { task_id, token, action }| {
-                Ok(AckItem {
-                    task_id: convert::parse_id(&task_id)?,
-                    tenant: who.tenant.clone(),
-                    token,
-                    action: convert::ack_action(cfg, action)?,
-                })
+                let task_id = convert::parse_id(&task_id)?;
+                let action = convert::ack_action(cfg, &who.tenant, &task_id, action, now)?;
+                Ok(AckItem { task_id, tenant: who.tenant.clone(), token, action })
             })
             .collect();
         let applied = self.proposer.ack(valid_items(&checked)).await.map_err(ApiError::from)?;
@@ -334,7 +355,6 @@ impl TaskApi {
             .into_iter()
             .filter(|(qk, _)| (queues.is_empty() || queues.contains(&qk.queue)) && who.may_use_queue(&qk.queue))
             .map(|(qk, c)| pb::QueueStats {
-                queue: qk.queue,
                 pending: c.pending,
                 delayed: c.delayed,
                 in_progress: c.in_progress,
@@ -342,6 +362,8 @@ impl TaskApi {
                 failed: c.failed,
                 cancelled: c.cancelled,
                 dead_lettered: c.dead_lettered,
+                paused: self.proposer.shared.is_paused(&qk.tenant, &qk.queue),
+                queue: qk.queue,
             })
             .collect();
         Ok(Response::new(pb::QueueStatsResponse { queues }))
@@ -401,6 +423,7 @@ pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResul
             Ok(o) => pb::ack_result::Result::Ok(pb::AckResponse {
                 state: convert::state(o.state) as i32,
                 at_ms: o.at.min(i64::MAX as u64) as i64,
+                follow_up_ids: vec![],
             }),
             Err(e) => pb::ack_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
         }),

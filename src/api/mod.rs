@@ -6,6 +6,7 @@ pub mod error;
 pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod jobs;
 pub mod limits;
 pub mod openapi;
 pub mod rest;

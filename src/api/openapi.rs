@@ -65,6 +65,54 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ("post", "/v1/tasks/{id}/heartbeat") => {
             op("heartbeat", "Extend a claimed task's lease", Some("Ack"), (200, Some("AckAnswer")))
         }
+        ("get", "/v1/tasks") => Operation {
+            query: &[
+                ("queue", "Only this queue"),
+                ("state", "Only this state: PENDING, IN_PROGRESS, COMPLETED, FAILED, CANCELLED, DEAD_LETTERED"),
+                ("created_from_ms", "Created at or after (ms since the epoch)"),
+                ("created_to_ms", "Created before (ms since the epoch)"),
+                ("page_size", "At most this many tasks (default 100)"),
+                ("page_token", "The next_page_token of the previous page"),
+            ],
+            ..op(
+                "listTasks",
+                "Tasks with filters, a page at a time, in id (creation) order",
+                None,
+                (200, Some("TaskPage")),
+            )
+        },
+        ("post", "/v1/tasks/{id}/exception") => op(
+            "exception",
+            "End a claimed task's run with an exception reason (malformed-payload, worker-shutdown, ...)",
+            Some("Ack"),
+            (200, Some("AckAnswer")),
+        ),
+        ("post", "/v1/queues/{queue}/pause") => {
+            op("pauseQueue", "Pause a queue: it accepts enqueues and serves no claims", None, (200, Some("QueuePause")))
+        }
+        ("post", "/v1/queues/{queue}/resume") => {
+            op("resumeQueue", "Resume a paused queue", None, (200, Some("QueuePause")))
+        }
+        ("get", "/v1/queues/{queue}/capacity") => {
+            op("queueCapacity", "A queue's backlog, throughput and workers needed", None, (200, Some("Capacity")))
+        }
+        ("get", "/v1/capacity") => {
+            op("capacity", "The capacity view of every queue", None, (200, Some("CapacityList")))
+        }
+        ("post", "/v1/schedules") => op(
+            "createSchedule",
+            "A recurring task, by cron (with time zone) or interval",
+            Some("Schedule"),
+            (200, Some("ScheduleInfo")),
+        ),
+        ("get", "/v1/schedules") => op("listSchedules", "The tenant's schedules", None, (200, Some("ScheduleList"))),
+        ("delete", "/v1/schedules/{id}") => op("deleteSchedule", "Delete a schedule", None, (200, Some("Deleted"))),
+        ("post", "/v1/schedules/{id}/pause") => {
+            op("pauseSchedule", "Stop firing a schedule", None, (200, Some("ScheduleInfo")))
+        }
+        ("post", "/v1/schedules/{id}/resume") => {
+            op("resumeSchedule", "Fire a paused schedule again", None, (200, Some("ScheduleInfo")))
+        }
         ("post", "/v1/claim") => op("claim", "Claim ready tasks under a lease", Some("Claim"), (200, Some("Claimed"))),
         ("get", "/v1/queues") => op("queues", "Task counts per state of every queue", None, (200, Some("Queues"))),
         ("get", "/v1/queues/{queue}/dead-letters") => Operation {
@@ -99,6 +147,12 @@ fn string() -> Value {
 }
 fn nstring() -> Value {
     json!({"type": ["string", "null"]})
+}
+fn number() -> Value {
+    json!({"type": "number"})
+}
+fn nint() -> Value {
+    json!({"type": ["integer", "null"]})
 }
 fn int() -> Value {
     json!({"type": "integer"})
@@ -148,10 +202,93 @@ pub fn schemas() -> Map<String, Value> {
                     ),
                     ("traceparent", json!({"type": "string", "description": "W3C trace context"})),
                     ("tracestate", string()),
+                    (
+                        "deadline_in_ms",
+                        json!({"type": "integer", "description": "Fails as deadline-exceeded if not done by then"}),
+                    ),
+                    (
+                        "concurrency_key",
+                        json!({"type": "string", "description": "At most concurrency_limit such tasks run at once"}),
+                    ),
+                    ("concurrency_limit", int()),
+                    ("depends_on", array(string())),
+                    ("dependency_rule", json!({"type": "string", "enum": ["all_completed", "all_resolved"]})),
                 ],
                 &["queue"],
             ),
         ),
+        (
+            "Schedule",
+            object(
+                &[
+                    ("name", string()),
+                    ("task", reference("NewTask")),
+                    ("cron", json!({"type": "string", "description": "Five fields: minute hour day month weekday"})),
+                    (
+                        "time_zone",
+                        json!({"type": "string", "description": "IANA name, e.g. Europe/Paris (default UTC)"}),
+                    ),
+                    ("interval_ms", int()),
+                    ("missed_policy", json!({"type": "string", "enum": ["skip", "run_once"]})),
+                ],
+                &["name", "task"],
+            ),
+        ),
+        (
+            "TaskPage",
+            json!({"type": "object", "properties": {"tasks": array(reference("Task")), "next_page_token": nstring()}}),
+        ),
+        ("QueuePause", json!({"type": "object", "properties": {"queue": string(), "paused": boolean()}})),
+        (
+            "Capacity",
+            object(
+                &[
+                    ("queue", string()),
+                    ("paused", boolean()),
+                    ("pending", int()),
+                    ("ready", int()),
+                    ("delayed", int()),
+                    ("running", int()),
+                    ("active_workers", int()),
+                    ("completed_1m", int()),
+                    ("completed_5m", int()),
+                    ("completed_15m", int()),
+                    ("rate_1m", number()),
+                    ("rate_5m", number()),
+                    ("rate_15m", number()),
+                    (
+                        "drain_seconds",
+                        json!({"type": ["number", "null"], "description": "null: no completions to go by"}),
+                    ),
+                    ("per_worker_rate", json!({"type": ["number", "null"]})),
+                    ("workers_needed", object(&[("1h", nint()), ("4h", nint()), ("8h", nint())], &[])),
+                ],
+                &["queue"],
+            ),
+        ),
+        ("CapacityList", json!({"type": "object", "properties": {"queues": array(reference("Capacity"))}})),
+        (
+            "ScheduleInfo",
+            object(
+                &[
+                    ("id", string()),
+                    ("name", string()),
+                    ("queue", string()),
+                    ("cron", string()),
+                    ("time_zone", string()),
+                    ("interval_ms", int()),
+                    ("paused", boolean()),
+                    ("created_at_ms", int()),
+                    ("missed_policy", string()),
+                    ("last_occurrence_ms", nint()),
+                    ("next_occurrence_ms", nint()),
+                    ("fired", int()),
+                ],
+                &["id", "name"],
+            ),
+        ),
+        ("ScheduleList", json!({"type": "object", "properties": {"schedules": array(reference("ScheduleInfo"))}})),
+        ("Deleted", json!({"type": "object", "properties": {"deleted": boolean()}})),
         ("NewTaskBatch", object(&[("items", array(reference("NewTask")))], &["items"])),
         ("Enqueued", object(&[("task_id", string()), ("duplicate", boolean())], &["task_id", "duplicate"])),
         (
@@ -188,6 +325,31 @@ pub fn schemas() -> Map<String, Value> {
                     ("idempotency_key", string()),
                     ("webhook_url", string()),
                     ("last_error", string()),
+                    (
+                        "runs",
+                        array(object(
+                            &[
+                                ("worker_id", string()),
+                                ("started_at_ms", int()),
+                                ("ended_at_ms", int()),
+                                ("outcome", string()),
+                                ("reason", string()),
+                            ],
+                            &[],
+                        )),
+                    ),
+                    ("deadline_ms", int()),
+                    (
+                        "progress",
+                        json!({"oneOf": [{"type": "null"}, object(&[("percent", int()), ("message", string()), ("at_ms", int())], &[])]}),
+                    ),
+                    ("concurrency_key", string()),
+                    ("concurrency_limit", int()),
+                    ("follow_up_ids", array(string())),
+                    ("parent_id", string()),
+                    ("depends_on", array(string())),
+                    ("dependency_rule", string()),
+                    ("waiting_on", array(string())),
                 ],
                 &["id", "queue", "state"],
             ),
@@ -211,7 +373,10 @@ pub fn schemas() -> Map<String, Value> {
             ),
         ),
         ("StateAnswer", object(&[("state", task_state.clone())], &["state"])),
-        ("AckAnswer", object(&[("state", task_state), ("at_ms", int())], &["state"])),
+        (
+            "AckAnswer",
+            object(&[("state", task_state), ("at_ms", int()), ("follow_up_ids", array(string()))], &["state"]),
+        ),
         (
             "Ack",
             object(
@@ -224,6 +389,9 @@ pub fn schemas() -> Map<String, Value> {
                     ("delay_ms", int()),
                     ("reason", string()),
                     ("extend_ms", int()),
+                    ("progress_percent", int()),
+                    ("message", string()),
+                    ("follow_ups", array(reference("NewTask"))),
                 ],
                 &["token"],
             ),
@@ -256,6 +424,7 @@ pub fn schemas() -> Map<String, Value> {
                             ("completed", int()),
                             ("failed", int()),
                             ("cancelled", int()),
+                            ("paused", boolean()),
                             ("dead_lettered", int()),
                         ],
                         &["queue"],
@@ -332,7 +501,8 @@ pub fn document() -> Value {
             .map(|name| json!({"name": name, "in": "path", "required": true, "schema": string()}))
             .collect();
         params.extend(o.query.iter().map(|(name, desc)| {
-            json!({"name": name, "in": "query", "required": false, "description": desc, "schema": int()})
+            let schema = if ["queue", "state", "page_token"].contains(name) { string() } else { int() };
+            json!({"name": name, "in": "query", "required": false, "description": desc, "schema": schema})
         }));
         let ok_body = match o.ok.1 {
             Some(schema) => {
@@ -388,7 +558,10 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "enqueue" | "enqueueBatch" | "cancel" | "redrive" => "enqueue",
         "getTask" | "getResult" | "queues" | "deadLetters" => "read",
         "claim" | "complete" | "fail" | "nack" | "abandon" | "heartbeat" => "work",
-        "purge" | "clusterStatus" | "transferLeader" => "admin",
+        "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" => "admin",
+        "listTasks" | "queueCapacity" | "capacity" | "listSchedules" => "read",
+        "exception" => "work",
+        "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",
         _ => return None,
     })
 }

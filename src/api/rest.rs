@@ -12,7 +12,6 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use raftq_proto::v1 as pb;
@@ -28,6 +27,7 @@ use super::grpc::TaskApi;
 pub struct Rest {
     pub tasks: Arc<TaskApi>,
     pub admin: Arc<AdminApi>,
+    pub jobs: Arc<super::jobs::JobsApi>,
 }
 
 /// Declares the REST routes once: the router is built from this list, and so is `ROUTES`, which the OpenAPI
@@ -39,7 +39,7 @@ macro_rules! rest_routes {
 
         pub fn routes(rest: Rest) -> Router {
             Router::new()
-                $(.route($path, $method($handler)))*
+                $(.route($path, axum::routing::$method($handler)))*
                 .with_state(rest)
                 .fallback(no_route)
         }
@@ -48,6 +48,7 @@ macro_rules! rest_routes {
 
 rest_routes! {
     post "/v1/tasks" => enqueue;
+    get "/v1/tasks" => list_tasks;
     post "/v1/tasks/batch" => enqueue_batch;
     get "/v1/tasks/{id}" => get_task;
     get "/v1/tasks/{id}/result" => get_result;
@@ -57,11 +58,21 @@ rest_routes! {
     post "/v1/tasks/{id}/nack" => ack_as(AckKind::Nack);
     post "/v1/tasks/{id}/abandon" => ack_as(AckKind::Abandon);
     post "/v1/tasks/{id}/heartbeat" => ack_as(AckKind::Heartbeat);
+    post "/v1/tasks/{id}/exception" => ack_as(AckKind::Exception);
     post "/v1/claim" => claim;
     get "/v1/queues" => queues;
     get "/v1/queues/{queue}/dead-letters" => dead_letters;
     post "/v1/queues/{queue}/dead-letters/redrive" => redrive;
     post "/v1/queues/{queue}/dead-letters/purge" => purge;
+    post "/v1/queues/{queue}/pause" => pause_queue;
+    post "/v1/queues/{queue}/resume" => resume_queue;
+    get "/v1/queues/{queue}/capacity" => queue_capacity;
+    get "/v1/capacity" => capacity;
+    post "/v1/schedules" => create_schedule;
+    get "/v1/schedules" => list_schedules;
+    delete "/v1/schedules/{id}" => delete_schedule;
+    post "/v1/schedules/{id}/pause" => pause_schedule;
+    post "/v1/schedules/{id}/resume" => resume_schedule;
     get "/v1/cluster/status" => cluster_status;
     post "/v1/cluster/transfer-leader" => transfer_leader;
     get "/v1/openapi.json" => openapi;
@@ -188,6 +199,14 @@ pub fn task_json(t: &pb::Task) -> Value {
         "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms, "visible_at_ms": t.visible_at_ms,
         "ended_at_ms": t.ended_at_ms, "dead_lettered_at_ms": t.dead_lettered_at_ms,
         "idempotency_key": t.idempotency_key, "webhook_url": t.webhook_url, "last_error": t.last_error,
+        "deadline_ms": t.deadline_ms, "concurrency_key": t.concurrency_key, "concurrency_limit": t.concurrency_limit,
+        "follow_up_ids": t.follow_up_ids, "parent_id": t.parent_id, "depends_on": t.depends_on,
+        "waiting_on": t.waiting_on,
+        "dependency_rule": if t.dependency_rule == pb::DependencyRule::AllResolved as i32 { "all_resolved" } else { "all_completed" },
+        "progress": t.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message, "at_ms": p.at_ms})),
+        "runs": t.runs.iter().map(|r| json!({
+            "worker_id": r.worker_id, "token": r.token.to_string(), "started_at_ms": r.started_at_ms,
+            "ended_at_ms": r.ended_at_ms, "outcome": r.outcome, "reason": r.reason})).collect::<Vec<_>>(),
     })
 }
 
@@ -211,6 +230,16 @@ struct NewTaskBody {
     webhook_url: String,
     traceparent: Option<String>,
     tracestate: Option<String>,
+    #[serde(default)]
+    deadline_in_ms: u64,
+    #[serde(default)]
+    concurrency_key: String,
+    #[serde(default)]
+    concurrency_limit: u32,
+    #[serde(default)]
+    depends_on: Vec<String>,
+    /// `all_completed` (default) or `all_resolved`.
+    dependency_rule: Option<String>,
 }
 
 impl NewTaskBody {
@@ -227,6 +256,11 @@ impl NewTaskBody {
             webhook_url,
             traceparent,
             tracestate,
+            deadline_in_ms,
+            concurrency_key,
+            concurrency_limit,
+            depends_on,
+            dependency_rule,
         } = self;
         let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
             traceparent: traceparent.unwrap_or_default(),
@@ -242,6 +276,17 @@ impl NewTaskBody {
             idempotency_key,
             webhook_url,
             trace,
+            deadline_in_ms,
+            concurrency_key,
+            concurrency_limit,
+            depends_on,
+            dependency_rule: match dependency_rule.as_deref() {
+                None | Some("all_completed") => pb::DependencyRule::AllCompleted as i32,
+                Some("all_resolved") => pb::DependencyRule::AllResolved as i32,
+                Some(other) => {
+                    return Err(RestError::bad(format!("dependency_rule {other:?}: all_completed or all_resolved")))
+                }
+            },
         })
     }
 }
@@ -347,6 +392,12 @@ struct AckBody {
     reason: Option<String>,
     #[serde(default)]
     extend_ms: u64,
+    /// Heartbeat progress, 0-100 (with `message`).
+    progress_percent: Option<u32>,
+    message: Option<String>,
+    /// Complete: tasks created with the completion, all or nothing.
+    #[serde(default)]
+    follow_ups: Vec<NewTaskBody>,
 }
 
 /// What an ack route does to the task.
@@ -357,6 +408,7 @@ enum AckKind {
     Nack,
     Abandon,
     Heartbeat,
+    Exception,
 }
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Res> + Send>>;
@@ -372,15 +424,29 @@ fn ack_as(
 async fn ack(r: Rest, headers: HeaderMap, id: String, kind: AckKind, b: AckBody) -> Res {
     use pb::ack_request::Action;
     let action = match kind {
-        AckKind::Complete => Action::Complete(pb::Complete { result: bytes_of(b.result, b.result_base64, "result")? }),
+        AckKind::Complete => Action::Complete(pb::Complete {
+            result: bytes_of(b.result, b.result_base64, "result")?,
+            follow_ups: b.follow_ups.into_iter().map(NewTaskBody::into_pb).collect::<Result<_, _>>()?,
+        }),
         AckKind::Fail => Action::Fail(pb::Fail { error: b.error.unwrap_or_default(), retryable: b.retryable }),
         AckKind::Nack => Action::Nack(pb::Nack { delay_ms: b.delay_ms, reason: b.reason.unwrap_or_default() }),
         AckKind::Abandon => Action::Abandon(pb::Abandon {}),
-        AckKind::Heartbeat => Action::Heartbeat(pb::Heartbeat { extend_ms: b.extend_ms }),
+        AckKind::Heartbeat => Action::Heartbeat(pb::Heartbeat {
+            extend_ms: b.extend_ms,
+            progress: b.progress_percent.map(|percent| pb::Progress {
+                percent,
+                message: b.message.unwrap_or_default(),
+                at_ms: 0,
+            }),
+        }),
+        AckKind::Exception => Action::Exception(pb::Exception {
+            reason: b.reason.unwrap_or_default(),
+            message: b.message.unwrap_or_default(),
+        }),
     };
     let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
     let a = r.tasks.ack(request(&r, &headers, req)?).await?.into_inner();
-    ok(json!({"state": state_name(a.state), "at_ms": a.at_ms}))
+    ok(json!({"state": state_name(a.state), "at_ms": a.at_ms, "follow_up_ids": a.follow_up_ids}))
 }
 
 #[derive(Deserialize)]
@@ -414,7 +480,8 @@ async fn queues(State(r): State<Rest>, headers: HeaderMap) -> Res {
         .iter()
         .map(|q| {
             json!({"queue": q.queue, "pending": q.pending, "delayed": q.delayed, "in_progress": q.in_progress,
-                "completed": q.completed, "failed": q.failed, "cancelled": q.cancelled, "dead_lettered": q.dead_lettered})
+                "completed": q.completed, "failed": q.failed, "cancelled": q.cancelled, "dead_lettered": q.dead_lettered,
+                "paused": q.paused})
         })
         .collect();
     ok(json!({ "queues": v }))
@@ -489,6 +556,157 @@ async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Bod
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
 }
 
+async fn pause_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let p = r.jobs.pause_queue(request(&r, &headers, pb::PauseQueueRequest { queue })?).await?.into_inner();
+    ok(json!({"queue": p.queue, "paused": p.paused}))
+}
+
+async fn resume_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let p = r.jobs.resume_queue(request(&r, &headers, pb::ResumeQueueRequest { queue })?).await?.into_inner();
+    ok(json!({"queue": p.queue, "paused": p.paused}))
+}
+
+fn capacity_json(c: &pb::QueueCapacity) -> Value {
+    json!({
+        "queue": c.queue, "paused": c.paused, "pending": c.pending, "ready": c.ready, "delayed": c.delayed,
+        "running": c.running, "active_workers": c.active_workers,
+        "completed_1m": c.completed_1m, "completed_5m": c.completed_5m, "completed_15m": c.completed_15m,
+        "rate_1m": c.rate_1m, "rate_5m": c.rate_5m, "rate_15m": c.rate_15m,
+        "drain_seconds": (c.drain_seconds >= 0.0).then_some(c.drain_seconds),
+        "per_worker_rate": (c.per_worker_rate >= 0.0).then_some(c.per_worker_rate),
+        "workers_needed": {
+            "1h": (c.workers_needed_1h >= 0).then_some(c.workers_needed_1h),
+            "4h": (c.workers_needed_4h >= 0).then_some(c.workers_needed_4h),
+            "8h": (c.workers_needed_8h >= 0).then_some(c.workers_needed_8h),
+        },
+    })
+}
+
+async fn queue_capacity(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let c = r.jobs.queue_capacity(request(&r, &headers, pb::QueueCapacityRequest { queues: vec![queue] })?).await?;
+    match c.into_inner().queues.first() {
+        Some(q) => ok(capacity_json(q)),
+        None => Err(RestError(
+            StatusCode::NOT_FOUND,
+            json!({"error": {"code": "NOT_FOUND", "message": "no such queue"}}),
+            None,
+            None,
+        )),
+    }
+}
+
+async fn capacity(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let c = r.jobs.queue_capacity(request(&r, &headers, pb::QueueCapacityRequest { queues: vec![] })?).await?;
+    ok(json!({"queues": c.into_inner().queues.iter().map(capacity_json).collect::<Vec<_>>()}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    queue: Option<String>,
+    /// PENDING, IN_PROGRESS, COMPLETED, FAILED, CANCELLED or DEAD_LETTERED.
+    state: Option<String>,
+    #[serde(default)]
+    created_from_ms: i64,
+    #[serde(default)]
+    created_to_ms: i64,
+    #[serde(default)]
+    page_size: u32,
+    page_token: Option<String>,
+}
+
+/// `GET /v1/tasks?queue=&state=&created_from_ms=&created_to_ms=&page_size=&page_token=`
+async fn list_tasks(State(r): State<Rest>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let state = match q.state.as_deref() {
+        None | Some("") => pb::TaskState::Unspecified,
+        Some(s) => pb::TaskState::from_str_name(&format!("TASK_STATE_{}", s.to_ascii_uppercase()))
+            .ok_or_else(|| RestError::bad(format!("unknown state {s:?}")))?,
+    };
+    let req = pb::ListTasksRequest {
+        queue: q.queue.unwrap_or_default(),
+        state: state as i32,
+        created_from_ms: q.created_from_ms,
+        created_to_ms: q.created_to_ms,
+        page_size: q.page_size,
+        page_token: q.page_token.unwrap_or_default(),
+    };
+    let l = r.jobs.list_tasks(request(&r, &headers, req)?).await?.into_inner();
+    let next = (!l.next_page_token.is_empty()).then_some(l.next_page_token);
+    ok(json!({"tasks": l.tasks.iter().map(task_json).collect::<Vec<_>>(), "next_page_token": next}))
+}
+
+fn schedule_json(s: &pb::Schedule) -> Value {
+    json!({
+        "id": s.id, "name": s.name, "queue": s.queue, "cron": s.cron, "time_zone": s.time_zone,
+        "interval_ms": s.interval_ms, "paused": s.paused, "created_at_ms": s.created_at_ms,
+        "missed_policy": if s.missed_policy == pb::MissedPolicy::RunOnce as i32 { "run_once" } else { "skip" },
+        "last_occurrence_ms": s.last_occurrence_ms, "next_occurrence_ms": s.next_occurrence_ms, "fired": s.fired,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleBody {
+    name: String,
+    task: NewTaskBody,
+    #[serde(default)]
+    cron: String,
+    #[serde(default)]
+    time_zone: String,
+    #[serde(default)]
+    interval_ms: u64,
+    /// `skip` (default) or `run_once`.
+    missed_policy: Option<String>,
+}
+
+async fn create_schedule(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ScheduleBody>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let missed_policy = match b.missed_policy.as_deref() {
+        None | Some("skip") => pb::MissedPolicy::Skip,
+        Some("run_once") => pb::MissedPolicy::RunOnce,
+        Some(other) => return Err(RestError::bad(format!("missed_policy {other:?}: skip or run_once"))),
+    } as i32;
+    let req = pb::CreateScheduleRequest {
+        name: b.name,
+        task: Some(b.task.into_pb()?),
+        cron: b.cron,
+        time_zone: b.time_zone,
+        interval_ms: b.interval_ms,
+        missed_policy,
+    };
+    let s = r.jobs.create_schedule(request(&r, &headers, req)?).await?.into_inner();
+    Ok((StatusCode::CREATED, Json(schedule_json(&s))).into_response())
+}
+
+async fn list_schedules(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let l = r.jobs.list_schedules(request(&r, &headers, pb::ListSchedulesRequest {})?).await?.into_inner();
+    ok(json!({"schedules": l.schedules.iter().map(schedule_json).collect::<Vec<_>>()}))
+}
+
+async fn pause_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let s = r.jobs.pause_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
+    ok(schedule_json(&s.into_inner()))
+}
+
+async fn resume_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    let s = r.jobs.resume_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
+    ok(schedule_json(&s.into_inner()))
+}
+
+async fn delete_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
+    use raftq_proto::v1::jobs_server::Jobs;
+    r.jobs.delete_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
+    ok(json!({"deleted": true}))
+}
+
 #[cfg(test)]
 mod tests {
     use serde::de::{Deserializer, Error as _, Visitor};
@@ -534,7 +752,8 @@ mod tests {
 
     #[test]
     fn request_schemas_name_exactly_the_fields_the_routes_accept() {
-        let cases: [(&str, Vec<&str>); 6] = [
+        let cases: [(&str, Vec<&str>); 7] = [
+            ("Schedule", field_names::<ScheduleBody>()),
             ("NewTask", field_names::<NewTaskBody>()),
             ("NewTaskBatch", field_names::<BatchBody>()),
             ("Ack", field_names::<AckBody>()),
@@ -550,5 +769,8 @@ mod tests {
         let query = |m, p| describe(m, p).expect("described").query.iter().map(|q| q.0).collect::<Vec<_>>();
         assert_eq!(query("get", "/v1/tasks/{id}/result"), field_names::<WaitQuery>());
         assert_eq!(query("get", "/v1/queues/{queue}/dead-letters"), field_names::<LimitQuery>());
+        let mut listed = query("get", "/v1/tasks");
+        listed.sort();
+        assert_eq!(listed, field_names::<ListQuery>());
     }
 }

@@ -151,12 +151,9 @@ impl StreamApi {
         token: u64,
         action: Option<pb::ack_request::Action>,
     ) -> Result<AckItem, ApiError> {
-        Ok(AckItem {
-            task_id: convert::parse_id(task_id)?,
-            tenant: tenant.to_string(),
-            token,
-            action: convert::ack_action(&self.proposer.cfg, action)?,
-        })
+        let task_id = convert::parse_id(task_id)?;
+        let action = convert::ack_action(&self.proposer.cfg, tenant, &task_id, action, wall_clock_ms())?;
+        Ok(AckItem { task_id, tenant: tenant.to_string(), token, action })
     }
 
     /// Applies acks here when this node leads, else on the leader, retrying across leader changes until the
@@ -177,6 +174,7 @@ impl StreamApi {
                             r.map(|o| pb::AckResponse {
                                 state: convert::state(o.state) as i32,
                                 at_ms: o.at.min(i64::MAX as u64) as i64,
+                                follow_up_ids: vec![],
                             })
                             .map_err(ApiError::from)
                         })
@@ -187,7 +185,9 @@ impl StreamApi {
                     let routed_to = self.fwd.leader().0;
                     let req = authorized(
                         caller,
-                        pb::AckBatchRequest { items: items.iter().map(convert::ack_to_pb).collect() },
+                        pb::AckBatchRequest {
+                            items: items.iter().map(|i| convert::ack_to_pb(i, wall_clock_ms())).collect(),
+                        },
                     );
                     let mut c = TaskServiceClient::new(ch);
                     // A leader change abandons the forwarded call: sent again to the new leader, an ack that was
@@ -497,9 +497,16 @@ impl WorkerStream for StreamApi {
                         AckRequest { request_id: a.request_id, batch: false, items: vec![(a.task_id, item)] }
                     }
                     Event::Heartbeat(h) => {
-                        let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms: h.extend_ms });
-                        let item = api.ack_item(&tenant, &h.task_id, h.token, Some(action));
-                        AckRequest { request_id: h.request_id, batch: false, items: vec![(h.task_id, item)] }
+                        let pb::HeartbeatTask { request_id, task_id, token, extend_ms, progress } = h;
+                        let action = pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms, progress });
+                        let item = api.ack_item(&tenant, &task_id, token, Some(action));
+                        AckRequest { request_id, batch: false, items: vec![(task_id, item)] }
+                    }
+                    Event::Exception(x) => {
+                        let pb::ExceptionTask { request_id, task_id, token, exception } = x;
+                        let item =
+                            api.ack_item(&tenant, &task_id, token, exception.map(pb::ack_request::Action::Exception));
+                        AckRequest { request_id, batch: false, items: vec![(task_id, item)] }
                     }
                 };
                 if acks.items.len() > api.proposer.cfg.max_batch_items {
@@ -617,7 +624,7 @@ impl StreamApi {
         caller: &Caller,
         items: Vec<pb::EnqueueRequest>,
     ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
-        let checked = super::grpc::new_tasks(&self.proposer.cfg, caller, items, wall_clock_ms());
+        let checked = super::grpc::new_tasks(&self.proposer.cfg, &self.proposer.shared, caller, items, wall_clock_ms());
         let valid = valid_items(&checked);
         self.limits.enqueue(&caller.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await?;

@@ -12,13 +12,18 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 
+pub mod capacity;
+pub mod cron;
+
 pub use shard::{
-    Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, ShardCore, StateCounts, TaskStore,
+    ClaimOrder, Effects, EventCounts, KeyRecord, PartialResponse, QueueKey, ReadyKey, RecordKey, ShardCore,
+    StateCounts, TaskStore, Throughput, THROUGHPUT_WINDOW_S,
 };
 pub use types::*;
 
-/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then FIFO), skipping
-/// tasks already promised to an in-flight claim.
+/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then the least busy
+/// concurrency key, then FIFO), skipping tasks already promised to an in-flight claim and tasks whose concurrency
+/// key is at its limit (see `ShardCore::claim_candidates`).
 pub fn pick_ready<'a>(
     shards: impl IntoIterator<Item = &'a ShardCore>,
     tenant: &str,
@@ -26,16 +31,13 @@ pub fn pick_ready<'a>(
     count: usize,
     skip: &HashSet<TaskId>,
 ) -> Vec<TaskId> {
-    let mut heads: Vec<ReadyKey> = Vec::new();
+    let mut heads: Vec<ClaimOrder> = Vec::new();
     for shard in shards {
-        for q in queues {
-            let qk = QueueKey { tenant: tenant.to_string(), queue: q.clone() };
-            heads.extend(shard.ready_head(&qk, count, skip));
-        }
+        heads.extend(shard.claim_candidates(tenant, queues, count, skip));
     }
     heads.sort();
-    heads.dedup();
-    heads.into_iter().take(count).map(|k| k.2).collect()
+    heads.dedup_by_key(|k| k.3);
+    heads.into_iter().take(count).map(|k| k.3).collect()
 }
 
 /// A whole state machine in memory: the same shard logic over maps. For tests and the reference model.
@@ -51,6 +53,7 @@ pub struct MemStore {
     pub tasks: BTreeMap<TaskId, Task>,
     pub keys: BTreeMap<(String, String), KeyRecord>,
     pub outbox: BTreeMap<DeliveryId, WebhookDelivery>,
+    pub records: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 impl TaskStore for MemStore {
@@ -86,6 +89,14 @@ impl TaskStore for MemStore {
     }
     fn remove_delivery(&mut self, id: &DeliveryId) -> Result<(), Self::Error> {
         self.outbox.remove(id);
+        Ok(())
+    }
+    fn put_record(&mut self, key: &[u8], value: &[u8]) -> Result<(), Self::Error> {
+        self.records.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+    fn remove_record(&mut self, key: &[u8]) -> Result<(), Self::Error> {
+        self.records.remove(key);
         Ok(())
     }
 }
@@ -148,6 +159,14 @@ impl MemMachine {
         m.last_index = self.last_index;
         for (i, core) in m.shards.iter_mut().enumerate() {
             core.now = self.shards[i].now;
+            for (k, v) in &m.stores[i].records {
+                if let Some(qk) = RecordKey::parse_paused(k) {
+                    core.index_paused(qk);
+                }
+                if k.first() == Some(&RecordKey::SCHEDULE) {
+                    core.index_schedule(bincode::deserialize(v).expect("a stored schedule"));
+                }
+            }
             for t in m.stores[i].tasks.values() {
                 core.index_task(t);
             }

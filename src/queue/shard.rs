@@ -26,6 +26,55 @@ pub trait TaskStore {
     fn get_delivery(&mut self, id: &DeliveryId) -> Result<Option<WebhookDelivery>, Self::Error>;
     fn put_delivery(&mut self, d: &WebhookDelivery) -> Result<(), Self::Error>;
     fn remove_delivery(&mut self, id: &DeliveryId) -> Result<(), Self::Error>;
+    /// Small shard-level records other than tasks and keys (paused queues, ...), by a key whose first byte says
+    /// what it is (see `RecordKey`).
+    fn put_record(&mut self, key: &[u8], value: &[u8]) -> Result<(), Self::Error>;
+    fn remove_record(&mut self, key: &[u8]) -> Result<(), Self::Error>;
+}
+
+/// Keys of the shard-level records (`TaskStore::put_record`). The first byte is the kind; it also says where a
+/// snapshot puts the record: `PAUSED` records are held by every shard.
+pub struct RecordKey;
+
+impl RecordKey {
+    pub const PAUSED: u8 = b'p';
+    /// `s` + 16-byte schedule id: a schedule, in the shard of its id.
+    pub const SCHEDULE: u8 = b's';
+
+    pub fn schedule(id: &TaskId) -> Vec<u8> {
+        let mut v = vec![Self::SCHEDULE];
+        v.extend_from_slice(&id.0);
+        v
+    }
+
+    /// `p tenant \0 queue`.
+    pub fn paused(qk: &QueueKey) -> Vec<u8> {
+        let mut v = vec![Self::PAUSED];
+        v.extend_from_slice(qk.tenant.as_bytes());
+        v.push(0);
+        v.extend_from_slice(qk.queue.as_bytes());
+        v
+    }
+
+    /// The one shard that holds a record, or `None` for records every shard holds.
+    pub fn shard_of(key: &[u8], _shards: usize) -> Option<usize> {
+        match key.first() {
+            Some(&Self::SCHEDULE) if key.len() == 17 => {
+                let id: [u8; 16] = key[1..17].try_into().expect("16 bytes");
+                Some(TaskId(id).shard(_shards))
+            }
+            _ => None,
+        }
+    }
+
+    pub fn parse_paused(key: &[u8]) -> Option<QueueKey> {
+        let rest = key.strip_prefix(&[Self::PAUSED])?;
+        let split = rest.iter().position(|b| *b == 0)?;
+        Some(QueueKey {
+            tenant: String::from_utf8_lossy(&rest[..split]).into_owned(),
+            queue: String::from_utf8_lossy(&rest[split + 1..]).into_owned(),
+        })
+    }
 }
 
 /// An idempotency key: which task it created and until when it is remembered.
@@ -49,6 +98,10 @@ impl QueueKey {
 
 /// Claim order: higher priority first, then FIFO by sequence.
 pub type ReadyKey = (Reverse<u8>, u64, TaskId);
+
+/// The leader's claim order across queues and shards: priority, then the running tasks of the task's
+/// concurrency key (least busy key first; 0 without a key), then FIFO.
+pub type ClaimOrder = (Reverse<u8>, u32, u64, TaskId);
 
 /// Side effects of applying entries that the node reacts to after commit (waking parked claims, answering
 /// result waiters, webhooks). Derived, never stored.
@@ -90,6 +143,10 @@ pub enum PartialResponse {
     Purged(Vec<TaskId>),
     Ticked,
     WebhooksRecorded(u32),
+    QueuePaused(bool),
+    Resolved(u64),
+    Schedule(Option<ItemResult<Option<Box<Schedule>>>>),
+    Fired(bool),
 }
 
 impl PartialResponse {
@@ -103,6 +160,10 @@ impl PartialResponse {
             Command::PurgeDeadLetters { .. } => PartialResponse::Purged(vec![]),
             Command::Tick => PartialResponse::Ticked,
             Command::WebhookOutcome(_) => PartialResponse::WebhooksRecorded(0),
+            Command::SetQueuePaused { paused, .. } => PartialResponse::QueuePaused(*paused),
+            Command::ResolveDependencies(_) => PartialResponse::Resolved(0),
+            Command::CreateSchedule(_) | Command::UpdateSchedule { .. } => PartialResponse::Schedule(None),
+            Command::FireSchedule { .. } => PartialResponse::Fired(false),
         }
     }
 
@@ -122,6 +183,10 @@ impl PartialResponse {
             PartialResponse::Purged(v) => Response::Purged(v),
             PartialResponse::Ticked => Response::Ticked,
             PartialResponse::WebhooksRecorded(n) => Response::WebhooksRecorded(n),
+            PartialResponse::QueuePaused(p) => Response::QueuePaused(p),
+            PartialResponse::Resolved(n) => Response::Resolved(n),
+            PartialResponse::Schedule(v) => Response::Schedule(v.unwrap_or(Err(Rejected::NotFound))),
+            PartialResponse::Fired(f) => Response::Fired(f),
         }
     }
 }
@@ -147,6 +212,38 @@ pub struct ShardCore {
     log_index: u64,
     /// Deliveries created by the entry being applied, moved into its `Effects` at the end.
     webhooks_added: u64,
+    /// Deadlines of tasks not yet ended (pending, running or dead-lettered).
+    deadlines: BTreeSet<(TimeMs, TaskId)>,
+    /// Paused queues (every shard holds the whole set).
+    paused: HashSet<QueueKey>,
+    /// Running tasks per (tenant, concurrency key) of this shard.
+    running_keys: HashMap<(String, String), u32>,
+    /// The concurrency key of each pending (ready or delayed) task that has one.
+    pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Schedules stored in this shard.
+    schedules: BTreeMap<TaskId, Schedule>,
+    /// Pending tasks held by dependencies, and for each dependency the held tasks of this shard waiting on it.
+    held: BTreeSet<TaskId>,
+    waiters: BTreeMap<TaskId, BTreeSet<TaskId>>,
+    /// Queues whose keyed running task stopped running during the entry being applied (reported as ready work,
+    /// so parked claims look again). Transient.
+    freed: Vec<QueueKey>,
+    /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
+    /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
+    done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// How far back completions are kept for throughput figures: the longest window reported (15 minutes).
+pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
+
+/// Completions of one queue over the recent windows, in state-machine time.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Throughput {
+    pub completed_1m: u64,
+    pub completed_5m: u64,
+    pub completed_15m: u64,
+    /// Summed run time (claim to completion) of the tasks completed in the last 15 minutes.
+    pub run_ms_15m: u64,
 }
 
 /// Tasks per state in one queue.
@@ -207,7 +304,31 @@ impl ShardCore {
     /// Adds a record to the indexes matching its state. Used by apply and by the rebuild at start.
     pub fn index_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && !t.waiting_on.is_empty() {
+            // Held by dependencies: counted as delayed (pending, not claimable), in no other index.
+            self.held.insert(t.id);
+            for d in &t.waiting_on {
+                self.waiters.entry(*d).or_default().insert(t.id);
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.insert((d, t.id));
+            }
+            self.counts.entry(qk).or_default().delayed += 1;
+            return;
+        }
         let delayed = t.state == TaskState::Pending && t.visible_at > self.now;
+        if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
+            self.deadlines.insert((d, t.id));
+        }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => *self.running_keys.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1,
+                TaskState::Pending => {
+                    self.pending_keys.insert(t.id, ck.clone());
+                }
+                _ => {}
+            }
+        }
         *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
@@ -225,6 +346,10 @@ impl ShardCore {
                 if let Some(d) = t.retention_deadline() {
                     self.retention.insert((d, t.id));
                 }
+                if let (TaskState::Completed, Some(end)) = (t.state, t.ended_at) {
+                    let run_ms = t.runs.last().map(|r| end.saturating_sub(r.started_at)).unwrap_or(0);
+                    self.note_done(qk, end, run_ms);
+                }
             }
             TaskState::DeadLettered => {
                 self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
@@ -232,10 +357,102 @@ impl ShardCore {
         }
     }
 
+    fn note_done(&mut self, qk: QueueKey, ended_at: TimeMs, run_ms: u64) {
+        let oldest = (self.now / 1000).saturating_sub(THROUGHPUT_WINDOW_S);
+        let sec = ended_at / 1000;
+        if sec < oldest {
+            return;
+        }
+        let buckets = self.done.entry(qk).or_default();
+        let b = buckets.entry(sec).or_default();
+        b.0 += 1;
+        b.1 += run_ms;
+        while buckets.first_key_value().is_some_and(|(s, _)| *s < oldest) {
+            buckets.pop_first();
+        }
+    }
+
+    /// Completions of a queue in the 1, 5 and 15 minutes up to this shard's time.
+    pub fn throughput(&self, qk: &QueueKey) -> Throughput {
+        let mut out = Throughput::default();
+        let now_s = self.now / 1000;
+        for (sec, (n, run_ms)) in self.done.get(qk).into_iter().flatten() {
+            let age = now_s.saturating_sub(*sec);
+            if age < 60 {
+                out.completed_1m += n;
+            }
+            if age < 300 {
+                out.completed_5m += n;
+            }
+            if age < THROUGHPUT_WINDOW_S {
+                out.completed_15m += n;
+                out.run_ms_15m += run_ms;
+            }
+        }
+        out
+    }
+
+    pub fn index_schedule(&mut self, s: Schedule) {
+        self.schedules.insert(s.id, s);
+    }
+
+    pub fn schedules(&self) -> &BTreeMap<TaskId, Schedule> {
+        &self.schedules
+    }
+
+    pub fn index_paused(&mut self, qk: QueueKey) {
+        self.paused.insert(qk);
+    }
+
+    pub fn is_paused(&self, qk: &QueueKey) -> bool {
+        self.paused.contains(qk)
+    }
+
+    pub fn paused(&self) -> impl Iterator<Item = &QueueKey> {
+        self.paused.iter()
+    }
+
     /// Removes a record (as it is before a change) from the indexes.
     fn unindex_task(&mut self, t: &Task) {
         let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && self.held.remove(&t.id) {
+            for d in &t.waiting_on {
+                if let Some(w) = self.waiters.get_mut(d) {
+                    w.remove(&t.id);
+                    if w.is_empty() {
+                        self.waiters.remove(d);
+                    }
+                }
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.remove(&(d, t.id));
+            }
+            if let Some(c) = self.counts.get_mut(&qk) {
+                c.delayed = c.delayed.saturating_sub(1);
+            }
+            return;
+        }
         let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        if let Some(d) = t.deadline {
+            self.deadlines.remove(&(d, t.id));
+        }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => {
+                    let k = (t.tenant.clone(), ck.key.clone());
+                    if let Some(n) = self.running_keys.get_mut(&k) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            self.running_keys.remove(&k);
+                        }
+                    }
+                }
+                TaskState::Pending => {
+                    self.pending_keys.remove(&t.id);
+                }
+                _ => {}
+            }
+        }
         if let Some(c) = self.counts.get_mut(&qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
@@ -283,6 +500,11 @@ impl ShardCore {
     /// Writes a changed record and moves it between indexes. A task with a webhook URL that has just ended
     /// (or been dead-lettered) gets a delivery in this shard's outbox, in the same transaction.
     fn update<S: TaskStore>(&mut self, store: &mut S, before: &Task, after: &Task) -> Result<(), S::Error> {
+        if before.state == TaskState::InProgress && after.state != TaskState::InProgress && before.concurrency.is_some()
+        {
+            // A slot of the key came free: tasks of the key in any queue may be claimable now.
+            self.freed.push(QueueKey::of(before));
+        }
         self.unindex_task(before);
         self.index_task(after);
         store.put(after)?;
@@ -316,6 +538,9 @@ impl ShardCore {
 
     /// Up to `limit` ready tasks of one queue in claim order, skipping `skip`.
     pub fn ready_head(&self, qk: &QueueKey, limit: usize, skip: &HashSet<TaskId>) -> Vec<ReadyKey> {
+        if self.paused.contains(qk) {
+            return vec![];
+        }
         match self.ready.get(qk) {
             None => vec![],
             Some(set) => set.iter().filter(|k| !skip.contains(&k.2)).take(limit).cloned().collect(),
@@ -337,6 +562,75 @@ impl ShardCore {
         self.webhooks.len()
     }
 
+    /// Dependencies that tasks of this shard wait on, with the waiting tasks.
+    pub fn waiters(&self) -> &BTreeMap<TaskId, BTreeSet<TaskId>> {
+        &self.waiters
+    }
+
+    /// Tasks of this shard running under a tenant's concurrency key.
+    pub fn running_with_key(&self, tenant: &str, key: &str) -> u32 {
+        self.running_keys.get(&(tenant.to_string(), key.to_string())).copied().unwrap_or(0)
+    }
+
+    /// Claim candidates for the leader: this shard's ready tasks of `queues`, merged in claim order (priority,
+    /// then FIFO), up to `limit`, skipping `skip` (tasks promised to claims in flight) and tasks whose concurrency
+    /// key has no free slot (its running tasks, the in-flight promises and the candidates taken so far fill its
+    /// limit). A blocked key is passed over, never waited for. Each candidate sorts by (priority, running tasks of
+    /// its key (0 without a key), FIFO): at equal priority the least busy key goes first, so claims rotate
+    /// across keys. A key's tasks all live in one shard, so its admission here is exact.
+    pub fn claim_candidates(
+        &self,
+        tenant: &str,
+        queues: &[String],
+        limit: usize,
+        skip: &HashSet<TaskId>,
+    ) -> Vec<ClaimOrder> {
+        let mut taken: HashMap<&str, u32> = HashMap::new();
+        for id in skip {
+            if let Some(ck) = self.pending_keys.get(id) {
+                *taken.entry(ck.key.as_str()).or_default() += 1;
+            }
+        }
+        let mut iters: Vec<_> = queues
+            .iter()
+            .map(|q| QueueKey { tenant: tenant.to_string(), queue: q.clone() })
+            .filter(|qk| !self.paused.contains(qk))
+            .filter_map(|qk| self.ready.get(&qk))
+            .map(|set| set.iter().peekable())
+            .collect();
+        let mut out = Vec::new();
+        while out.len() < limit {
+            // The next ready task across the queues, in claim order.
+            let mut best: Option<(usize, &ReadyKey)> = None;
+            for (i, it) in iters.iter_mut().enumerate() {
+                if let Some(k) = it.peek() {
+                    if best.is_none_or(|(_, b)| *k < b) {
+                        best = Some((i, *k));
+                    }
+                }
+            }
+            let Some((i, _)) = best else { break };
+            let k = iters[i].next().expect("peeked");
+            if skip.contains(&k.2) {
+                continue;
+            }
+            let busy = match self.pending_keys.get(&k.2) {
+                None => 0,
+                Some(ck) => {
+                    let running = self.running_with_key(tenant, &ck.key);
+                    let t = taken.entry(ck.key.as_str()).or_default();
+                    if running + *t >= ck.limit.max(1) {
+                        continue;
+                    }
+                    *t += 1;
+                    running
+                }
+            };
+            out.push((k.0, busy, k.1, k.2));
+        }
+        out
+    }
+
     /// Dead-lettered tasks of one queue, oldest first.
     pub fn dead_letters(&self, qk: &QueueKey) -> Vec<(TimeMs, TaskId)> {
         self.dead.get(qk).map(|s| s.iter().cloned().collect()).unwrap_or_default()
@@ -354,6 +648,7 @@ impl ShardCore {
             self.leases.iter().next().map(|k| k.0),
             self.retention.iter().next().map(|k| k.0),
             self.keys.iter().next().map(|k| k.0),
+            self.deadlines.iter().next().map(|k| k.0),
         ]
         .into_iter()
         .flatten()
@@ -370,6 +665,8 @@ impl ShardCore {
             dead: self.dead.values().map(|s| s.len()).sum(),
             keys: self.keys.len(),
             webhooks: self.webhooks.len(),
+            deadlines: self.deadlines.len(),
+            held: self.held.len(),
         }
     }
 
@@ -450,9 +747,67 @@ impl ShardCore {
                     }
                 }
             }
+            (Command::CreateSchedule(sch), PartialResponse::Schedule(slot)) => {
+                if self.mine(&sch.id) {
+                    *slot = Some(if self.schedules.contains_key(&sch.id) {
+                        Err(Rejected::IdExists)
+                    } else {
+                        let mut sch = (**sch).clone();
+                        sch.created_at = now;
+                        store.put_record(&RecordKey::schedule(&sch.id), &schedule_bytes(&sch))?;
+                        self.schedules.insert(sch.id, sch.clone());
+                        Ok(Some(Box::new(sch)))
+                    });
+                }
+            }
+            (Command::UpdateSchedule { tenant, id, paused, delete }, PartialResponse::Schedule(slot)) => {
+                if self.mine(id) {
+                    *slot = Some(match self.schedules.get(id).filter(|s| s.tenant == *tenant).cloned() {
+                        None => Err(Rejected::NotFound),
+                        Some(_) if *delete => {
+                            store.remove_record(&RecordKey::schedule(id))?;
+                            self.schedules.remove(id);
+                            Ok(None)
+                        }
+                        Some(mut sch) => {
+                            sch.paused = *paused;
+                            store.put_record(&RecordKey::schedule(id), &schedule_bytes(&sch))?;
+                            self.schedules.insert(*id, sch.clone());
+                            Ok(Some(Box::new(sch)))
+                        }
+                    });
+                }
+            }
+            (Command::FireSchedule { id, occurrence, task }, PartialResponse::Fired(done)) => {
+                if self.mine(id) {
+                    *done = self.fire(store, id, *occurrence, task.as_deref(), base_seq, fx)?;
+                }
+            }
+            (Command::ResolveDependencies(items), PartialResponse::Resolved(n)) => {
+                for (pos, r) in items.iter().enumerate() {
+                    if self.mine(&r.task_id) && self.resolve(store, r, base_seq + pos as u64, fx)? {
+                        *n += 1;
+                    }
+                }
+            }
+            (Command::SetQueuePaused { tenant, queue, paused }, PartialResponse::QueuePaused(_)) => {
+                let qk = QueueKey { tenant: tenant.clone(), queue: queue.clone() };
+                if *paused {
+                    store.put_record(&RecordKey::paused(&qk), &[])?;
+                    self.paused.insert(qk);
+                } else {
+                    store.remove_record(&RecordKey::paused(&qk))?;
+                    self.paused.remove(&qk);
+                    // Resumed: its ready tasks are claimable again.
+                    if self.ready.contains_key(&qk) {
+                        fx.ready.insert(qk);
+                    }
+                }
+            }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
         fx.webhooks_added += std::mem::take(&mut self.webhooks_added);
+        fx.ready.extend(self.freed.drain(..));
         Ok(())
     }
 
@@ -476,6 +831,79 @@ impl ShardCore {
                 store.put_delivery(&d)?;
                 self.index_delivery(&d);
             }
+        }
+        Ok(true)
+    }
+
+    /// One occurrence of a schedule: exactly once, because an occurrence at or before the last one recorded (in
+    /// the same shard, the same transaction) is ignored. The task lands in the schedule's shard.
+    fn fire<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        id: &TaskId,
+        occurrence: TimeMs,
+        task: Option<&NewTask>,
+        seq: u64,
+        fx: &mut Effects,
+    ) -> Result<bool, S::Error> {
+        let Some(mut sch) = self.schedules.get(id).cloned() else { return Ok(false) };
+        if sch.paused || sch.last_occurrence.is_some_and(|last| occurrence <= last) {
+            return Ok(false);
+        }
+        if let Some(n) = task {
+            if !self.mine(&n.id) || store.get(&n.id)?.is_some() {
+                return Ok(false);
+            }
+            let mut n = n.clone();
+            n.tenant = sch.tenant.clone();
+            if self.enqueue(store, &n, seq, fx)?.is_ok() {
+                if let Some(mut t) = store.get(&n.id)? {
+                    t.scheduled = Some((*id, occurrence));
+                    store.put(&t)?;
+                }
+                sch.fired += 1;
+            }
+        }
+        sch.last_occurrence = Some(occurrence);
+        store.put_record(&RecordKey::schedule(id), &schedule_bytes(&sch))?;
+        self.schedules.insert(*id, sch);
+        Ok(true)
+    }
+
+    /// One dependency of a held task ended: under all-completed, anything but a completion cancels the task
+    /// (it can no longer become ready); otherwise the dependency is crossed off, and with none left the task is
+    /// pending like any other (FIFO from this entry). Returns whether the task changed.
+    fn resolve<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        r: &DependencyResolved,
+        seq: u64,
+        fx: &mut Effects,
+    ) -> Result<bool, S::Error> {
+        let now = self.now;
+        let Some(before) = store.get(&r.task_id)? else { return Ok(false) };
+        if before.state != TaskState::Pending || !before.waiting_on.contains(&r.dependency) {
+            return Ok(false);
+        }
+        let mut t = before.clone();
+        t.updated_at = now;
+        t.waiting_on.retain(|d| *d != r.dependency);
+        let met = r.outcome == Some(TaskState::Completed) || t.dependency_rule == DependencyRule::AllResolved;
+        if !met {
+            let outcome = r.outcome.map(|s| s.as_str()).unwrap_or("GONE");
+            t.state = TaskState::Cancelled;
+            t.last_error = Some(format!("dependency {} ended {outcome}", r.dependency));
+            t.ended_at = Some(now);
+            self.update(store, &before, &t)?;
+            fx.ended.push(t.id);
+            fx.counts.cancelled += 1;
+            fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
+        } else {
+            if t.waiting_on.is_empty() {
+                t.seq = seq;
+            }
+            self.update(store, &before, &t)?;
+            self.note_pending(&t, fx);
         }
         Ok(true)
     }
@@ -535,11 +963,36 @@ impl ShardCore {
             let mut t = before.clone();
             let delay = t.retry.delay_ms(t.attempts, jitter(seed, &id));
             t.last_error = Some("lease expired".to_string());
+            close_run(&mut t, now, RunOutcome::LeaseExpired, "");
             self.retry_or_dead(&mut t, now, delay, log_index.saturating_mul(MAX_ITEMS_PER_COMMAND));
             self.update(store, &before, &t)?;
             self.note_pending(&t, fx);
             fx.counts.lease_expired += 1;
             count_requeue(&t, fx);
+        }
+        while let Some(&(due, id)) = self.deadlines.first() {
+            if due > now {
+                break;
+            }
+            let before = match store.get(&id)? {
+                Some(t) if !t.state.is_terminal() && t.deadline == Some(due) => t,
+                _ => {
+                    self.deadlines.remove(&(due, id));
+                    continue;
+                }
+            };
+            let mut t = before.clone();
+            close_run(&mut t, now, RunOutcome::DeadlineExceeded, DEADLINE_EXCEEDED);
+            t.state = TaskState::Failed;
+            t.last_error = Some(DEADLINE_EXCEEDED.to_string());
+            t.lease = None;
+            t.dead_at = None;
+            t.ended_at = Some(now);
+            t.updated_at = now;
+            self.update(store, &before, &t)?;
+            fx.ended.push(id);
+            fx.counts.failed += 1;
+            fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
         }
         while let Some(&(due, id)) = self.retention.first() {
             if due > now {
@@ -596,7 +1049,7 @@ impl ShardCore {
         fx: &mut Effects,
     ) -> Result<ItemResult<Enqueued>, S::Error> {
         let now = self.now;
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             if let Some(rec) = store.get_key(&n.tenant, key)? {
                 if rec.expires_at > now {
                     return Ok(Ok(Enqueued { task_id: rec.task_id, duplicate: true }));
@@ -631,12 +1084,22 @@ impl ShardCore {
             ended_at: None,
             dead_at: None,
             last_ack: None,
+            runs: vec![],
+            deadline: n.deadline,
+            progress: None,
+            concurrency: n.concurrency.clone(),
+            follow_ups: vec![],
+            parent: n.parent,
+            depends_on: n.depends_on.clone(),
+            dependency_rule: n.dependency_rule,
+            waiting_on: n.depends_on.clone(),
+            scheduled: None,
         };
         store.put(&t)?;
         self.index_task(&t);
         self.note_pending(&t, fx);
         fx.counts.enqueued += 1;
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };
             // A key replaced after expiry leaves its old index entry behind; `advance` skips it by deadline.
             store.put_key(&n.tenant, key, &rec)?;
@@ -659,7 +1122,17 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        if before.state != TaskState::Pending || before.visible_at > now || before.attempts >= before.max_attempts {
+        let key_full = before
+            .concurrency
+            .as_ref()
+            .is_some_and(|ck| self.running_with_key(&before.tenant, &ck.key) >= ck.limit.max(1));
+        if before.state != TaskState::Pending
+            || !before.waiting_on.is_empty()
+            || before.visible_at > now
+            || before.attempts >= before.max_attempts
+            || self.paused.contains(&QueueKey::of(&before))
+            || key_full
+        {
             return Ok(Err(Rejected::NotClaimable));
         }
         let mut t = before.clone();
@@ -671,6 +1144,18 @@ impl ShardCore {
             token,
             claimed_at: now,
             deadline: now.saturating_add(item.lease_ms),
+        });
+        t.progress = None;
+        if t.runs.len() >= MAX_RUNS_KEPT {
+            t.runs.remove(0);
+        }
+        t.runs.push(Run {
+            worker_id: item.worker_id.clone(),
+            token,
+            started_at: now,
+            ended_at: None,
+            outcome: None,
+            reason: String::new(),
         });
         self.update(store, &before, &t)?;
         fx.counts.claimed += 1;
@@ -707,15 +1192,44 @@ impl ShardCore {
         if !current {
             return Ok(Err(Rejected::LeaseLost));
         }
+        if let AckAction::CompleteWith { follow_ups, .. } = &item.action {
+            // All or nothing: a follow-up that cannot be created (an id clash, or one the proposer placed in
+            // another shard) refuses the whole completion.
+            for n in follow_ups {
+                if !self.mine(&n.id) || store.get(&n.id)?.is_some() {
+                    return Ok(Err(Rejected::IdExists));
+                }
+            }
+        }
         let mut t = before.clone();
         t.updated_at = now;
         let mut ended = false;
+        match &item.action {
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => {
+                close_run(&mut t, now, RunOutcome::Completed, "")
+            }
+            AckAction::Fail { error, retryable: false } => close_run(&mut t, now, RunOutcome::Failed, error),
+            AckAction::Fail { error, .. } | AckAction::Nack { reason: error, .. } => {
+                close_run(&mut t, now, RunOutcome::Retried, error)
+            }
+            AckAction::Abandon => close_run(&mut t, now, RunOutcome::Abandoned, ""),
+            AckAction::Exception { reason, .. } => close_run(&mut t, now, RunOutcome::Exception, reason.as_str()),
+            AckAction::Heartbeat { .. } | AckAction::Progress { .. } => {}
+        }
         match &item.action {
             AckAction::Complete { result } => {
                 t.state = TaskState::Completed;
                 t.result = Some(result.clone());
                 t.lease = None;
                 t.ended_at = Some(now);
+                ended = true;
+            }
+            AckAction::CompleteWith { result, follow_ups } => {
+                t.state = TaskState::Completed;
+                t.result = Some(result.clone());
+                t.lease = None;
+                t.ended_at = Some(now);
+                t.follow_ups = follow_ups.iter().map(|n| n.id).collect();
                 ended = true;
             }
             AckAction::Fail { error, retryable: false } => {
@@ -744,8 +1258,37 @@ impl ShardCore {
                     l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
                 }
             }
+            AckAction::Progress { extend_ms, percent, message } => {
+                if let Some(l) = t.lease.as_mut() {
+                    l.deadline = now.saturating_add(*extend_ms).max(l.deadline);
+                }
+                t.progress = Some(Progress { percent: (*percent).min(100), message: message.clone(), at: now });
+            }
+            AckAction::Exception { reason, message } => {
+                t.last_error = Some(if message.is_empty() {
+                    reason.as_str().to_string()
+                } else {
+                    format!("{}: {message}", reason.as_str())
+                });
+                match reason {
+                    ExceptionReason::MalformedPayload => {
+                        t.state = TaskState::Failed;
+                        t.lease = None;
+                        t.ended_at = Some(now);
+                        ended = true;
+                    }
+                    ExceptionReason::WorkerShutdown => {
+                        t.attempts = t.attempts.saturating_sub(1);
+                        self.retry_or_dead(&mut t, now, 0, seq);
+                    }
+                    ExceptionReason::ResourceUnavailable | ExceptionReason::InternalError => {
+                        let delay = t.retry.delay_ms(t.attempts, jitter(seed, &t.id));
+                        self.retry_or_dead(&mut t, now, delay, seq);
+                    }
+                }
+            }
         }
-        if !matches!(item.action, AckAction::Heartbeat { .. }) {
+        if !item.action.is_heartbeat() {
             t.last_ack = Some((item.token, item.action.kind()));
             if let Some(l) = &before.lease {
                 fx.claim_to_end_ms.push(now.saturating_sub(l.claimed_at));
@@ -763,6 +1306,13 @@ impl ShardCore {
         self.note_pending(&t, fx);
         if ended {
             fx.ended.push(t.id);
+        }
+        if let AckAction::CompleteWith { follow_ups, .. } = &item.action {
+            for (j, n) in follow_ups.iter().enumerate() {
+                // Checked above: each is created. FIFO among them follows their order.
+                let created = self.enqueue(store, n, seq + 1 + j as u64, fx)?;
+                debug_assert!(created.is_ok(), "follow-up {} refused: {created:?}", n.id);
+            }
         }
         let at = match t.state {
             TaskState::InProgress => t.lease.as_ref().map(|l| l.deadline).unwrap_or(now),
@@ -789,6 +1339,7 @@ impl ShardCore {
             return Ok(Err(Rejected::AlreadyEnded));
         }
         let mut t = before.clone();
+        close_run(&mut t, self.now, RunOutcome::Cancelled, "");
         t.state = TaskState::Cancelled;
         t.lease = None;
         t.dead_at = None;
@@ -799,6 +1350,23 @@ impl ShardCore {
         fx.counts.cancelled += 1;
         fx.enqueue_to_end_ms.push(self.now.saturating_sub(t.created_at));
         Ok(Ok(TaskState::Cancelled))
+    }
+}
+
+/// A schedule record's bytes. bincode of plain data cannot fail.
+fn schedule_bytes(s: &Schedule) -> Vec<u8> {
+    bincode::serialize(s).expect("a schedule serialises")
+}
+
+/// Ends the open run of a task (the current delivery), if there is one.
+fn close_run(t: &mut Task, now: TimeMs, outcome: RunOutcome, reason: &str) {
+    let token = t.lease.as_ref().map(|l| l.token);
+    if let Some(run) = t.runs.last_mut() {
+        if run.outcome.is_none() && Some(run.token) == token {
+            run.ended_at = Some(now);
+            run.outcome = Some(outcome);
+            run.reason = reason.chars().take(256).collect();
+        }
     }
 }
 
@@ -821,6 +1389,9 @@ pub struct IndexSizes {
     pub dead: usize,
     pub keys: usize,
     pub webhooks: usize,
+    pub deadlines: usize,
+    /// Pending tasks held by dependencies.
+    pub held: usize,
 }
 
 /// A small code per state, part of a webhook delivery's id.

@@ -50,6 +50,8 @@ fn total_sizes(m: &MemMachine) -> IndexSizes {
         total.retention += s.retention;
         total.dead += s.dead;
         total.keys += s.keys;
+        total.deadlines += s.deadlines;
+        total.held += s.held;
     }
     total
 }
@@ -80,8 +82,15 @@ fn assert_indexes_match_records(m: &MemMachine) {
             assert_eq!(t.state == TaskState::InProgress, t.lease.is_some(), "lease iff in progress: {t:?}");
             assert_eq!(t.state.is_terminal(), t.ended_at.is_some(), "ended_at iff terminal: {t:?}");
             assert_eq!(t.state == TaskState::DeadLettered, t.dead_at.is_some(), "dead_at iff dead: {t:?}");
+            if t.deadline.is_some() && !t.state.is_terminal() {
+                want.deadlines += 1;
+            }
             let c = counts.entry(QueueKey::of(t)).or_default();
             match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => {
+                    want.held += 1;
+                    c.delayed += 1;
+                }
                 TaskState::Pending if t.visible_at > now => {
                     want.delayed += 1;
                     c.delayed += 1;
@@ -126,7 +135,7 @@ fn assert_indexes_match_records(m: &MemMachine) {
         );
         assert!(got.keys >= want.keys, "shard {i}: a stored key is missing from the key index");
         assert_eq!(
-            got.ready + got.delayed + got.leases + got.retention + got.dead,
+            got.ready + got.delayed + got.leases + got.retention + got.dead + got.held,
             store.tasks.len(),
             "shard {i}: every task is in exactly one index"
         );
@@ -172,6 +181,8 @@ fn every_action() -> Vec<AckAction> {
         nack(Some(0)),
         AckAction::Abandon,
         AckAction::Heartbeat { extend_ms: 60_000 },
+        AckAction::Progress { extend_ms: 60_000, percent: 50, message: "half".into() },
+        AckAction::Exception { reason: ExceptionReason::InternalError, message: "boom".into() },
     ]
 }
 
@@ -232,6 +243,11 @@ impl Harness {
             tracestate: None,
             retry: FIXED,
             retention_ms: 60_000,
+            deadline: None,
+            concurrency: None,
+            parent: None,
+            depends_on: vec![],
+            dependency_rule: DependencyRule::AllCompleted,
         }
     }
 
@@ -1006,6 +1022,354 @@ fn heartbeat_extends_lease() {
     assert_eq!(h.state(other), Some(TaskState::Pending));
 }
 
+fn exception(reason: ExceptionReason) -> AckAction {
+    AckAction::Exception { reason, message: "why".into() }
+}
+
+#[test]
+fn each_exception_reason_has_its_effect_and_ends_the_run() {
+    let mut h = Harness::new();
+    // malformed-payload: terminal, no retry although attempts remain.
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let out = h.ack(id, A, token(&t), exception(ExceptionReason::MalformedPayload));
+    assert_eq!(out.map(|o| o.state), Ok(TaskState::Failed));
+    let done = h.task(id);
+    assert_eq!(done.last_error.as_deref(), Some("malformed-payload: why"));
+    assert_eq!(done.runs.len(), 1);
+    assert_eq!(done.runs[0].outcome, Some(RunOutcome::Exception));
+    assert_eq!(done.runs[0].reason, "malformed-payload");
+    assert_eq!(done.runs[0].worker_id, "w1");
+    assert_eq!(done.runs[0].ended_at, Some(h.now()));
+
+    // worker-shutdown: pending again at once, the attempt given back, a new run on the next claim.
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let out = h.ack(id, A, token(&t), exception(ExceptionReason::WorkerShutdown));
+    assert_eq!(out, Ok(AckOutcome { state: TaskState::Pending, at: h.now() }));
+    assert_eq!(h.task(id).attempts, 0);
+    let t2 = h.claim_one(A, 1_000);
+    assert_eq!(t2.id, id);
+    assert_eq!(t2.attempts, 1);
+    assert_eq!(t2.runs.len(), 2);
+    assert_eq!(t2.runs[0].reason, "worker-shutdown");
+    assert_eq!(t2.runs[1].outcome, None, "the new run is open");
+    assert_eq!(h.ack(id, A, token(&t2), complete()).map(|o| o.state), Ok(TaskState::Completed));
+
+    // resource-unavailable and internal-error: retried with backoff, the attempt counts, then dead-lettered.
+    for reason in [ExceptionReason::ResourceUnavailable, ExceptionReason::InternalError] {
+        let id = h.add(A, Q);
+        for attempt in 1..=3 {
+            let t = h.claim_one(A, 1_000);
+            assert_eq!(t.attempts, attempt);
+            let out = h.ack(id, A, token(&t), exception(reason)).expect("applied");
+            if attempt < 3 {
+                assert_eq!(out, AckOutcome { state: TaskState::Pending, at: h.now() + FIXED.base_ms });
+                h.advance(FIXED.base_ms);
+            } else {
+                assert_eq!(out.state, TaskState::DeadLettered);
+            }
+        }
+        let runs = h.task(id).runs;
+        assert_eq!(runs.len(), 3);
+        assert!(runs.iter().all(|r| r.reason == reason.as_str() && r.outcome == Some(RunOutcome::Exception)));
+    }
+}
+
+#[test]
+fn a_task_not_finished_by_its_deadline_fails_with_deadline_exceeded() {
+    let mut h = Harness::new();
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 5_000);
+    let running = h.enqueue(spec);
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 5_000);
+    spec.visible_at = h.time + 60_000;
+    let delayed = h.enqueue(spec);
+    let mut spec = h.spec(A, Q);
+    spec.deadline = Some(h.time + 1_000);
+    let finished = h.enqueue(spec);
+    let t = h.claim_ids(A, &[running, finished], 60_000);
+    let (tr, tf) = (t[0].clone().expect("claimed"), t[1].clone().expect("claimed"));
+    assert_eq!(h.ack(finished, A, token(&tf), complete()).map(|o| o.state), Ok(TaskState::Completed));
+    h.advance(4_999);
+    assert_eq!(h.state(running), Some(TaskState::InProgress));
+    assert_eq!(h.m.shards.iter().filter_map(|s| s.next_due()).min(), Some(h.time + 1), "the deadline is due next");
+    h.advance(1);
+    for id in [running, delayed] {
+        let t = h.task(id);
+        assert_eq!(t.state, TaskState::Failed, "{id}");
+        assert_eq!(t.last_error.as_deref(), Some(DEADLINE_EXCEEDED));
+        assert_eq!(t.ended_at, Some(h.now()));
+    }
+    let r = h.task(running).runs;
+    assert_eq!((r[0].outcome, r[0].reason.as_str()), (Some(RunOutcome::DeadlineExceeded), DEADLINE_EXCEEDED));
+    assert_eq!(h.ack(running, A, token(&tr), complete()), Err(Rejected::NotInProgress), "its token is dead");
+    assert_eq!(h.state(finished), Some(TaskState::Completed), "a finished task keeps its outcome");
+}
+
+#[test]
+fn progress_rides_on_heartbeats_and_resets_at_the_next_claim() {
+    let mut h = Harness::new();
+    let id = h.add(A, Q);
+    let t = h.claim_one(A, 1_000);
+    let p = AckAction::Progress { extend_ms: 5_000, percent: 140, message: "step 3".into() };
+    let out = h.ack(id, A, token(&t), p).expect("applied");
+    assert_eq!(out, AckOutcome { state: TaskState::InProgress, at: h.now() + 5_000 });
+    let got = h.task(id).progress.expect("progress");
+    assert_eq!((got.percent, got.message.as_str(), got.at), (100, "step 3", h.now()));
+    h.ack(id, A, token(&t), AckAction::Abandon).expect("abandoned");
+    let t = h.claim_one(A, 1_000);
+    assert_eq!(t.progress, None);
+}
+
+#[test]
+fn a_paused_queue_accepts_enqueues_serves_no_claims_and_delays_nothing_else() {
+    let mut h = Harness::new();
+    let held = h.add(A, Q);
+    let other = h.add(A, "other");
+    let foreign = h.add(B, Q);
+    let pause = |paused| Command::SetQueuePaused { tenant: A.into(), queue: Q.into(), paused };
+    assert_eq!(h.apply(pause(true)), Response::QueuePaused(true));
+    let later = h.add(A, Q);
+    assert_eq!(h.state(later), Some(TaskState::Pending), "enqueues are accepted");
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "nothing is picked from a paused queue");
+    assert_eq!(h.pick(A, &[Q, "other"], 10), vec![other], "other queues are served");
+    assert_eq!(h.pick(B, &[Q], 10), vec![foreign], "the same queue name of another tenant is served");
+    let r = h.claim_ids(A, &[held], 1_000);
+    assert_eq!(r[0].clone().map(|t| t.id), Err(Rejected::NotClaimable), "apply re-checks the flag");
+    // A restart keeps the flag.
+    let rebuilt = h.m.rebuilt();
+    assert_eq!(rebuilt.pick(A, &queues(&[Q]), 10), vec![]);
+    assert!(rebuilt.shards.iter().all(|s| s.is_paused(&QueueKey { tenant: A.into(), queue: Q.into() })));
+    assert_eq!(h.apply(pause(false)), Response::QueuePaused(false));
+    assert_eq!(h.pick(A, &[Q], 10), vec![held, later], "resumed in FIFO order");
+}
+
+#[test]
+fn completions_feed_the_throughput_windows_and_survive_a_rebuild() {
+    let mut h = Harness::new();
+    for _ in 0..3 {
+        // Kept longer than the longest window, so a rebuild finds them (a shorter retention forgets them).
+        let spec = NewTask { retention_ms: 3_600_000, ..h.spec(A, Q) };
+        h.enqueue(spec);
+    }
+    for _ in 0..3 {
+        let t = h.claim_one(A, 60_000);
+        h.advance(200);
+        h.ack(t.id, A, token(&t), complete()).expect("completed");
+        h.advance(120_000 - 200);
+    }
+    let qk = QueueKey { tenant: A.into(), queue: Q.into() };
+    let sum = |m: &MemMachine| {
+        m.shards.iter().map(|s| s.throughput(&qk)).fold(Throughput::default(), |a, t| Throughput {
+            completed_1m: a.completed_1m + t.completed_1m,
+            completed_5m: a.completed_5m + t.completed_5m,
+            completed_15m: a.completed_15m + t.completed_15m,
+            run_ms_15m: a.run_ms_15m + t.run_ms_15m,
+        })
+    };
+    // Completed 6 min, 4 min and 2 min ago.
+    let want = Throughput { completed_1m: 0, completed_5m: 2, completed_15m: 3, run_ms_15m: 600 };
+    assert_eq!(sum(&h.m), want);
+    assert_eq!(sum(&h.m.rebuilt()), want, "derived from the records");
+    h.advance(15 * 60_000);
+    assert_eq!(sum(&h.m), Throughput::default(), "older than the longest window");
+}
+
+fn keyed(h: &mut Harness, queue: &str, key: &str, limit: u32) -> TaskId {
+    let mut spec = h.spec(A, queue);
+    spec.id = TaskId::new(h.time, TaskId::placement_for_concurrency_key(A, key), h.next_id);
+    spec.concurrency = Some(ConcurrencyKey { key: key.into(), limit });
+    h.enqueue(spec)
+}
+
+#[test]
+fn a_blocked_concurrency_key_never_delays_other_keys_or_queues() {
+    let mut h = Harness::new();
+    let a: Vec<TaskId> = (0..5).map(|_| keyed(&mut h, Q, "a", 1)).collect();
+    let b = keyed(&mut h, Q, "b", 1);
+    let plain = h.add(A, Q);
+    let other = keyed(&mut h, "other", "a", 1);
+    // Claim order: a[0] (oldest) runs; the rest of "a" is blocked behind it, nothing else is.
+    let t = h.claim_one(A, 60_000);
+    assert_eq!(t.id, a[0]);
+    assert_eq!(h.pick(A, &[Q, "other"], 10), vec![b, plain], "key a is full in every queue");
+    let r = h.claim_ids(A, &[a[1], other], 60_000);
+    assert!(r.iter().all(|r| r.as_ref().err() == Some(&Rejected::NotClaimable)), "apply re-checks the limit");
+    // The running task ends: the next of "a" becomes claimable.
+    h.ack(a[0], A, token(&t), complete()).expect("completed");
+    assert_eq!(h.pick(A, &[Q], 10), vec![a[1], b, plain]);
+    // Promised to a claim in flight counts as running for the key.
+    let skip: HashSet<TaskId> = [a[1]].into();
+    assert_eq!(pick_ready(&h.m.shards, A, &queues(&[Q]), 10, &skip), vec![b, plain]);
+}
+
+#[test]
+fn claims_rotate_to_the_least_busy_key_and_respect_limits() {
+    let mut h = Harness::new();
+    let a: Vec<TaskId> = (0..4).map(|_| keyed(&mut h, Q, "a", 3)).collect();
+    let b: Vec<TaskId> = (0..3).map(|_| keyed(&mut h, Q, "b", 3)).collect();
+    let first = h.claim_ids(A, &[a[0]], 60_000);
+    assert!(first[0].is_ok());
+    // "a" runs one task, "b" none: b's tasks go first, then a's up to its limit of 3.
+    assert_eq!(h.pick(A, &[Q], 10), vec![b[0], b[1], b[2], a[1], a[2]]);
+    let picked = h.pick(A, &[Q], 10);
+    let got = h.claim_ids(A, &picked, 60_000);
+    assert!(got.iter().all(|r| r.is_ok()));
+    let running = |key: &str| h.m.shards.iter().map(|s| s.running_with_key(A, key)).sum::<u32>();
+    assert_eq!((running("a"), running("b")), (3, 3));
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "both keys full");
+    assert_eq!(h.m.rebuilt().pick(A, &queues(&[Q]), 10), vec![], "a rebuild counts the running tasks again");
+}
+
+#[test]
+fn a_chained_completion_creates_its_follow_ups_all_or_nothing() {
+    let mut h = Harness::new();
+    let parent = h.add(A, Q);
+    let t = h.claim_one(A, 60_000);
+    let follow = |h: &mut Harness, queue: &str| {
+        let mut n = h.spec(A, queue);
+        n.id = TaskId::new(h.time, parent.placement(), h.next_id);
+        n.parent = Some(parent);
+        n
+    };
+    let (f1, f2) = (follow(&mut h, "next"), follow(&mut h, "next"));
+    let chained = |f: Vec<NewTask>| AckAction::CompleteWith { result: b"r".to_vec(), follow_ups: f };
+    // A stale token: refused, and nothing is created.
+    assert_eq!(h.ack(parent, A, token(&t) + 1, chained(vec![f1.clone(), f2.clone()])), Err(Rejected::LeaseLost));
+    assert_eq!((h.state(f1.id), h.state(f2.id)), (None, None));
+    // A follow-up id that exists (or lives in another shard) refuses the whole completion.
+    let clash = NewTask { id: parent, ..f2.clone() };
+    assert_eq!(h.ack(parent, A, token(&t), chained(vec![f1.clone(), clash])), Err(Rejected::IdExists));
+    assert_eq!((h.state(parent), h.state(f1.id)), (Some(TaskState::InProgress), None));
+    // Accepted: the completion and both follow-ups in one entry, in order.
+    let out = h.ack(parent, A, token(&t), chained(vec![f1.clone(), f2.clone()])).expect("applied");
+    assert_eq!(out.state, TaskState::Completed);
+    assert_eq!(h.task(parent).follow_ups, vec![f1.id, f2.id]);
+    assert_eq!((h.task(f1.id).parent, h.task(f1.id).state), (Some(parent), TaskState::Pending));
+    assert_eq!(h.pick(A, &["next"], 10), vec![f1.id, f2.id], "FIFO in the order given");
+    // The same completion sent again (another proposer stamped other ids): applied once, nothing new.
+    let (g1, g2) = (follow(&mut h, "next"), follow(&mut h, "next"));
+    assert_eq!(h.ack(parent, A, token(&t), chained(vec![g1.clone(), g2])).map(|o| o.state), Ok(TaskState::Completed));
+    assert_eq!(h.state(g1.id), None);
+}
+
+fn dependent(h: &mut Harness, deps: &[TaskId], rule: DependencyRule) -> TaskId {
+    let mut spec = h.spec(A, Q);
+    spec.depends_on = deps.to_vec();
+    spec.dependency_rule = rule;
+    h.enqueue(spec)
+}
+
+fn resolve(h: &mut Harness, task_id: TaskId, dependency: TaskId) -> Response {
+    let outcome = h.m.task(&dependency).map(|t| t.state);
+    h.apply(Command::ResolveDependencies(vec![DependencyResolved { task_id, dependency, outcome }]))
+}
+
+#[test]
+fn dependencies_hold_a_task_until_their_rule_is_met_or_cancel_it() {
+    let mut h = Harness::new();
+    let (a, b) = (h.add(A, "deps"), h.add(A, "deps"));
+    let all_done = dependent(&mut h, &[a, b], DependencyRule::AllCompleted);
+    let all_ended = dependent(&mut h, &[a, b], DependencyRule::AllResolved);
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "held tasks are not claimable");
+    assert_eq!(h.claim_ids(A, &[all_done], 1_000)[0].clone().map(|t| t.id), Err(Rejected::NotClaimable));
+    assert_eq!(h.task(all_done).waiting_on, vec![a, b]);
+    let counts = machine_counts(&h.m)[&QueueKey { tenant: A.into(), queue: Q.into() }];
+    assert_eq!((counts.pending, counts.delayed), (0, 2), "held tasks count as delayed");
+
+    let ta = h.claim_ids(A, &[a], 1_000)[0].clone().expect("claimed");
+    h.ack(a, A, token(&ta), complete()).expect("a completed");
+    assert_eq!(resolve(&mut h, all_done, a), Response::Resolved(1));
+    assert_eq!(resolve(&mut h, all_done, a), Response::Resolved(0), "a resolution is applied once");
+    assert_eq!(h.task(all_done).waiting_on, vec![b]);
+    let tb = h.claim_ids(A, &[b], 1_000)[0].clone().expect("claimed");
+    h.ack(b, A, token(&tb), fail(false)).expect("b failed");
+    // All-completed can no longer be met: cancelled. All-resolved: ready once both ended.
+    resolve(&mut h, all_done, b);
+    let t = h.task(all_done);
+    assert_eq!(t.state, TaskState::Cancelled);
+    assert!(t.last_error.as_deref().is_some_and(|e| e.contains("FAILED")), "{:?}", t.last_error);
+    resolve(&mut h, all_ended, a);
+    assert_eq!(h.pick(A, &[Q], 10), vec![], "still waiting on b");
+    resolve(&mut h, all_ended, b);
+    assert_eq!(h.pick(A, &[Q], 10), vec![all_ended]);
+    assert_eq!(h.m.rebuilt().pick(A, &queues(&[Q]), 10), vec![all_ended]);
+}
+
+#[test]
+fn a_held_task_survives_a_rebuild_and_can_be_cancelled_or_time_out() {
+    let mut h = Harness::new();
+    let a = h.add(A, "deps");
+    let held = dependent(&mut h, &[a], DependencyRule::AllCompleted);
+    let mut spec = h.spec(A, Q);
+    spec.depends_on = vec![a];
+    spec.deadline = Some(h.time + 1_000);
+    let timed = h.enqueue(spec);
+    let r = h.m.rebuilt();
+    let waiting: Vec<TaskId> =
+        r.shards.iter().flat_map(|s| s.waiters().get(&a).into_iter().flatten().copied()).collect();
+    assert_eq!(waiting.len(), 2);
+    assert_eq!(h.cancel(A, held), Ok(TaskState::Cancelled));
+    h.advance(1_000);
+    assert_eq!(h.task(timed).last_error.as_deref(), Some(DEADLINE_EXCEEDED));
+    assert!(h.m.shards.iter().all(|s| s.waiters().is_empty()), "nothing waits any more");
+    // A gone dependency (removed after its retention) counts as not completed.
+    let b = h.add(A, "deps");
+    let c = dependent(&mut h, &[b], DependencyRule::AllResolved);
+    h.apply(Command::ResolveDependencies(vec![DependencyResolved { task_id: c, dependency: b, outcome: None }]));
+    assert_eq!(h.pick(A, &[Q], 10), vec![c]);
+}
+
+#[test]
+fn a_schedule_fires_each_occurrence_once_into_its_own_shard() {
+    let mut h = Harness::new();
+    let id = TaskId::new(h.time, 7, 7);
+    let template = h.spec(A, "cron");
+    let sch = Schedule {
+        id,
+        tenant: A.into(),
+        name: "n".into(),
+        spec: ScheduleSpec::Interval { every_ms: 1_000 },
+        missed: MissedPolicy::Skip,
+        paused: false,
+        created_at: 0,
+        last_occurrence: None,
+        fired: 0,
+        template: template.clone(),
+    };
+    let Response::Schedule(Ok(Some(created))) = h.apply(Command::CreateSchedule(Box::new(sch))) else { panic!() };
+    assert_eq!(created.created_at, h.now(), "creation time is the entry's");
+    let task = |h: &Harness, n: u64| {
+        Some(Box::new(NewTask { id: TaskId::new(h.time, id.placement(), 100 + n), ..template.clone() }))
+    };
+    let occ = created.created_at + 1_000;
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ, task: task(&h, 1) }), Response::Fired(true));
+    // The same occurrence again (a second leader, a retry): nothing.
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ, task: task(&h, 2) }), Response::Fired(false));
+    let made: Vec<&Task> = h.m.tasks().filter(|t| t.scheduled.is_some()).collect();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].scheduled, Some((id, occ)));
+    assert_eq!(made[0].id.shard(SHARDS), id.shard(SHARDS));
+    // A skipped occurrence moves on without a task; a paused schedule fires nothing.
+    assert_eq!(h.apply(Command::FireSchedule { id, occurrence: occ + 1_000, task: None }), Response::Fired(true));
+    let pause = Command::UpdateSchedule { tenant: A.into(), id, paused: true, delete: false };
+    assert!(matches!(h.apply(pause), Response::Schedule(Ok(Some(s))) if s.paused));
+    assert_eq!(
+        h.apply(Command::FireSchedule { id, occurrence: occ + 2_000, task: task(&h, 3) }),
+        Response::Fired(false)
+    );
+    let r = h.m.rebuilt();
+    let kept = &r.shards[id.shard(SHARDS)].schedules()[&id];
+    assert_eq!((kept.last_occurrence, kept.fired, kept.paused), (Some(occ + 1_000), 1, true), "survives a rebuild");
+    let foreign = Command::UpdateSchedule { tenant: B.into(), id, paused: false, delete: true };
+    assert_eq!(h.apply(foreign), Response::Schedule(Err(Rejected::NotFound)), "tenants see only their own");
+    let delete = Command::UpdateSchedule { tenant: A.into(), id, paused: false, delete: true };
+    assert_eq!(h.apply(delete), Response::Schedule(Ok(None)));
+    assert!(h.m.shards.iter().all(|s| s.schedules().is_empty()));
+}
+
 #[test]
 fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     let mut h = Harness::new();
@@ -1063,6 +1427,10 @@ const QUEUES: [&str; 2] = ["q0", "q1"];
 const KEYS: [&str; 2] = ["k0", "k1"];
 /// Placement of keyed tasks, per key: the proposer puts every task of one key in one shard.
 const KEY_PLACEMENT: u16 = 1_000;
+/// Concurrency keys, their limits and placements (again one shard per key).
+const CKEYS: [&str; 2] = ["c0", "c1"];
+const CKEY_LIMITS: [u32; 2] = [1, 2];
+const CKEY_PLACEMENT: u16 = 2_001;
 
 /// The reference model's view of a task, written from the lifecycle rules alone.
 #[derive(Debug, Clone)]
@@ -1088,6 +1456,15 @@ struct ModelTask {
     retry: RetryPolicy,
     /// Token and kind of the ack that ended the last delivery: that same ack again is answered as applied.
     last_ack: Option<(LeaseToken, u8)>,
+    /// The task's own deadline (not the lease's).
+    task_deadline: Option<TimeMs>,
+    /// Every delivery: its token and how it ended.
+    runs: Vec<(LeaseToken, Option<RunOutcome>)>,
+    /// Concurrency key and limit.
+    ckey: Option<(String, u32)>,
+    /// Dependencies not yet resolved, and whether all-resolved (else all-completed) is the rule.
+    waiting_on: Vec<TaskId>,
+    all_resolved: bool,
 }
 
 #[derive(Debug, Default)]
@@ -1100,6 +1477,8 @@ struct Model {
     /// Every token each task was ever given.
     history: HashMap<TaskId, Vec<LeaseToken>>,
     issued: Vec<LeaseToken>,
+    /// Paused (tenant, queue): no claims.
+    paused: BTreeSet<(String, String)>,
 }
 
 /// The range of a backoff after `attempts` attempts: fixed, or `base * 2^(attempts-1)` capped at `max`, of which
@@ -1126,6 +1505,14 @@ impl ModelTask {
         }
     }
 
+    fn close_run(&mut self, outcome: RunOutcome) {
+        if let (Some(run), Some(token)) = (self.runs.last_mut(), self.token) {
+            if run.0 == token && run.1.is_none() {
+                run.1 = Some(outcome);
+            }
+        }
+    }
+
     fn end(&mut self, state: TaskState, now: TimeMs, index: u64) {
         self.state = state;
         self.token = None;
@@ -1134,7 +1521,7 @@ impl ModelTask {
     }
 
     fn ready(&self, now: TimeMs) -> bool {
-        self.state == TaskState::Pending && self.visible_at <= now
+        self.state == TaskState::Pending && self.visible_at <= now && self.waiting_on.is_empty()
     }
 }
 
@@ -1149,8 +1536,15 @@ impl Model {
         let (now, seq) = (self.now, self.index * MAX_ITEMS_PER_COMMAND);
         for t in self.tasks.values_mut() {
             if t.state == TaskState::InProgress && t.deadline <= now {
+                t.close_run(RunOutcome::LeaseExpired);
                 let delay = backoff_range(&t.retry, t.attempts);
                 t.retry_or_dead(now, delay, seq);
+            }
+        }
+        for t in self.tasks.values_mut() {
+            if !t.state.is_terminal() && t.task_deadline.is_some_and(|d| d <= now) {
+                t.close_run(RunOutcome::DeadlineExceeded);
+                t.end(TaskState::Failed, now, self.index);
             }
         }
         self.tasks.retain(|_, t| match t.ended_at {
@@ -1165,7 +1559,7 @@ impl Model {
     }
 
     fn enqueue(&mut self, pos: u64, n: &NewTask) -> ItemResult<Enqueued> {
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             if let Some(&(original, expires_at)) = self.keys.get(&(n.tenant.clone(), key.clone())) {
                 if expires_at > self.now {
                     return Ok(Enqueued { task_id: original, duplicate: true });
@@ -1192,42 +1586,110 @@ impl Model {
             retention_ms: n.retention_ms,
             retry: n.retry,
             last_ack: None,
+            task_deadline: n.deadline,
+            runs: vec![],
+            ckey: n.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
+            waiting_on: n.depends_on.clone(),
+            all_resolved: n.dependency_rule == DependencyRule::AllResolved,
         };
         self.tasks.insert(n.id, t);
-        if let Some(key) = &n.idempotency_key {
+        if let Some(key) = &n.idempotency_record_key() {
             self.keys.insert((n.tenant.clone(), key.clone()), (n.id, self.now + n.idempotency_window_ms));
         }
         Ok(Enqueued { task_id: n.id, duplicate: false })
     }
 
-    /// Ready tasks of `tenant` in `queues`, in claim order.
-    fn ready(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+    /// Running tasks of a tenant's concurrency key.
+    fn running(&self, tenant: &str, key: &str) -> u32 {
+        let with_key = |t: &&ModelTask| t.ckey.as_ref().is_some_and(|(k, _)| k == key);
+        let running = |t: &&ModelTask| t.tenant == tenant && t.state == TaskState::InProgress;
+        self.tasks.values().filter(running).filter(with_key).count() as u32
+    }
+
+    /// Every claimable task of `tenant` in `queues`, in claim order: ready, queue not paused, its concurrency key
+    /// not full (counting the tasks admitted before it in priority-then-FIFO order); ordered by priority, then
+    /// the running tasks of its key, then FIFO. With its shard.
+    fn admitted(&self, tenant: &str, queues: &[String]) -> Vec<(ClaimOrder, usize)> {
         let mut v: Vec<(Reverse<u8>, u64, TaskId)> = self
             .tasks
             .iter()
             .filter(|(_, t)| t.tenant == tenant && queues.contains(&t.queue) && t.ready(self.now))
+            .filter(|(_, t)| !self.paused.contains(&(t.tenant.clone(), t.queue.clone())))
             .map(|(id, t)| (Reverse(t.priority), t.seq, *id))
             .collect();
         v.sort();
-        v.into_iter().take(count).map(|k| k.2).collect()
+        let mut taken: HashMap<String, u32> = HashMap::new();
+        let mut out = Vec::new();
+        for (p, seq, id) in v {
+            let busy = match &self.tasks[&id].ckey {
+                None => 0,
+                Some((key, limit)) => {
+                    let running = self.running(tenant, key);
+                    let t = taken.entry(key.clone()).or_default();
+                    if running + *t >= *limit {
+                        continue;
+                    }
+                    *t += 1;
+                    running
+                }
+            };
+            out.push(((p, busy, seq, id), id.shard(SHARDS)));
+        }
+        out.sort();
+        out
+    }
+
+    /// Ready tasks of `tenant` in `queues`, in claim order.
+    fn ready(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+        self.admitted(tenant, queues).into_iter().take(count).map(|(k, _)| k.3).collect()
     }
 
     fn claim(&mut self, id: &TaskId, tenant: &str, lease_ms: u64, pos: u64) -> ItemResult<LeaseToken> {
         let (now, token) = (self.now, self.index * MAX_ITEMS_PER_COMMAND + pos);
+        let paused = self.paused.clone();
+        let full = match self.tasks.get(id).and_then(|t| t.ckey.clone()) {
+            Some((key, limit)) => self.running(tenant, &key) >= limit,
+            None => false,
+        };
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
-        if !t.ready(now) {
+        if !t.ready(now) || paused.contains(&(t.tenant.clone(), t.queue.clone())) || full {
             return Err(Rejected::NotClaimable);
         }
         t.state = TaskState::InProgress;
         t.attempts += 1;
         t.token = Some(token);
         t.deadline = now + lease_ms;
+        if t.runs.len() >= MAX_RUNS_KEPT {
+            t.runs.remove(0);
+        }
+        t.runs.push((token, None));
         self.history.entry(*id).or_default().push(token);
         self.issued.push(token);
         Ok(token)
     }
 
     fn ack(&mut self, id: &TaskId, tenant: &str, token: LeaseToken, action: &AckAction) -> Outcome {
+        let current = self
+            .tasks
+            .get(id)
+            .is_some_and(|t| t.tenant == tenant && t.state == TaskState::InProgress && t.token == Some(token));
+        // A follow-up must be new and in the completed task's shard, or the completion is refused whole.
+        let clash = match action {
+            AckAction::CompleteWith { follow_ups, .. } => {
+                follow_ups.iter().any(|n| self.tasks.contains_key(&n.id) || n.id.shard(SHARDS) != id.shard(SHARDS))
+            }
+            _ => false,
+        };
+        let outcome = self.ack_task(id, tenant, token, action, clash)?;
+        if let (AckAction::CompleteWith { follow_ups, .. }, true) = (action, current) {
+            for (j, n) in follow_ups.iter().enumerate() {
+                self.enqueue(1 + j as u64, n).expect("checked: a new id");
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn ack_task(&mut self, id: &TaskId, tenant: &str, token: LeaseToken, action: &AckAction, clash: bool) -> Outcome {
         let (now, index) = (self.now, self.index);
         let seq = index * MAX_ITEMS_PER_COMMAND;
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;
@@ -1241,11 +1703,25 @@ impl Model {
         if t.token != Some(token) {
             return Err(Rejected::LeaseLost);
         }
-        if !matches!(action, AckAction::Heartbeat { .. }) {
+        if clash {
+            return Err(Rejected::IdExists);
+        }
+        if !action.is_heartbeat() {
             t.last_ack = Some((token, action.kind()));
         }
+        let run_end = match action {
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => Some(RunOutcome::Completed),
+            AckAction::Fail { retryable: false, .. } => Some(RunOutcome::Failed),
+            AckAction::Fail { .. } | AckAction::Nack { .. } => Some(RunOutcome::Retried),
+            AckAction::Abandon => Some(RunOutcome::Abandoned),
+            AckAction::Exception { .. } => Some(RunOutcome::Exception),
+            AckAction::Heartbeat { .. } | AckAction::Progress { .. } => None,
+        };
+        if let Some(o) = run_end {
+            t.close_run(o);
+        }
         match action {
-            AckAction::Complete { .. } => t.end(TaskState::Completed, now, index),
+            AckAction::Complete { .. } | AckAction::CompleteWith { .. } => t.end(TaskState::Completed, now, index),
             AckAction::Fail { retryable: false, .. } => t.end(TaskState::Failed, now, index),
             AckAction::Fail { retryable: true, .. } | AckAction::Nack { delay_ms: None, .. } => {
                 let delay = backoff_range(&t.retry, t.attempts);
@@ -1256,7 +1732,20 @@ impl Model {
                 t.attempts -= 1;
                 t.retry_or_dead(now, (0, 0), seq);
             }
-            AckAction::Heartbeat { extend_ms } => t.deadline = t.deadline.max(now + extend_ms),
+            AckAction::Heartbeat { extend_ms } | AckAction::Progress { extend_ms, .. } => {
+                t.deadline = t.deadline.max(now + extend_ms)
+            }
+            AckAction::Exception { reason: ExceptionReason::MalformedPayload, .. } => {
+                t.end(TaskState::Failed, now, index)
+            }
+            AckAction::Exception { reason: ExceptionReason::WorkerShutdown, .. } => {
+                t.attempts -= 1;
+                t.retry_or_dead(now, (0, 0), seq);
+            }
+            AckAction::Exception { .. } => {
+                let delay = backoff_range(&t.retry, t.attempts);
+                t.retry_or_dead(now, delay, seq);
+            }
         }
         let at = match t.state {
             TaskState::Pending => t.visible_range.unwrap_or((t.visible_at, t.visible_at)),
@@ -1272,8 +1761,49 @@ impl Model {
         if t.state.is_terminal() {
             return Err(Rejected::AlreadyEnded);
         }
+        t.close_run(RunOutcome::Cancelled);
         t.end(TaskState::Cancelled, now, index);
         Ok(TaskState::Cancelled)
+    }
+
+    /// What the leader's resolver proposes: every (held task, dependency) whose dependency ended or is gone.
+    fn resolutions(&self) -> Vec<DependencyResolved> {
+        let mut out = Vec::new();
+        for (id, t) in &self.tasks {
+            if t.state != TaskState::Pending {
+                continue;
+            }
+            for d in &t.waiting_on {
+                let outcome = match self.tasks.get(d) {
+                    Some(dt) if dt.state.is_terminal() => Some(dt.state),
+                    Some(_) => continue,
+                    None => None,
+                };
+                out.push(DependencyResolved { task_id: *id, dependency: *d, outcome });
+            }
+        }
+        out
+    }
+
+    /// Applies resolutions: all-completed cancels on anything but a completion, otherwise the dependency is
+    /// crossed off (the task becomes pending from this entry when none is left).
+    fn resolve(&mut self, items: &[DependencyResolved]) -> u64 {
+        let (now, index) = (self.now, self.index);
+        let mut changed = 0;
+        for (pos, r) in items.iter().enumerate() {
+            let Some(t) = self.tasks.get_mut(&r.task_id) else { continue };
+            if t.state != TaskState::Pending || !t.waiting_on.contains(&r.dependency) {
+                continue;
+            }
+            changed += 1;
+            t.waiting_on.retain(|d| *d != r.dependency);
+            if r.outcome != Some(TaskState::Completed) && !t.all_resolved {
+                t.end(TaskState::Cancelled, now, index);
+            } else if t.waiting_on.is_empty() {
+                t.seq = index * MAX_ITEMS_PER_COMMAND + pos as u64;
+            }
+        }
+        changed
     }
 
     fn dead_of(&self, tenant: &str, queue: &str) -> BTreeSet<TaskId> {
@@ -1307,6 +1837,7 @@ impl Model {
         let mut s = IndexSizes::default();
         for (_, t) in self.tasks.iter().filter(|(id, _)| id.shard(SHARDS) == shard) {
             match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => s.held += 1,
                 TaskState::Pending if t.visible_at > self.now => s.delayed += 1,
                 TaskState::Pending => s.ready += 1,
                 TaskState::InProgress => s.leases += 1,
@@ -1314,6 +1845,11 @@ impl Model {
                 TaskState::Completed | TaskState::Failed | TaskState::Cancelled => s.retention += 1,
             }
         }
+        s.deadlines = self
+            .tasks
+            .iter()
+            .filter(|(id, t)| id.shard(SHARDS) == shard && !t.state.is_terminal() && t.task_deadline.is_some())
+            .count();
         s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count();
         s
     }
@@ -1323,6 +1859,7 @@ impl Model {
         for t in self.tasks.values() {
             let c = out.entry(QueueKey { tenant: t.tenant.clone(), queue: t.queue.clone() }).or_default();
             let slot = match t.state {
+                TaskState::Pending if !t.waiting_on.is_empty() => &mut c.delayed,
                 TaskState::Pending if t.visible_at > self.now => &mut c.delayed,
                 TaskState::Pending => &mut c.pending,
                 TaskState::InProgress => &mut c.in_progress,
@@ -1349,6 +1886,12 @@ struct EnqueueSpec {
     retention: u64,
     retry: RetryPolicy,
     placement: u16,
+    /// A task deadline, relative to the enqueue.
+    deadline: Option<u64>,
+    /// A concurrency key (index into `CKEYS`).
+    ckey: Option<usize>,
+    /// Dependencies: up to two known ids, and whether the rule is all-resolved.
+    deps: Option<(Index, Index, bool)>,
     /// Reuse an id seen before (a proposer bug or a retry with a fixed id): `IdExists` while it is stored.
     reuse: Option<Index>,
 }
@@ -1400,6 +1943,13 @@ enum Op {
         tenant: usize,
         queue: usize,
     },
+    Pause {
+        tenant: usize,
+        queue: usize,
+        paused: bool,
+    },
+    /// The leader's dependency resolver runs.
+    Resolve,
 }
 
 #[derive(Debug, Clone)]
@@ -1427,9 +1977,24 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
         retry_strategy(),
         0..16u16,
         prop::option::weighted(0.05, any::<Index>()),
+        prop::option::weighted(0.2, 0..5_000u64),
+        prop::option::weighted(0.4, 0..2usize),
+        prop::option::weighted(0.3, (any::<Index>(), any::<Index>(), any::<bool>())),
     )
         .prop_map(
-            |((tenant, queue, priority), delay, max_attempts, key, (window, retention), retry, placement, reuse)| {
+            |(
+                (tenant, queue, priority),
+                delay,
+                max_attempts,
+                key,
+                (window, retention),
+                retry,
+                placement,
+                reuse,
+                deadline,
+                ckey,
+                deps,
+            )| {
                 EnqueueSpec {
                     tenant,
                     queue,
@@ -1441,6 +2006,9 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                     retention,
                     retry,
                     placement,
+                    deadline,
+                    ckey,
+                    deps,
                     reuse,
                 }
             },
@@ -1463,7 +2031,37 @@ fn action_strategy() -> impl Strategy<Value = AckAction> {
         2 => prop::option::of(0..2_000u64).prop_map(nack),
         1 => Just(AckAction::Abandon),
         2 => (0..3_000u64).prop_map(|extend_ms| AckAction::Heartbeat { extend_ms }),
+        1 => (0..3_000u64, 0..=120u8)
+            .prop_map(|(extend_ms, percent)| AckAction::Progress { extend_ms, percent, message: "p".into() }),
+        2 => prop::sample::select(ExceptionReason::ALL.to_vec())
+            .prop_map(|reason| AckAction::Exception { reason, message: String::new() }),
+        // Follow-ups are placeholders here: the simulation gives them ids when it sends the ack.
+        2 => (0..3usize).prop_map(|n| AckAction::CompleteWith { result: vec![7], follow_ups: vec![follow_up_template(); n] }),
     ]
+}
+
+fn follow_up_template() -> NewTask {
+    NewTask {
+        id: TaskId::new(0, 0, 0),
+        tenant: String::new(),
+        queue: QUEUES[0].to_string(),
+        payload: vec![1],
+        priority: 3,
+        visible_at: 0,
+        max_attempts: 2,
+        idempotency_key: None,
+        idempotency_window_ms: 0,
+        webhook_url: None,
+        traceparent: None,
+        tracestate: None,
+        retry: FIXED,
+        retention_ms: 1_000,
+        deadline: None,
+        concurrency: None,
+        parent: None,
+        depends_on: vec![],
+        dependency_rule: DependencyRule::AllCompleted,
+    }
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -1480,6 +2078,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Redrive { tenant, queue }),
         1 => (0..2usize, 0..2usize).prop_map(|(tenant, queue)| Op::Purge { tenant, queue }),
+        1 => (0..2usize, 0..2usize, any::<bool>()).prop_map(|(tenant, queue, paused)| Op::Pause { tenant, queue, paused }),
+        2 => Just(Op::Resolve),
     ]
 }
 
@@ -1558,7 +2158,16 @@ impl Sim {
                 let qs: Vec<String> =
                     (0..QUEUES.len()).filter(|i| queue_mask & (1 << i) != 0).map(|i| QUEUES[i].to_string()).collect();
                 let picked = self.m.pick(tenant, &qs, *count);
-                assert_eq!(picked, self.model.ready(tenant, &qs, *count), "claim order: priority, then FIFO");
+                let admitted = self.model.admitted(tenant, &qs);
+                let per_shard_max = (0..SHARDS).map(|i| admitted.iter().filter(|a| a.1 == i).count()).max();
+                if per_shard_max.unwrap_or(0) <= *count {
+                    assert_eq!(picked, self.model.ready(tenant, &qs, *count), "claim order: priority, key, FIFO");
+                } else {
+                    // The leader looks at most `count` candidates deep per shard: the same number of picks, all
+                    // of them claimable.
+                    assert_eq!(picked.len(), *count, "a blocked key never holds up claimable tasks");
+                    assert!(picked.iter().all(|id| admitted.iter().any(|a| a.0 .3 == *id)), "{picked:?}");
+                }
                 self.claim(time, tenant, &picked, *lease);
                 false
             }
@@ -1580,8 +2189,35 @@ impl Sim {
                     TokenPick::Own(_) | TokenPick::Issued(_) => 7,
                     TokenPick::Random(v) => *v,
                 };
+                // A chained completion: follow-ups in the completed task's shard, as the proposer places them;
+                // now and then an id that exists already (or lives elsewhere), which must refuse the whole ack.
+                let mut action = action.clone();
+                if let AckAction::CompleteWith { follow_ups, .. } = &mut action {
+                    for (j, n) in follow_ups.iter_mut().enumerate() {
+                        self.next_random += 1;
+                        n.id = if self.next_random.is_multiple_of(10) {
+                            *self.known.last().expect("one id is always known")
+                        } else {
+                            TaskId::new(time, id.placement(), self.next_random)
+                        };
+                        n.tenant = tenant.clone();
+                        n.queue = QUEUES[j % 2].to_string();
+                        n.visible_at = time;
+                        n.parent = Some(id);
+                    }
+                }
+                let action = &action;
                 let resp = self.apply(time, Command::Ack(vec![ack_item(id, &tenant, token, action.clone())]));
                 let want = self.model.ack(&id, &tenant, token, action);
+                if let AckAction::CompleteWith { follow_ups, .. } = action {
+                    for n in follow_ups {
+                        let created = self.model.tasks.get(&n.id).is_some_and(|t| t.tenant == tenant);
+                        if created && !self.tenant_of.contains_key(&n.id) {
+                            self.known.push(n.id);
+                            self.tenant_of.insert(n.id, tenant.clone());
+                        }
+                    }
+                }
                 if want.is_ok() {
                     // Only the current token is accepted, or the ack that ended the last delivery sent again.
                     assert!(Some(token) == current || replay == Some((token, action.kind())), "{token} accepted");
@@ -1614,6 +2250,24 @@ impl Sim {
                 assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), self.model.redrive(tenant, queue));
                 false
             }
+            Op::Resolve => {
+                let items = self.model.resolutions();
+                let resp = self.apply(time, Command::ResolveDependencies(items.clone()));
+                let want = self.model.resolve(&items);
+                assert_eq!(resp, Response::Resolved(want), "resolutions {items:?}");
+                want == 0
+            }
+            Op::Pause { tenant, queue, paused } => {
+                let (tenant, queue) = (TENANTS[*tenant], QUEUES[*queue]);
+                let cmd = Command::SetQueuePaused { tenant: tenant.into(), queue: queue.into(), paused: *paused };
+                assert_eq!(self.apply(time, cmd), Response::QueuePaused(*paused));
+                if *paused {
+                    self.model.paused.insert((tenant.to_string(), queue.to_string()));
+                } else {
+                    self.model.paused.remove(&(tenant.to_string(), queue.to_string()));
+                }
+                false
+            }
             Op::Purge { tenant, queue } => {
                 let (tenant, queue) = (TENANTS[*tenant], QUEUES[*queue]);
                 let cmd =
@@ -1635,6 +2289,10 @@ impl Sim {
         for s in specs {
             self.next_random += 1;
             let id = match (s.key, &s.reuse) {
+                // As the proposer does: a concurrency key's placement wins over an idempotency key's.
+                _ if s.ckey.is_some() => {
+                    TaskId::new(time, CKEY_PLACEMENT + s.ckey.unwrap_or(0) as u16, self.next_random)
+                }
                 (Some(k), _) => TaskId::new(time, KEY_PLACEMENT + k as u16, self.next_random),
                 (None, Some(ix)) => *ix.get(&self.known),
                 (None, None) => TaskId::new(time, s.placement, self.next_random),
@@ -1656,6 +2314,24 @@ impl Sim {
                 tracestate: None,
                 retry: s.retry,
                 retention_ms: s.retention,
+                deadline: s.deadline.map(|d| time + d),
+                concurrency: s.ckey.map(|k| ConcurrencyKey { key: CKEYS[k].to_string(), limit: CKEY_LIMITS[k] }),
+                parent: None,
+                depends_on: match &s.deps {
+                    // Known ids other than the task itself (the API refuses unknown ones, so no cycles).
+                    Some((a, b, _)) => {
+                        let mut v = vec![*a.get(&self.known), *b.get(&self.known)];
+                        v.retain(|d| *d != id);
+                        v.dedup();
+                        v
+                    }
+                    None => vec![],
+                },
+                dependency_rule: if s.deps.is_some_and(|d| d.2) {
+                    DependencyRule::AllResolved
+                } else {
+                    DependencyRule::AllCompleted
+                },
             });
         }
         let resp = self.apply(time, Command::Enqueue(items.clone()));
@@ -1708,6 +2384,14 @@ impl Sim {
         assert_eq!(stored, model.tasks.keys().copied().collect::<BTreeSet<_>>(), "stored tasks");
 
         let mut live_tokens = HashSet::new();
+        let mut running_per_key: HashMap<(String, String), u32> = HashMap::new();
+        for t in m.tasks().filter(|t| t.state == TaskState::InProgress) {
+            if let Some(ck) = &t.concurrency {
+                let n = running_per_key.entry((t.tenant.clone(), ck.key.clone())).or_default();
+                *n += 1;
+                assert!(*n <= ck.limit, "key {} of {} runs {n} tasks, over its limit {}", ck.key, t.tenant, ck.limit);
+            }
+        }
         for t in m.tasks() {
             let want = &model.tasks[&t.id];
             let ctx = format!("task {} at {}: {t:?} vs {want:?}", t.id, model.now);
@@ -1734,6 +2418,13 @@ impl Sim {
             if t.state != TaskState::InProgress {
                 assert_eq!(t.lease, None, "{ctx}");
             }
+            let runs: Vec<(LeaseToken, Option<RunOutcome>)> = t.runs.iter().map(|r| (r.token, r.outcome)).collect();
+            assert_eq!(runs, want.runs, "runs: {ctx}");
+            let open = t.runs.iter().filter(|r| r.outcome.is_none()).count();
+            assert_eq!(open, usize::from(t.state == TaskState::InProgress), "one open run while running: {ctx}");
+            if t.last_error.as_deref() == Some(DEADLINE_EXCEEDED) {
+                assert_eq!(t.state, TaskState::Failed, "{ctx}");
+            }
         }
         let mut stored_count = 0;
         for (i, (core, store)) in m.shards.iter().zip(&m.stores).enumerate() {
@@ -1741,7 +2432,10 @@ impl Sim {
             let (sizes, want) = (IndexSizes { webhooks: 0, ..sizes }, IndexSizes { webhooks: 0, ..want });
             assert_eq!(IndexSizes { keys: 0, ..sizes }, IndexSizes { keys: 0, ..want }, "shard {i} index sizes");
             assert!(sizes.keys >= want.keys, "shard {i}: key index misses a key");
-            assert_eq!(sizes.ready + sizes.delayed + sizes.leases + sizes.retention + sizes.dead, store.tasks.len());
+            assert_eq!(
+                sizes.ready + sizes.delayed + sizes.leases + sizes.retention + sizes.dead + sizes.held,
+                store.tasks.len()
+            );
             stored_count += store.tasks.len();
         }
         assert_eq!(stored_count, model.tasks.len());
@@ -1950,7 +2644,10 @@ proptest! {
     /// Random command sequences agree with the reference model, and the invariants hold after every entry: one
     /// state and one index per task, at most one live lease per task, stale tokens change nothing, attempts never
     /// exceed max, claims in priority-then-FIFO order, retention counted from the end, and a rebuild from the
-    /// records gives the same machine.
+    /// records gives the same machine. Issue 9 rules ride along: runs (one open run while running), exception
+    /// reasons, task deadlines, paused queues, concurrency keys (no key ever runs more than its limit; a pick
+    /// that returns fewer than asked left only blocked tasks behind), chained completions (all or nothing) and
+    /// dependencies (held until resolved; all-completed cancels on a failure).
     #[test]
     fn random_command_sequences_match_the_reference_model(steps in prop::collection::vec(step_strategy(), 1..60)) {
         let mut sim = Sim::new();

@@ -30,6 +30,12 @@ impl TaskId {
 
     /// The placement shared by every task of one tenant's idempotency key, so the key and its task live in the
     /// same shard. FNV-1a: stable across versions and platforms, which `std`'s hasher is not.
+    /// The placement shared by every task of one tenant's concurrency key (a namespace apart from idempotency
+    /// keys).
+    pub fn placement_for_concurrency_key(tenant: &str, key: &str) -> u16 {
+        Self::placement_for_key(tenant, &format!("\u{1}concurrency\u{1}{key}"))
+    }
+
     pub fn placement_for_key(tenant: &str, key: &str) -> u16 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in tenant.bytes().chain([0u8]).chain(key.bytes()) {
@@ -186,7 +192,184 @@ pub struct Task {
     /// The token and kind of the ack that ended the last lease: the same ack sent again (a retry after an
     /// unknown outcome, e.g. across a leader change) is answered as applied instead of rejected.
     pub last_ack: Option<(LeaseToken, u8)>,
+    /// Every delivery of this task, oldest first (at most `MAX_RUNS_KEPT`): who ran it, when, and how it ended.
+    pub runs: Vec<Run>,
+    /// The task must end by this time: a task still pending, running or dead-lettered then fails with reason
+    /// `deadline-exceeded`.
+    pub deadline: Option<TimeMs>,
+    /// The last progress a worker reported for the current delivery (cleared at each claim).
+    pub progress: Option<Progress>,
+    /// At most `limit` tasks of the tenant with this key run at once.
+    pub concurrency: Option<ConcurrencyKey>,
+    /// Tasks created by the completion of this one (chaining), in order.
+    pub follow_ups: Vec<TaskId>,
+    /// The task whose completion created this one.
+    pub parent: Option<TaskId>,
+    /// Dependencies given at enqueue, and the rule they must meet.
+    pub depends_on: Vec<TaskId>,
+    pub dependency_rule: DependencyRule,
+    /// Dependencies not yet resolved: while any remains the pending task is held (not claimable).
+    pub waiting_on: Vec<TaskId>,
+    /// Created by a schedule: which one, and the occurrence it is for.
+    pub scheduled: Option<(TaskId, TimeMs)>,
 }
+
+/// When a schedule's occurrences fall.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScheduleSpec {
+    /// A 5-field cron expression in an IANA time zone.
+    Cron { expr: String, tz: String },
+    /// Every `every_ms` from the schedule's creation.
+    Interval { every_ms: u64 },
+}
+
+/// What happens to occurrences missed while the cluster could not fire them (down, no leader).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MissedPolicy {
+    /// Missed occurrences are not run; firing resumes with the next one.
+    #[default]
+    Skip,
+    /// The latest missed occurrence runs once; older missed ones are dropped.
+    RunOnce,
+}
+
+/// A recurring task of one tenant. Stored in the shard of its id's placement, with the tasks it creates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    pub id: TaskId,
+    pub tenant: String,
+    pub name: String,
+    pub spec: ScheduleSpec,
+    pub missed: MissedPolicy,
+    pub paused: bool,
+    pub created_at: TimeMs,
+    /// The occurrence most recently fired or skipped: the next one is the first after it.
+    pub last_occurrence: Option<TimeMs>,
+    /// How many tasks it created.
+    pub fired: u64,
+    /// The task each occurrence creates (its id and visible time are replaced when fired).
+    pub template: NewTask,
+}
+
+/// When a task with dependencies becomes ready.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DependencyRule {
+    /// Every dependency completed; one that fails or is cancelled cancels the task.
+    #[default]
+    AllCompleted,
+    /// Every dependency ended, whatever its outcome.
+    AllResolved,
+}
+
+/// The leader's report that a dependency ended (or is gone), for a task waiting on it. Apply trusts `outcome`
+/// (the leader read it from replicated state); it is ignored unless the task still waits on `dependency`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyResolved {
+    pub task_id: TaskId,
+    pub dependency: TaskId,
+    /// The dependency's terminal state; `None` when it no longer exists (removed after its retention).
+    pub outcome: Option<TaskState>,
+}
+
+/// A per-tenant concurrency key and its limit. Every task of one key is placed in one shard (the proposer
+/// derives the placement from the key), so the key's running count is that shard's alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConcurrencyKey {
+    pub key: String,
+    /// At least 1.
+    pub limit: u32,
+}
+
+/// How many runs a task keeps: worker-shutdown retries consume no attempt, so runs are not bounded by
+/// `max_attempts`; the oldest are dropped past this.
+pub const MAX_RUNS_KEPT: usize = 32;
+
+/// How a run (one delivery) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RunOutcome {
+    Completed,
+    Failed,
+    /// Retryable failure or nack: back to pending after a delay (or dead-lettered).
+    Retried,
+    Abandoned,
+    LeaseExpired,
+    /// The worker reported an exception; `Run::reason` says which.
+    Exception,
+    Cancelled,
+    DeadlineExceeded,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Completed => "COMPLETED",
+            RunOutcome::Failed => "FAILED",
+            RunOutcome::Retried => "RETRIED",
+            RunOutcome::Abandoned => "ABANDONED",
+            RunOutcome::LeaseExpired => "LEASE_EXPIRED",
+            RunOutcome::Exception => "EXCEPTION",
+            RunOutcome::Cancelled => "CANCELLED",
+            RunOutcome::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        }
+    }
+}
+
+/// One delivery of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub worker_id: String,
+    pub token: LeaseToken,
+    pub started_at: TimeMs,
+    pub ended_at: Option<TimeMs>,
+    pub outcome: Option<RunOutcome>,
+    /// For an exception: its reason (`malformed-payload`, ...); otherwise the error or nack reason, if any.
+    pub reason: String,
+}
+
+/// Progress reported by a worker with a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// 0-100.
+    pub percent: u8,
+    pub message: String,
+    pub at: TimeMs,
+}
+
+/// Why a worker ended a run with an exception (Taskcluster's reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExceptionReason {
+    /// The payload cannot be run: terminal (FAILED), no retry.
+    MalformedPayload,
+    /// The worker is going away: back to pending at once, the attempt is given back.
+    WorkerShutdown,
+    /// Something the task needs is missing: retried with backoff, the attempt counts.
+    ResourceUnavailable,
+    /// The worker broke: retried with backoff, the attempt counts.
+    InternalError,
+}
+
+impl ExceptionReason {
+    pub const ALL: [ExceptionReason; 4] = [
+        ExceptionReason::MalformedPayload,
+        ExceptionReason::WorkerShutdown,
+        ExceptionReason::ResourceUnavailable,
+        ExceptionReason::InternalError,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExceptionReason::MalformedPayload => "malformed-payload",
+            ExceptionReason::WorkerShutdown => "worker-shutdown",
+            ExceptionReason::ResourceUnavailable => "resource-unavailable",
+            ExceptionReason::InternalError => "internal-error",
+        }
+    }
+    pub fn parse(s: &str) -> Option<ExceptionReason> {
+        ExceptionReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// The reason recorded when a task's deadline passes.
+pub const DEADLINE_EXCEEDED: &str = "deadline-exceeded";
 
 impl Task {
     /// When a terminal task is removed: retention counts from the end, never from creation.
@@ -195,6 +378,26 @@ impl Task {
             (true, Some(end)) => Some(end.saturating_add(self.retention_ms)),
             _ => None,
         }
+    }
+}
+
+/// Which tasks a listing returns (every condition given must hold).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    pub queue: Option<String>,
+    pub state: Option<TaskState>,
+    /// Created at or after this time.
+    pub created_from: Option<TimeMs>,
+    /// Created before this time.
+    pub created_to: Option<TimeMs>,
+}
+
+impl TaskFilter {
+    pub fn matches(&self, t: &Task) -> bool {
+        self.queue.as_ref().is_none_or(|q| *q == t.queue)
+            && self.state.is_none_or(|s| s == t.state)
+            && self.created_from.is_none_or(|f| t.created_at >= f)
+            && self.created_to.is_none_or(|to| t.created_at < to)
     }
 }
 
@@ -216,6 +419,27 @@ pub struct NewTask {
     pub tracestate: Option<String>,
     pub retry: RetryPolicy,
     pub retention_ms: u64,
+    /// Absolute deadline (the proposer adds the requested duration to its clock).
+    pub deadline: Option<TimeMs>,
+    pub concurrency: Option<ConcurrencyKey>,
+    /// Set for a follow-up task: the task whose completion creates it.
+    pub parent: Option<TaskId>,
+    /// Tasks (of the same tenant, existing at enqueue) this one waits for.
+    pub depends_on: Vec<TaskId>,
+    pub dependency_rule: DependencyRule,
+}
+
+impl NewTask {
+    /// The key under which the idempotency key is remembered: with a concurrency key it is namespaced by it, so
+    /// duplicates are found among the tasks of the same concurrency key (they share a shard; tasks of another
+    /// concurrency key may live elsewhere).
+    pub fn idempotency_record_key(&self) -> Option<String> {
+        let key = self.idempotency_key.as_ref()?;
+        Some(match &self.concurrency {
+            Some(c) => format!("\u{1}{}\u{1}{key}", c.key),
+            None => key.clone(),
+        })
+    }
 }
 
 /// One claim: the proposer chose which task goes to which worker; apply checks it is still claimable.
@@ -247,9 +471,31 @@ pub enum AckAction {
     Heartbeat {
         extend_ms: u64,
     },
+    /// Ends the run with an exception (see `ExceptionReason` for what each does).
+    Exception {
+        reason: ExceptionReason,
+        message: String,
+    },
+    /// A heartbeat that also records progress.
+    Progress {
+        extend_ms: u64,
+        percent: u8,
+        message: String,
+    },
+    /// Completes the task and creates `follow_ups` in the same entry, all or nothing. The proposer places every
+    /// follow-up in the completed task's shard (same placement), so the whole effect stays in one shard.
+    CompleteWith {
+        result: Vec<u8>,
+        follow_ups: Vec<NewTask>,
+    },
 }
 
 impl AckAction {
+    /// Heartbeats (with or without progress) extend a lease and end nothing.
+    pub fn is_heartbeat(&self) -> bool {
+        matches!(self, AckAction::Heartbeat { .. } | AckAction::Progress { .. })
+    }
+
     /// A small code per kind of ack, recorded with the token of the ack that ended a lease.
     pub fn kind(&self) -> u8 {
         match self {
@@ -259,6 +505,9 @@ impl AckAction {
             AckAction::Nack { .. } => 4,
             AckAction::Abandon => 5,
             AckAction::Heartbeat { .. } => 6,
+            AckAction::Exception { .. } => 7,
+            AckAction::Progress { .. } => 8,
+            AckAction::CompleteWith { .. } => 9,
         }
     }
 }
@@ -303,6 +552,31 @@ pub enum Command {
     Tick,
     /// What the leader's webhook sender saw for each attempt: delivered, retry at a time it chose, or given up.
     WebhookOutcome(Vec<WebhookReport>),
+    /// Pauses (or resumes) a queue: a paused queue keeps accepting enqueues and serves no claims. Every shard
+    /// keeps its own copy of the flag, so a claim's check reads only its own shard.
+    SetQueuePaused {
+        tenant: String,
+        queue: String,
+        paused: bool,
+    },
+    /// Dependencies that ended, for the tasks waiting on them (proposed by the leader's resolver).
+    ResolveDependencies(Vec<DependencyResolved>),
+    CreateSchedule(Box<Schedule>),
+    /// Pauses or resumes (`paused`), or deletes (`delete`) a schedule of the tenant.
+    UpdateSchedule {
+        tenant: String,
+        id: TaskId,
+        paused: bool,
+        delete: bool,
+    },
+    /// One occurrence of a schedule, proposed by the leader's ticker: applied once per occurrence (an occurrence
+    /// at or before the schedule's last is ignored). `task` is `None` for an occurrence skipped by the missed
+    /// policy; otherwise it is created in the schedule's shard.
+    FireSchedule {
+        id: TaskId,
+        occurrence: TimeMs,
+        task: Option<Box<NewTask>>,
+    },
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -325,6 +599,11 @@ impl fmt::Display for Request {
             Command::PurgeDeadLetters { .. } => ("purge", 1),
             Command::Tick => ("tick", 0),
             Command::WebhookOutcome(v) => ("webhook_outcome", v.len()),
+            Command::SetQueuePaused { .. } => ("pause", 1),
+            Command::ResolveDependencies(v) => ("resolve", v.len()),
+            Command::CreateSchedule(_) => ("schedule-create", 1),
+            Command::UpdateSchedule { .. } => ("schedule-update", 1),
+            Command::FireSchedule { .. } => ("schedule-fire", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -391,6 +670,14 @@ pub enum Response {
     Ticked,
     /// How many webhook reports changed an outbox record (stale reports change nothing).
     WebhooksRecorded(u32),
+    /// The queue's paused flag after a `SetQueuePaused`.
+    QueuePaused(bool),
+    /// How many waiting tasks a `ResolveDependencies` changed.
+    Resolved(u64),
+    /// A schedule command's outcome: the schedule after it (`None` once deleted).
+    Schedule(ItemResult<Option<Box<Schedule>>>),
+    /// Whether a `FireSchedule` took effect (false: an occurrence already fired, or no such schedule).
+    Fired(bool),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -7,7 +7,7 @@
 //! and proposes one `Claim` entry for all of them: claims from many Readys and many streams share a Raft entry.
 //! A request that gets nothing before its hold time ends is answered with no tasks, so its client re-arms.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,41 @@ pub struct ClaimRequest {
 #[derive(Clone)]
 pub struct Dispatcher {
     tx: mpsc::UnboundedSender<ClaimRequest>,
+    seen: Arc<WorkersSeen>,
+}
+
+/// Workers that asked for work (a stream Ready or a unary claim) per tenant and queue, with when they last did:
+/// the "active workers" of the capacity view. Leader-local and approximate by nature (a new leader starts
+/// empty and fills within one Ready hold time).
+#[derive(Default)]
+pub struct WorkersSeen {
+    inner: std::sync::Mutex<HashMap<(String, String), HashMap<String, Instant>>>,
+}
+
+/// Workers not heard from for this long are dropped from the table.
+const WORKER_FORGET_AFTER: Duration = Duration::from_secs(600);
+
+impl WorkersSeen {
+    fn note(&self, tenant: &str, worker_id: &str, queues: &[String]) {
+        let now = Instant::now();
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for q in queues {
+            let m = g.entry((tenant.to_string(), q.clone())).or_default();
+            m.insert(worker_id.to_string(), now);
+            if m.len() > 64 {
+                m.retain(|_, t| now.duration_since(*t) < WORKER_FORGET_AFTER);
+            }
+        }
+    }
+
+    /// Workers of a queue seen within `window`.
+    pub fn active(&self, tenant: &str, queue: &str, window: Duration) -> u64 {
+        let now = Instant::now();
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.get(&(tenant.to_string(), queue.to_string()))
+            .map(|m| m.values().filter(|t| now.duration_since(**t) <= window).count() as u64)
+            .unwrap_or(0)
+    }
 }
 
 struct Done {
@@ -66,7 +101,12 @@ impl Dispatcher {
             in_flight: 0,
         };
         tasks.spawn(d.run(rx, shutdown));
-        Dispatcher { tx }
+        Dispatcher { tx, seen: Arc::default() }
+    }
+
+    /// Workers that asked for work recently (see `WorkersSeen`).
+    pub fn workers_seen(&self) -> &WorkersSeen {
+        &self.seen
     }
 
     /// Claims up to `count` tasks of `queues`, waiting up to `wait` for work when none is ready. An empty answer
@@ -94,6 +134,7 @@ impl Dispatcher {
         lease_ms: u64,
         wait: Duration,
     ) -> Result<oneshot::Receiver<Result<Vec<Task>, ProposeError>>, ProposeError> {
+        self.seen.note(tenant, worker_id, queues);
         let (reply, rx) = oneshot::channel();
         let req = ClaimRequest {
             tenant: tenant.to_string(),

@@ -4,6 +4,8 @@
 pub mod dispatcher;
 pub mod network;
 pub mod proposer;
+pub mod resolver;
+pub mod scheduler;
 pub mod service;
 pub mod types;
 pub mod webhooks;

@@ -186,6 +186,9 @@ fn ack_op(a: &AckAction) -> &'static str {
         AckAction::Nack { .. } => "nack",
         AckAction::Abandon => "abandon",
         AckAction::Heartbeat { .. } => "heartbeat",
+        AckAction::Exception { .. } => "exception",
+        AckAction::Progress { .. } => "progress",
+        AckAction::CompleteWith { .. } => "complete",
     }
 }
 

@@ -8,7 +8,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, Table};
 
 use super::codec::{decode, encode, io_err, key_bytes};
 use super::tables::*;
-use crate::queue::{DeliveryId, KeyRecord, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery};
+use crate::queue::{DeliveryId, KeyRecord, RecordKey, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery};
 use crate::raft::types::{LogId, StoredMembership};
 
 /// The durable part of a shard's metadata.
@@ -26,6 +26,7 @@ pub fn open_db(path: &Path) -> io::Result<Database> {
     txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
     txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
     txn.open_table(SHARD_META).map_err(io_err)?;
+    txn.open_table(SHARD_RECORDS).map_err(io_err)?;
     txn.commit().map_err(io_err)?;
     Ok(db)
 }
@@ -58,6 +59,17 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
     let mut core = ShardCore::new(shard_no, shards);
     core.now = now;
     let txn = db.begin_read().map_err(io_err)?;
+    // Records first: they shape the indexes of tasks (a paused queue).
+    let records = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+    for item in records.iter().map_err(io_err)? {
+        let (k, v) = item.map_err(io_err)?;
+        if let Some(qk) = RecordKey::parse_paused(k.value()) {
+            core.index_paused(qk);
+        }
+        if k.value().first() == Some(&RecordKey::SCHEDULE) {
+            core.index_schedule(decode(v.value())?);
+        }
+    }
     let tasks = txn.open_table(TASKS).map_err(io_err)?;
     for item in tasks.iter().map_err(io_err)? {
         let (_, v) = item.map_err(io_err)?;
@@ -105,6 +117,7 @@ pub struct RedbTaskStore<'t> {
     pub tasks: Table<'t, &'static [u8], &'static [u8]>,
     pub keys: Table<'t, &'static [u8], &'static [u8]>,
     pub outbox: Table<'t, &'static [u8], &'static [u8]>,
+    pub records: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl TaskStore for RedbTaskStore<'_> {
@@ -158,6 +171,16 @@ impl TaskStore for RedbTaskStore<'_> {
 
     fn remove_delivery(&mut self, id: &DeliveryId) -> io::Result<()> {
         self.outbox.remove(id.to_bytes().as_slice()).map_err(io_err)?;
+        Ok(())
+    }
+
+    fn put_record(&mut self, key: &[u8], value: &[u8]) -> io::Result<()> {
+        self.records.insert(key, value).map_err(io_err)?;
+        Ok(())
+    }
+
+    fn remove_record(&mut self, key: &[u8]) -> io::Result<()> {
+        self.records.remove(key).map_err(io_err)?;
         Ok(())
     }
 }

@@ -35,6 +35,8 @@ use crate::raft::types::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership,
 
 /// How often apply syncs the shard files. Bounds the log a restart re-applies; the log itself is always synced.
 const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
+const LIST_FLOOR_MARGIN_MS: u64 = 60_000;
 /// Version 2 ends with the SHA-256 of every byte before it; version 1 files (no digest) are still read.
 const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP2\n";
 const SNAPSHOT_MAGIC_V1: &[u8] = b"RAFTQSNAP1\n";
@@ -77,6 +79,9 @@ const FRAME_HEADER: u8 = 1;
 const FRAME_TASK: u8 = 2;
 const FRAME_KEY: u8 = 3;
 const FRAME_WEBHOOK: u8 = 4;
+/// A shard-level record (`SHARD_RECORDS`): bincode (key bytes, value bytes). Written from every shard; records
+/// held by every shard (paused queues) are written to every shard on install, others by their placement.
+const FRAME_RECORD: u8 = 5;
 const FRAME_END: u8 = 0xff;
 
 /// The shard files, their derived indexes and durable metadata.
@@ -189,6 +194,120 @@ impl SmShared {
         Ok(out)
     }
 
+    /// Whether a queue is paused (every shard holds the flag; shard 0 answers).
+    pub fn is_paused(&self, tenant: &str, queue: &str) -> bool {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        self.read().cores.first().is_some_and(|c| c.is_paused(&qk))
+    }
+
+    /// Every schedule (all tenants when `None`).
+    pub fn schedules(&self, tenant: Option<&str>) -> Vec<queue::Schedule> {
+        let g = self.read();
+        g.cores
+            .iter()
+            .flat_map(|c| c.schedules().values())
+            .filter(|s| tenant.is_none_or(|t| t == s.tenant))
+            .cloned()
+            .collect()
+    }
+
+    /// Paused queues of a tenant.
+    pub fn paused_queues(&self, tenant: &str) -> Vec<String> {
+        let g = self.read();
+        let mut v: Vec<String> = g
+            .cores
+            .first()
+            .map(|c| c.paused().filter(|qk| qk.tenant == tenant).map(|qk| qk.queue.clone()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Completions of a queue over the recent windows, summed over shards.
+    pub fn throughput(&self, tenant: &str, queue: &str) -> queue::Throughput {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        let mut out = queue::Throughput::default();
+        for c in &self.read().cores {
+            let t = c.throughput(&qk);
+            out.completed_1m += t.completed_1m;
+            out.completed_5m += t.completed_5m;
+            out.completed_15m += t.completed_15m;
+            out.run_ms_15m += t.run_ms_15m;
+        }
+        out
+    }
+
+    /// Tasks of a tenant matching `filter`, in id order (ids start with their creation time), after `after`.
+    /// Returns up to `limit` tasks and whether more may follow.
+    pub fn list_tasks(
+        &self,
+        tenant: &str,
+        filter: &queue::TaskFilter,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> io::Result<(Vec<Task>, bool)> {
+        let dbs = self.read().dbs.clone();
+        // Ids begin with the leader's clock at enqueue: a lower time bound starts the scan there.
+        // The margin covers a task whose shard clock ran ahead of the clock that stamped its id.
+        let floor = filter.created_from.map(|t| TaskId::new(t.saturating_sub(LIST_FLOOR_MARGIN_MS), 0, 0));
+        let start = match (after, floor) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        };
+        let mut out: Vec<Task> = Vec::new();
+        for db in &dbs {
+            let txn = db.begin_read().map_err(io_err)?;
+            let table = txn.open_table(TASKS).map_err(io_err)?;
+            let iter = match &start {
+                Some(s) => table.range::<&[u8]>(s.0.as_slice()..).map_err(io_err)?,
+                None => table.iter().map_err(io_err)?,
+            };
+            let mut taken = 0;
+            for item in iter {
+                let (k, v) = item.map_err(io_err)?;
+                if after.is_some_and(|a| k.value() == a.0.as_slice()) {
+                    continue;
+                }
+                let t: Task = decode(v.value())?;
+                if t.tenant == tenant && filter.matches(&t) {
+                    out.push(t);
+                    taken += 1;
+                    if taken > limit {
+                        break;
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|t| t.id);
+        let more = out.len() > limit;
+        out.truncate(limit);
+        Ok((out, more))
+    }
+
+    /// For the leader's dependency resolver: every (waiting task, dependency) whose dependency has ended (or is
+    /// gone), with the dependency's outcome, at most `limit`.
+    pub fn dependency_resolutions(&self, limit: usize) -> io::Result<Vec<queue::DependencyResolved>> {
+        let waiting: Vec<(TaskId, Vec<TaskId>)> = {
+            let g = self.read();
+            g.cores.iter().flat_map(|c| c.waiters().iter().map(|(d, w)| (*d, w.iter().copied().collect()))).collect()
+        };
+        let mut out = Vec::new();
+        for (dep, tasks) in waiting {
+            let outcome = match self.get_task(&dep)? {
+                Some(t) if t.state.is_terminal() => Some(t.state),
+                Some(_) => continue,
+                None => None,
+            };
+            for task_id in tasks {
+                out.push(queue::DependencyResolved { task_id, dependency: dep, outcome });
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// When the earliest pending webhook delivery is due, and how many are pending.
     pub fn webhook_backlog(&self) -> (Option<TimeMs>, usize) {
         let g = self.read();
@@ -219,7 +338,7 @@ impl SmShared {
             }
             digest = digest.wrapping_add(h);
         };
-        for db in &g.dbs {
+        for (i, db) in g.dbs.iter().enumerate() {
             let txn = db.begin_read().map_err(io_err)?;
             for item in txn.open_table(TASKS).map_err(io_err)?.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
@@ -233,6 +352,13 @@ impl SmShared {
             for item in txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
                 add(3, k.value(), v.value());
+            }
+            for item in txn.open_table(SHARD_RECORDS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                // A record every shard holds counts once, so replicas with other shard counts agree.
+                if i == 0 || queue::RecordKey::shard_of(k.value(), g.count()).is_some() {
+                    add(4, k.value(), v.value());
+                }
             }
         }
         Ok((applied, digest ^ g.now(), tasks))
@@ -253,7 +379,7 @@ impl SmShared {
             let txn = db.begin_read().map_err(io_err)?;
             let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;
             let s = core.index_sizes();
-            if s.ready + s.delayed + s.leases + s.retention + s.dead != n {
+            if s.ready + s.delayed + s.leases + s.retention + s.dead + s.held != n {
                 return Err(io::Error::other(format!("shard {i}: {n} records but indexes {s:?}")));
             }
             let w = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.len().map_err(io_err)? as usize;
@@ -379,6 +505,7 @@ impl StateMachine {
                     tasks: txn.open_table(TASKS).map_err(io_err)?,
                     keys: txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?,
                     outbox: txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?,
+                    records: txn.open_table(SHARD_RECORDS).map_err(io_err)?,
                 });
             }
             for entry in entries {
@@ -535,6 +662,12 @@ impl SnapshotBuilder {
                 write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
                 records += 1;
             }
+            let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+            for item in recs.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_RECORD, &encode(&(k.value(), v.value()))?)?;
+                records += 1;
+            }
         }
         write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
         let digest = w.digest();
@@ -627,6 +760,8 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
             txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut outboxes: Vec<_> =
             txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut recs: Vec<_> =
+            txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut records = 0u64;
         loop {
             let (kind, body) = read_frame(&mut r)?;
@@ -644,6 +779,19 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
                     let d: WebhookDelivery = decode(&body)?;
                     let shard = d.id.task_id.shard(shards);
                     outboxes[shard].insert(d.id.to_bytes().as_slice(), body.as_slice()).map_err(io_err)?;
+                }
+                FRAME_RECORD => {
+                    let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
+                    match queue::RecordKey::shard_of(&k, shards) {
+                        Some(i) => {
+                            recs[i].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                        }
+                        None => {
+                            for r in recs.iter_mut() {
+                                r.insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                            }
+                        }
+                    }
                 }
                 FRAME_END => {
                     let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);

@@ -12,6 +12,9 @@ pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
 pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
 /// Webhook deliveries waiting in one shard's outbox: 24-byte delivery id (task id, seq) -> delivery record.
 pub const WEBHOOK_OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("webhook_outbox");
+/// Shard-level records other than tasks and keys, by a key whose first byte is its kind (`queue::RecordKey`):
+/// paused queues (held by every shard), ...
+pub const SHARD_RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("shard_records");
 /// Shard metadata: `last_applied`, `membership`, `now`.
 pub const SHARD_META: TableDefinition<&str, &[u8]> = TableDefinition::new("shard_meta");
 

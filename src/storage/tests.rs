@@ -50,6 +50,11 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         tracestate: None,
         retry: RetryPolicy { base_ms: 100, max_ms: 1_000, exponential: true },
         retention_ms: 1_000_000,
+        deadline: None,
+        concurrency: None,
+        parent: None,
+        depends_on: vec![],
+        dependency_rule: DependencyRule::AllCompleted,
     }
 }
 
@@ -88,6 +93,33 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
             // Ends two tasks with a webhook URL: their deliveries wait in the outbox.
             entry(4, Request { time_ms: 1_300, seed: 4, command: cancel(10) }),
             entry(5, Request { time_ms: 1_300, seed: 5, command: cancel(25) }),
+            entry(
+                6,
+                Request {
+                    time_ms: 1_300,
+                    seed: 6,
+                    command: Command::SetQueuePaused { tenant: "t".into(), queue: "paused".into(), paused: true },
+                },
+            ),
+            entry(
+                7,
+                Request {
+                    time_ms: 1_300,
+                    seed: 7,
+                    command: Command::CreateSchedule(Box::new(Schedule {
+                        id: TaskId::new(1_200, 5, 5),
+                        tenant: "t".into(),
+                        name: "s".into(),
+                        spec: ScheduleSpec::Interval { every_ms: 1_000 },
+                        missed: MissedPolicy::Skip,
+                        paused: false,
+                        created_at: 0,
+                        last_occurrence: None,
+                        fired: 0,
+                        template: new_task(99, None),
+                    })),
+                },
+            ),
         ],
     )
     .await;
@@ -103,7 +135,7 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert!(before.values().any(|t| t.state == TaskState::InProgress));
 
     let snap = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
-    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 5)));
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 7)));
     let none_due = Default::default();
     let outbox = leader.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox");
     assert_eq!(outbox.len(), 2, "{outbox:?}");
@@ -113,22 +145,29 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
     follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
     assert_eq!(dump(&follower), before);
-    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 5)));
+    assert_eq!(follower.applied_state().await.expect("applied").0, Some(log_id(1, 7)));
     assert_eq!(follower.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox"), outbox);
     assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     assert_eq!(follower.shared.now(), leader.shared.now());
     follower.shared.check_indexes().expect("indexes agree with records");
+    assert!(follower.shared.is_paused("t", "paused"), "paused queues travel in the snapshot");
+    let schedules = follower.shared.schedules(Some("t"));
+    assert_eq!(schedules.len(), 1, "schedules travel in the snapshot");
+    assert_eq!(schedules[0].id, TaskId::new(1_200, 5, 5));
+    assert_eq!(follower.shared.paused_queues("t"), vec!["paused".to_string()]);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     let queues = vec!["q".to_string()];
     let none = Default::default();
     assert_eq!(follower.shared.pick_ready("t", &queues, 50, &none), leader.shared.pick_ready("t", &queues, 50, &none));
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
     let cur = follower.get_current_snapshot().await.expect("current").expect("some");
-    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 5)));
+    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 7)));
     drop(follower);
     let reopened = StateMachine::open(b.path(), 3).expect("reopen");
     assert_eq!(dump(&reopened), before);
     assert_eq!(reopened.shared.due_deliveries(u64::MAX, 100, &none_due).expect("outbox"), outbox);
+    assert!(reopened.shared.is_paused("t", "paused"), "and survive a reopen");
     reopened.shared.check_indexes().expect("indexes agree with records");
 }
 

@@ -31,7 +31,7 @@ async fn ack(c: &mut Client, t: &pb::Task, tok: u64, action: Action) -> Result<p
 }
 
 fn complete(result: &str) -> Action {
-    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into() })
+    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into(), follow_ups: vec![] })
 }
 
 fn fail(retryable: bool) -> Action {
@@ -198,7 +198,9 @@ async fn heartbeat_keeps_the_lease_alive() {
     let t = claim(&mut c, "q", 1, 300, 0).await.remove(0);
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300 })).await.expect("hb");
+        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300, progress: None }))
+            .await
+            .expect("hb");
         assert_eq!(r.state, pb::TaskState::InProgress as i32);
     }
     ack(&mut c, &t, token(&t), complete("ok")).await.expect("still ours after 600 ms on a 300 ms lease");

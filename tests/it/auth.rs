@@ -190,6 +190,10 @@ async fn keys_rotate_by_key_id() {
 
 const SOME_ID: &str = "0123456789abcdef0123456789abcdef";
 
+fn jobs(ch: &tonic::transport::Channel) -> raftq_proto::v1::jobs_client::JobsClient<tonic::transport::Channel> {
+    raftq_proto::v1::jobs_client::JobsClient::new(ch.clone())
+}
+
 /// Runs operation `op` with `tok`; the reason it is refused with, or "" when it is served.
 async fn run_op(
     c: &mut Client,
@@ -239,6 +243,18 @@ async fn run_op(
         "digest" => a.digest(with(pb::DigestRequest {}, tok)).await.map(drop),
         "transfer_leader" => {
             a.transfer_leader(with(pb::TransferLeaderRequest { to: 9, timeout_ms: 100 }, tok)).await.map(drop)
+        }
+        "pause_queue" => jobs(ch).pause_queue(with(pb::PauseQueueRequest { queue: "q".into() }, tok)).await.map(drop),
+        "list_tasks" => jobs(ch).list_tasks(with(pb::ListTasksRequest::default(), tok)).await.map(drop),
+        "capacity" => jobs(ch).queue_capacity(with(pb::QueueCapacityRequest { queues: vec![] }, tok)).await.map(drop),
+        "create_schedule" => {
+            let req = pb::CreateScheduleRequest {
+                name: "s".into(),
+                task: Some(enq("q", "x")),
+                interval_ms: 3_600_000,
+                ..Default::default()
+            };
+            jobs(ch).create_schedule(with(req, tok)).await.map(drop)
         }
         "remove_node" => a.remove_node(with(pb::RemoveNodeRequest { node_id: 9, force: false }, tok)).await.map(drop),
         "worker_stream" => {
@@ -294,6 +310,10 @@ async fn each_operation_needs_its_scope() {
         ("digest", "admin"),
         ("transfer_leader", "admin"),
         ("remove_node", "admin"),
+        ("pause_queue", "admin"),
+        ("list_tasks", "read"),
+        ("capacity", "read"),
+        ("create_schedule", "enqueue"),
     ];
     for (op, scope) in table {
         let others: Vec<&str> = ALL.split(' ').filter(|s| *s != scope).collect();
@@ -406,8 +426,11 @@ async fn tenants_never_see_or_touch_each_others_tasks() {
     let act = |a| pb::AckRequest { task_id: id.clone(), token: a_token, action: Some(a) };
     for (what, action) in [
         ("nack", pb::ack_request::Action::Nack(pb::Nack { delay_ms: 0, reason: "x".into() })),
-        ("complete", pb::ack_request::Action::Complete(pb::Complete { result: b"stolen".to_vec().into() })),
-        ("heartbeat", pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms: 1000 })),
+        (
+            "complete",
+            pb::ack_request::Action::Complete(pb::Complete { result: b"stolen".to_vec().into(), ..Default::default() }),
+        ),
+        ("heartbeat", pb::ack_request::Action::Heartbeat(pb::Heartbeat { extend_ms: 1000, ..Default::default() })),
     ] {
         nf(c.ack(with(act(action), &tb)).await.map(drop), what);
     }

@@ -96,7 +96,10 @@ async fn stream_worker(addr: String, queue: &'static str, stop: Arc<AtomicBool>,
                         request_id: 0,
                         task_id: t.id.clone(),
                         token: t.lease.as_ref().map(|l| l.token).unwrap_or(0),
-                        outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: Default::default() })),
+                        outcome: Some(pb::result::Outcome::Completed(pb::Complete {
+                            result: Default::default(),
+                            follow_ups: vec![],
+                        })),
                     })
                     .collect();
                 let batch = pb::ResultBatch { request_id: next_id, results };

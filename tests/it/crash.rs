@@ -72,7 +72,10 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
                 let Ok(r) = c.claim(req).await else { break };
                 for t in r.into_inner().tasks {
                     let token = t.lease.as_ref().map(|l| l.token).unwrap_or(0);
-                    let action = pb::ack_request::Action::Complete(pb::Complete { result: b"ok".to_vec().into() });
+                    let action = pb::ack_request::Action::Complete(pb::Complete {
+                        result: b"ok".to_vec().into(),
+                        follow_ups: vec![],
+                    });
                     match c.ack(pb::AckRequest { task_id: t.id.clone(), token, action: Some(action) }).await {
                         Ok(_) => acked.lock().expect("lock").completed.push(t.id),
                         Err(_) => return,

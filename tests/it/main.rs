@@ -5,6 +5,8 @@ mod api;
 mod auth;
 mod cluster;
 mod crash;
+mod jobs;
+mod jobs_cluster;
 mod metrics;
 mod openapi;
 mod procs;

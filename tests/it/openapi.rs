@@ -25,6 +25,7 @@ fn example(schema: &str) -> Value {
         "Ack" => json!({"token": "1"}),
         "Selection" => json!({"all": true}),
         "Transfer" => json!({}),
+        "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),
     }
 }

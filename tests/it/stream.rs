@@ -94,7 +94,10 @@ async fn ready_result_cycle_with_matched_acks() {
             request_id: 0,
             task_id: t.id.clone(),
             token: t.lease.as_ref().expect("lease").token,
-            outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: b"ok".to_vec().into() })),
+            outcome: Some(pb::result::Outcome::Completed(pb::Complete {
+                result: b"ok".to_vec().into(),
+                follow_ups: vec![],
+            })),
         })
         .collect();
     s.send(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: 8, results })).await;

@@ -148,7 +148,7 @@ impl Server {
         let req = pb::EnqueueRequest { webhook_url: webhook_url.into(), ..traced(queue) };
         let id = c.enqueue(req).await.expect("enqueue").into_inner().task_id;
         let t = c.claim(claim_one(queue)).await.expect("claim").into_inner().tasks.remove(0);
-        let action = Action::Complete(pb::Complete { result: b"r".to_vec().into() });
+        let action = Action::Complete(pb::Complete { result: b"r".to_vec().into(), ..Default::default() });
         let token = t.lease.as_ref().expect("lease").token;
         c.ack(pb::AckRequest { task_id: id.clone(), token, action: Some(action) }).await.expect("complete");
         id

@@ -137,7 +137,7 @@ async fn work_one(c: &mut Client, queue: &str, action: Action) -> String {
 }
 
 fn complete(result: &str) -> Action {
-    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into() })
+    Action::Complete(pb::Complete { result: result.as_bytes().to_vec().into(), ..Default::default() })
 }
 
 /// Waits until the node's `/metrics` has `name` (with its labels, as exposed) at `want`.

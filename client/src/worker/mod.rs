@@ -423,10 +423,11 @@ impl Ctx {
         match verdict(ack) {
             Verdict::Applied => {
                 let counter = match item.outcome {
-                    Outcome::Completed(_) => &self.stats.completed,
+                    Outcome::Completed(_) | Outcome::CompletedWith { .. } => &self.stats.completed,
                     Outcome::Failed { .. } => &self.stats.failed,
                     Outcome::Nack { .. } => &self.stats.nacked,
                     Outcome::Abandon => &self.stats.abandoned,
+                    Outcome::Exception { .. } => &self.stats.exceptions,
                 };
                 WorkerStats::add(counter, 1);
             }

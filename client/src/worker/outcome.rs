@@ -30,6 +30,24 @@ pub enum Outcome {
     },
     /// Give the task back at once without using an attempt (a worker that should not run it now).
     Abandon,
+    /// Done, and these tasks are created with the completion, all or nothing (one Raft entry): if the
+    /// completion is refused (the lease was lost), none of them exists. Follow-ups take no idempotency or
+    /// concurrency key.
+    CompletedWith {
+        /// The result producers read back.
+        result: Bytes,
+        /// Tasks to create.
+        follow_ups: Vec<crate::task::NewTask>,
+    },
+    /// End the run with an exception. `reason` is one of `malformed-payload` (the task fails for good: another
+    /// run would do the same), `worker-shutdown` (retried at once, no attempt used), `resource-unavailable` or
+    /// `internal-error` (retried after the backoff, the attempt counts).
+    Exception {
+        /// One of the four reasons above; anything else is refused with `INVALID_ARGUMENT`.
+        reason: String,
+        /// Details; stored with the task.
+        message: String,
+    },
 }
 
 /// An outcome the server refused, as sent to [`Worker::rejections`](crate::Worker::rejections).
@@ -77,8 +95,9 @@ impl Unit {
 /// Groups outcomes into requests: with `batch`, completed and failed outcomes travel together in one
 /// `ResultBatch` (the server has no batch form of nack and abandon, so those go one by one).
 pub(crate) fn plan(items: Vec<Item>, batch: bool) -> Vec<Unit> {
-    let (results, others): (Vec<Item>, Vec<Item>) =
-        items.into_iter().partition(|i| matches!(i.outcome, Outcome::Completed(_) | Outcome::Failed { .. }));
+    let (results, others): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|i| {
+        matches!(i.outcome, Outcome::Completed(_) | Outcome::CompletedWith { .. } | Outcome::Failed { .. })
+    });
     let mut units: Vec<Unit> = Vec::new();
     if batch && results.len() > 1 {
         units.push(Unit::Batch(results));
@@ -91,11 +110,15 @@ pub(crate) fn plan(items: Vec<Item>, batch: bool) -> Vec<Unit> {
 
 fn result(request_id: u64, item: &Item) -> Option<pb::Result> {
     let outcome = match &item.outcome {
-        Outcome::Completed(b) => pb::result::Outcome::Completed(pb::Complete { result: b.clone() }),
+        Outcome::Completed(b) => pb::result::Outcome::Completed(pb::Complete { result: b.clone(), follow_ups: vec![] }),
+        Outcome::CompletedWith { result, follow_ups } => pb::result::Outcome::Completed(pb::Complete {
+            result: result.clone(),
+            follow_ups: follow_ups.iter().cloned().map(crate::task::NewTask::into_proto).collect(),
+        }),
         Outcome::Failed { error, retryable } => {
             pb::result::Outcome::Failed(pb::Fail { error: error.clone(), retryable: *retryable })
         }
-        Outcome::Nack { .. } | Outcome::Abandon => return None,
+        Outcome::Nack { .. } | Outcome::Abandon | Outcome::Exception { .. } => return None,
     };
     Some(pb::Result { request_id, task_id: item.task_id.clone(), token: item.token, outcome: Some(outcome) })
 }
@@ -109,7 +132,7 @@ pub(crate) fn unit_event(unit: &Unit, request_id: u64) -> pb::WorkerEvent {
             results: items.iter().filter_map(|i| result(request_id, i)).collect(),
         }),
         Unit::Single(item) => match &item.outcome {
-            Outcome::Completed(_) | Outcome::Failed { .. } => {
+            Outcome::Completed(_) | Outcome::CompletedWith { .. } | Outcome::Failed { .. } => {
                 Event::Result(result(request_id, item).expect("completed and failed map to a Result"))
             }
             Outcome::Nack { delay, reason } => Event::Nack(pb::NackTask {
@@ -122,6 +145,12 @@ pub(crate) fn unit_event(unit: &Unit, request_id: u64) -> pb::WorkerEvent {
             Outcome::Abandon => {
                 Event::Abandon(pb::AbandonTask { request_id, task_id: item.task_id.clone(), token: item.token })
             }
+            Outcome::Exception { reason, message } => Event::Exception(pb::ExceptionTask {
+                request_id,
+                task_id: item.task_id.clone(),
+                token: item.token,
+                exception: Some(pb::Exception { reason: reason.clone(), message: message.clone() }),
+            }),
         },
     };
     pb::WorkerEvent { event: Some(event) }
@@ -148,6 +177,7 @@ pub(crate) fn heartbeat_event(request_id: u64, task_id: &str, token: u64, extend
             task_id: task_id.to_string(),
             token,
             extend_ms,
+            progress: None,
         })),
     }
 }
@@ -202,7 +232,7 @@ mod tests {
                 request_id: 1,
                 task_id: "a".into(),
                 token: 7,
-                outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: "r".into() })),
+                outcome: Some(pb::result::Outcome::Completed(pb::Complete { result: "r".into(), follow_ups: vec![] })),
             }))
         );
         let fail = unit_event(&Unit::Single(item("a", failed())), 2);

@@ -15,11 +15,12 @@ pub struct WorkerStats {
     pub(crate) unconfirmed: AtomicU64,
     pub(crate) lease_extensions: AtomicU64,
     pub(crate) reconnects: AtomicU64,
+    pub(crate) exceptions: AtomicU64,
 }
 
 /// The worker's counters at one moment; also what [`Worker::run`](crate::Worker::run) returns.
 ///
-/// Every claimed task ends up in exactly one of completed, failed, nacked, abandoned (an applied outcome),
+/// Every claimed task ends up in exactly one of completed, failed, nacked, abandoned, exceptions (an applied outcome),
 /// rejected (the server refused the outcome) or unconfirmed (no answer came before shutdown), once the
 /// worker has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +45,8 @@ pub struct WorkerSummary {
     pub lease_extensions: u64,
     /// Worker streams opened again after one was lost.
     pub reconnects: u64,
+    /// Exceptions (`Outcome::Exception`) the server applied.
+    pub exceptions: u64,
 }
 
 impl WorkerStats {
@@ -60,6 +63,7 @@ impl WorkerStats {
             unconfirmed: get(&self.unconfirmed),
             lease_extensions: get(&self.lease_extensions),
             reconnects: get(&self.reconnects),
+            exceptions: get(&self.exceptions),
         }
     }
 

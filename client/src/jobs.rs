@@ -1,0 +1,352 @@
+//! Job features on the [`Producer`]: pause and resume queues, list tasks a page at a time, the capacity view.
+//! They use the server's `Jobs` service on the producer's connection, with the producer's retry rules.
+
+use std::time::Duration;
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::jobs_client::JobsClient;
+use tonic::transport::Channel;
+
+use crate::connection::MAX_MESSAGE_BYTES;
+use crate::error::Result;
+use crate::producer::{Kind, Producer};
+use crate::task::{Task, TaskState};
+
+/// Which tasks [`Producer::list_tasks`] returns; every condition given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskQuery {
+    /// Only this queue (default: every queue of the tenant).
+    pub queue: Option<String>,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Created at or after this time (ms since the Unix epoch).
+    pub created_from_ms: Option<i64>,
+    /// Created before this time (ms since the Unix epoch).
+    pub created_to_ms: Option<i64>,
+    /// Tasks per page (0: the server's default of 100; at most 1000).
+    pub page_size: u32,
+    /// The `next_page_token` of the previous page.
+    pub page_token: Option<String>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskPage {
+    /// In id order (ids begin with their creation time).
+    pub tasks: Vec<Task>,
+    /// Where the next page starts; `None` on the last page.
+    pub next_page_token: Option<String>,
+}
+
+/// The capacity view of one queue (see [`Producer::capacity`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct QueueCapacity {
+    /// The queue.
+    pub queue: String,
+    /// Paused: accepts enqueues, serves no claims.
+    pub paused: bool,
+    /// Not yet claimed: ready plus delayed.
+    pub pending: u64,
+    /// Claimable now.
+    pub ready: u64,
+    /// Waiting for their visible time.
+    pub delayed: u64,
+    /// In progress.
+    pub running: u64,
+    /// Workers that asked for this queue's work recently.
+    pub active_workers: u64,
+    /// Completed in the last 1, 5 and 15 minutes.
+    pub completed: [u64; 3],
+    /// Completions per second over the last 1, 5 and 15 minutes.
+    pub rate: [f64; 3],
+    /// Time to finish pending + running at the 5-minute rate; `None` when nothing completes.
+    pub drain: Option<Duration>,
+    /// Tasks one worker completes per second; `None` when unknown.
+    pub per_worker_rate: Option<f64>,
+    /// Workers needed to drain pending + running within 1, 4 and 8 hours; `None` when unknown.
+    pub workers_needed: [Option<u64>; 3],
+}
+
+fn jobs(ch: Channel) -> JobsClient<Channel> {
+    JobsClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+fn state_to_proto(s: TaskState) -> pb::TaskState {
+    match s {
+        TaskState::Pending => pb::TaskState::Pending,
+        TaskState::InProgress => pb::TaskState::InProgress,
+        TaskState::Completed => pb::TaskState::Completed,
+        TaskState::Failed => pb::TaskState::Failed,
+        TaskState::Cancelled => pb::TaskState::Cancelled,
+        TaskState::DeadLettered => pb::TaskState::DeadLettered,
+        TaskState::Unknown => pb::TaskState::Unspecified,
+    }
+}
+
+fn needed(n: i64) -> Option<u64> {
+    u64::try_from(n).ok()
+}
+
+impl QueueCapacity {
+    fn from_proto(c: pb::QueueCapacity) -> QueueCapacity {
+        let pb::QueueCapacity {
+            queue,
+            pending,
+            ready,
+            delayed,
+            running,
+            active_workers,
+            completed_1m,
+            completed_5m,
+            completed_15m,
+            rate_1m,
+            rate_5m,
+            rate_15m,
+            drain_seconds,
+            per_worker_rate,
+            workers_needed_1h,
+            workers_needed_4h,
+            workers_needed_8h,
+            paused,
+        } = c;
+        QueueCapacity {
+            queue,
+            paused,
+            pending,
+            ready,
+            delayed,
+            running,
+            active_workers,
+            completed: [completed_1m, completed_5m, completed_15m],
+            rate: [rate_1m, rate_5m, rate_15m],
+            drain: (drain_seconds >= 0.0).then(|| Duration::from_secs_f64(drain_seconds.min(1e12))),
+            per_worker_rate: (per_worker_rate >= 0.0).then_some(per_worker_rate),
+            workers_needed: [needed(workers_needed_1h), needed(workers_needed_4h), needed(workers_needed_8h)],
+        }
+    }
+}
+
+impl Producer {
+    /// Reports progress (0-100 and a message) on a task this process is running, with a lease extension to the
+    /// server's default lease; `GetTask` shows it. For worker handlers: the task carries its fencing token.
+    pub async fn report_progress(&self, task: &Task, percent: u32, message: &str) -> Result<()> {
+        let req = pb::AckRequest {
+            task_id: task.id.clone(),
+            token: task.token(),
+            action: Some(pb::ack_request::Action::Heartbeat(pb::Heartbeat {
+                extend_ms: 0,
+                progress: Some(pb::Progress { percent, message: message.to_string(), at_ms: 0 }),
+            })),
+        };
+        let tasks = |ch| raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
+        self.call_on(Kind::Read, Duration::ZERO, tasks, |mut c, conn| {
+            let req = conn.request(req.clone());
+            async move { c.ack(req).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Pauses a queue: it keeps accepting enqueues and serves no claims. Idempotent, so retried like a read.
+    pub async fn pause_queue(&self, queue: &str) -> Result<bool> {
+        let req = pb::PauseQueueRequest { queue: queue.to_string() };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.pause_queue(req).await }
+            })
+            .await?;
+        Ok(r.paused)
+    }
+
+    /// Resumes a paused queue. Idempotent, so retried like a read.
+    pub async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        let req = pb::ResumeQueueRequest { queue: queue.to_string() };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.resume_queue(req).await }
+            })
+            .await?;
+        Ok(r.paused)
+    }
+
+    /// One page of the tenant's tasks matching `query`.
+    pub async fn list_tasks(&self, query: &TaskQuery) -> Result<TaskPage> {
+        let req = pb::ListTasksRequest {
+            queue: query.queue.clone().unwrap_or_default(),
+            state: query.state.map_or(pb::TaskState::Unspecified, state_to_proto) as i32,
+            created_from_ms: query.created_from_ms.unwrap_or(0),
+            created_to_ms: query.created_to_ms.unwrap_or(0),
+            page_size: query.page_size,
+            page_token: query.page_token.clone().unwrap_or_default(),
+        };
+        let pb::ListTasksResponse { tasks, next_page_token } = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.list_tasks(req).await }
+            })
+            .await?;
+        Ok(TaskPage {
+            tasks: tasks.into_iter().map(Task::from_proto).collect(),
+            next_page_token: (!next_page_token.is_empty()).then_some(next_page_token),
+        })
+    }
+
+    /// The capacity view of `queues` (empty: every queue of the tenant).
+    pub async fn capacity(&self, queues: &[&str]) -> Result<Vec<QueueCapacity>> {
+        let req = pb::QueueCapacityRequest { queues: queues.iter().map(|q| q.to_string()).collect() };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.queue_capacity(req).await }
+            })
+            .await?;
+        Ok(r.queues.into_iter().map(QueueCapacity::from_proto).collect())
+    }
+}
+
+/// A recurring task (see [`Producer::create_schedule`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Schedule {
+    /// Its id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The queue its tasks go to.
+    pub queue: String,
+    /// The cron expression and time zone, or empty for an interval.
+    pub cron: String,
+    /// The time zone of the cron expression.
+    pub time_zone: String,
+    /// The interval, or 0 for a cron schedule.
+    pub interval_ms: u64,
+    /// Paused schedules fire nothing.
+    pub paused: bool,
+    /// The last occurrence fired or skipped (ms since the Unix epoch), or 0.
+    pub last_occurrence_ms: i64,
+    /// The next occurrence, or 0 when paused.
+    pub next_occurrence_ms: i64,
+    /// Tasks created so far.
+    pub fired: u64,
+}
+
+/// When a schedule fires: a cron expression in a time zone, or an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recurrence {
+    /// A 5-field cron expression and an IANA time zone (`UTC`, `Europe/Paris`, ...).
+    Cron {
+        /// `minute hour day-of-month month day-of-week`.
+        expr: String,
+        /// The IANA time zone name.
+        time_zone: String,
+    },
+    /// Every this long from the schedule's creation.
+    Every(Duration),
+}
+
+impl Schedule {
+    fn from_proto(s: pb::Schedule) -> Schedule {
+        let pb::Schedule {
+            id,
+            name,
+            queue,
+            cron,
+            time_zone,
+            interval_ms,
+            missed_policy: _,
+            paused,
+            created_at_ms: _,
+            last_occurrence_ms,
+            next_occurrence_ms,
+            fired,
+        } = s;
+        Schedule {
+            id,
+            name,
+            queue,
+            cron,
+            time_zone,
+            interval_ms,
+            paused,
+            last_occurrence_ms,
+            next_occurrence_ms,
+            fired,
+        }
+    }
+}
+
+impl Producer {
+    /// Creates a schedule that enqueues `task` at each occurrence; `run_missed_once` runs the latest occurrence
+    /// missed while the cluster was down once (else missed ones are skipped).
+    pub async fn create_schedule(
+        &self,
+        name: &str,
+        task: crate::task::NewTask,
+        when: Recurrence,
+        run_missed_once: bool,
+    ) -> Result<Schedule> {
+        let (cron, time_zone, interval_ms) = match when {
+            Recurrence::Cron { expr, time_zone } => (expr, time_zone, 0),
+            Recurrence::Every(d) => (String::new(), String::new(), crate::task::duration_ms(d)),
+        };
+        let req = pb::CreateScheduleRequest {
+            name: name.to_string(),
+            task: Some(task.into_proto()),
+            cron,
+            time_zone,
+            interval_ms,
+            missed_policy: if run_missed_once { pb::MissedPolicy::RunOnce } else { pb::MissedPolicy::Skip } as i32,
+        };
+        let s = self
+            .call_on(Kind::Write, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.create_schedule(req).await }
+            })
+            .await?;
+        Ok(Schedule::from_proto(s))
+    }
+
+    /// The tenant's schedules.
+    pub async fn schedules(&self) -> Result<Vec<Schedule>> {
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(pb::ListSchedulesRequest {});
+                async move { c.list_schedules(req).await }
+            })
+            .await?;
+        Ok(r.schedules.into_iter().map(Schedule::from_proto).collect())
+    }
+
+    /// Pauses (`true`) or resumes a schedule. Idempotent, so retried like a read.
+    pub async fn pause_schedule(&self, id: &str, paused: bool) -> Result<Schedule> {
+        let req = pb::ScheduleRef { id: id.to_string() };
+        let s = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move {
+                    if paused {
+                        c.pause_schedule(req).await
+                    } else {
+                        c.resume_schedule(req).await
+                    }
+                }
+            })
+            .await?;
+        Ok(Schedule::from_proto(s))
+    }
+
+    /// Deletes a schedule.
+    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
+        let req = pb::ScheduleRef { id: id.to_string() };
+        self.call_on(Kind::Write, Duration::ZERO, jobs, |mut c, conn| {
+            let req = conn.request(req.clone());
+            async move { c.delete_schedule(req).await }
+        })
+        .await?;
+        Ok(())
+    }
+}

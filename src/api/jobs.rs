@@ -1,0 +1,378 @@
+//! The `Jobs` gRPC service (issue 9): pause and resume queues, list tasks with filters a page at a time, and the
+//! capacity view. Reads are linearizable unless the request carries `x-raftq-read: stale`; requests reaching a
+//! follower are forwarded to the leader like the task service's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::jobs_client::JobsClient;
+use raftq_proto::v1::jobs_server::Jobs;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::error::{invalid, ApiError};
+use super::forward::{forwarded, stale_read, Forwarder, Route};
+use super::grpc::caller_with;
+use crate::auth::Scope;
+use crate::queue::{
+    self, Command, MissedPolicy, Response as SmResponse, Schedule, ScheduleSpec, TaskFilter, TaskId, TaskState,
+};
+use crate::raft::dispatcher::Dispatcher;
+use crate::raft::proposer::wall_clock_ms;
+use crate::raft::proposer::Proposer;
+
+/// Largest page a listing returns.
+const MAX_PAGE_SIZE: u32 = 1000;
+/// Shortest schedule interval: each occurrence is a Raft entry.
+const MIN_INTERVAL_MS: u64 = 100;
+
+fn schedule_pb(s: &Schedule) -> pb::Schedule {
+    let ms = |t: u64| t.min(i64::MAX as u64) as i64;
+    let (cron, time_zone, interval_ms) = match &s.spec {
+        ScheduleSpec::Cron { expr, tz } => (expr.clone(), tz.clone(), 0),
+        ScheduleSpec::Interval { every_ms } => (String::new(), String::new(), *every_ms),
+    };
+    pb::Schedule {
+        id: s.id.to_string(),
+        name: s.name.clone(),
+        queue: s.template.queue.clone(),
+        cron,
+        time_zone,
+        interval_ms,
+        missed_policy: match s.missed {
+            MissedPolicy::Skip => pb::MissedPolicy::Skip,
+            MissedPolicy::RunOnce => pb::MissedPolicy::RunOnce,
+        } as i32,
+        paused: s.paused,
+        created_at_ms: ms(s.created_at),
+        last_occurrence_ms: s.last_occurrence.map(ms).unwrap_or(0),
+        next_occurrence_ms: queue::cron::next_due(s).map(ms).unwrap_or(0),
+        fired: s.fired,
+    }
+}
+
+pub struct JobsApi {
+    pub proposer: Arc<Proposer>,
+    pub dispatcher: Dispatcher,
+    pub fwd: Arc<Forwarder>,
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+fn task_state(s: i32) -> Result<Option<TaskState>, ApiError> {
+    Ok(match pb::TaskState::try_from(s).map_err(|_| invalid(format!("unknown task state {s}")))? {
+        pb::TaskState::Unspecified => None,
+        pb::TaskState::Pending => Some(TaskState::Pending),
+        pb::TaskState::InProgress => Some(TaskState::InProgress),
+        pb::TaskState::Completed => Some(TaskState::Completed),
+        pb::TaskState::Failed => Some(TaskState::Failed),
+        pb::TaskState::Cancelled => Some(TaskState::Cancelled),
+        pb::TaskState::DeadLettered => Some(TaskState::DeadLettered),
+    })
+}
+
+fn bound(ms: i64, name: &str) -> Result<Option<u64>, ApiError> {
+    match ms {
+        0 => Ok(None),
+        n if n < 0 => Err(invalid(format!("{name} must not be negative"))),
+        n => Ok(Some(n as u64)),
+    }
+}
+
+impl JobsApi {
+    async fn set_paused(&self, tenant: String, queue: String, paused: bool) -> Res<pb::QueuePauseState> {
+        convert::validate_queue(&self.proposer.cfg, &queue)?;
+        let cmd = Command::SetQueuePaused { tenant, queue: queue.clone(), paused };
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::QueuePaused(p) => Ok(Response::new(pb::QueuePauseState { queue, paused: p })),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+        }
+    }
+
+    async fn pause_local(&self, req: Request<pb::PauseQueueRequest>) -> Res<pb::QueuePauseState> {
+        let who = caller_with(&req, Scope::Admin)?;
+        let pb::PauseQueueRequest { queue } = req.into_inner();
+        who.check_queue(&queue)?;
+        self.set_paused(who.tenant, queue, true).await
+    }
+
+    async fn resume_local(&self, req: Request<pb::ResumeQueueRequest>) -> Res<pb::QueuePauseState> {
+        let who = caller_with(&req, Scope::Admin)?;
+        let pb::ResumeQueueRequest { queue } = req.into_inner();
+        who.check_queue(&queue)?;
+        self.set_paused(who.tenant, queue, false).await
+    }
+
+    async fn list_paused_local(&self, req: Request<pb::ListPausedQueuesRequest>) -> Res<pb::ListPausedQueuesResponse> {
+        let who = caller_with(&req, Scope::Read)?;
+        if !stale_read(&req) {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let pb::ListPausedQueuesRequest {} = req.into_inner();
+        Ok(Response::new(pb::ListPausedQueuesResponse { queues: self.proposer.shared.paused_queues(&who.tenant) }))
+    }
+
+    async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
+        let who = caller_with(&req, Scope::Read)?;
+        let linearize = !stale_read(&req);
+        let pb::ListTasksRequest { queue, state, created_from_ms, created_to_ms, page_size, page_token } =
+            req.into_inner();
+        if !queue.is_empty() {
+            convert::validate_queue(&self.proposer.cfg, &queue)?;
+            who.check_queue(&queue)?;
+        } else if who.limited_to_queues() {
+            return Err(invalid("a token limited to some queues lists one queue at a time: give queue").into());
+        }
+        let filter = TaskFilter {
+            queue: (!queue.is_empty()).then_some(queue),
+            state: task_state(state)?,
+            created_from: bound(created_from_ms, "created_from_ms")?,
+            created_to: bound(created_to_ms, "created_to_ms")?,
+        };
+        if page_size > MAX_PAGE_SIZE {
+            return Err(invalid(format!("page_size must be at most {MAX_PAGE_SIZE}")).into());
+        }
+        let limit = if page_size == 0 { 100 } else { page_size } as usize;
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(page_token.parse().map_err(|_| invalid("page_token is not one this server gave"))?)
+        };
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let (tasks, more) = self
+            .proposer
+            .shared
+            .list_tasks(&who.tenant, &filter, after, limit)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let next_page_token = match (more, tasks.last()) {
+            (true, Some(t)) => t.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: tasks.into_iter().map(convert::task).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn capacity_local(&self, req: Request<pb::QueueCapacityRequest>) -> Res<pb::QueueCapacityResponse> {
+        let who = caller_with(&req, Scope::Read)?;
+        let linearize = !stale_read(&req);
+        let pb::QueueCapacityRequest { queues } = req.into_inner();
+        for q in &queues {
+            convert::validate_queue(&self.proposer.cfg, q)?;
+            who.check_queue(q)?;
+        }
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let shared = &self.proposer.shared;
+        let window = Duration::from_millis(self.proposer.cfg.active_worker_window_ms);
+        let mut counts = shared.counts(Some(&who.tenant));
+        // A queue asked for by name is reported even when it holds nothing yet.
+        for q in &queues {
+            if !counts.iter().any(|(qk, _)| qk.queue == *q) {
+                let qk = queue::QueueKey { tenant: who.tenant.clone(), queue: q.clone() };
+                counts.push((qk, Default::default()));
+            }
+        }
+        let out = counts
+            .into_iter()
+            .filter(|(qk, _)| (queues.is_empty() || queues.contains(&qk.queue)) && who.may_use_queue(&qk.queue))
+            .map(|(qk, c)| {
+                let tp = shared.throughput(&qk.tenant, &qk.queue);
+                let active = self.dispatcher.workers_seen().active(&qk.tenant, &qk.queue, window);
+                let cap = queue::capacity::capacity(&c, tp, active);
+                let needed = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64).unwrap_or(-1);
+                pb::QueueCapacity {
+                    paused: shared.is_paused(&qk.tenant, &qk.queue),
+                    queue: qk.queue,
+                    pending: cap.pending,
+                    ready: cap.ready,
+                    delayed: cap.delayed,
+                    running: cap.running,
+                    active_workers: cap.active_workers,
+                    completed_1m: tp.completed_1m,
+                    completed_5m: tp.completed_5m,
+                    completed_15m: tp.completed_15m,
+                    rate_1m: cap.rate_1m,
+                    rate_5m: cap.rate_5m,
+                    rate_15m: cap.rate_15m,
+                    drain_seconds: cap.drain_s.unwrap_or(-1.0),
+                    per_worker_rate: cap.per_worker_rate.unwrap_or(-1.0),
+                    workers_needed_1h: needed(cap.workers_needed[0]),
+                    workers_needed_4h: needed(cap.workers_needed[1]),
+                    workers_needed_8h: needed(cap.workers_needed[2]),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::QueueCapacityResponse { queues: out }))
+    }
+
+    async fn create_schedule_local(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
+        let who = caller_with(&req, Scope::Enqueue)?;
+        let cfg = &self.proposer.cfg;
+        let pb::CreateScheduleRequest { name, task, cron, time_zone, interval_ms, missed_policy } = req.into_inner();
+        if name.is_empty() || name.len() > 128 {
+            return Err(invalid("name must be 1 to 128 characters").into());
+        }
+        let task = task.ok_or_else(|| invalid("a schedule needs its task"))?;
+        if !task.idempotency_key.is_empty()
+            || !task.concurrency_key.is_empty()
+            || !task.depends_on.is_empty()
+            || task.delay_ms > 0
+            || task.run_at_ms > 0
+            || task.deadline_in_ms > 0
+        {
+            return Err(invalid("a schedule's task takes no keys, dependencies, delay or deadline").into());
+        }
+        let spec = match (cron.is_empty(), interval_ms) {
+            (false, 0) => {
+                let tz = if time_zone.is_empty() { "UTC".to_string() } else { time_zone };
+                queue::cron::Cron::parse(&cron, &tz).map_err(invalid)?;
+                ScheduleSpec::Cron { expr: cron, tz }
+            }
+            (true, ms) if ms >= MIN_INTERVAL_MS => ScheduleSpec::Interval { every_ms: ms },
+            (true, _) => {
+                return Err(invalid(format!("give a cron expression or interval_ms >= {MIN_INTERVAL_MS}")).into())
+            }
+            (false, _) => return Err(invalid("give a cron expression or an interval, not both").into()),
+        };
+        let missed = match pb::MissedPolicy::try_from(missed_policy) {
+            Ok(pb::MissedPolicy::Skip) => MissedPolicy::Skip,
+            Ok(pb::MissedPolicy::RunOnce) => MissedPolicy::RunOnce,
+            Err(_) => return Err(invalid(format!("unknown missed_policy {missed_policy}")).into()),
+        };
+        let now = wall_clock_ms();
+        who.check_queue(&task.queue)?;
+        let mut template = convert::new_task(cfg, &who.tenant, task, now)?;
+        template.deadline = None;
+        let id = TaskId::new(now, rand::random(), rand::random());
+        let sch = Schedule {
+            id,
+            tenant: who.tenant,
+            name,
+            spec,
+            missed,
+            paused: false,
+            created_at: now,
+            last_occurrence: None,
+            fired: 0,
+            template,
+        };
+        self.schedule_write(Command::CreateSchedule(Box::new(sch))).await
+    }
+
+    async fn schedule_write(&self, cmd: Command) -> Res<pb::Schedule> {
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::Schedule(Ok(Some(s))) => Ok(Response::new(schedule_pb(&s))),
+            SmResponse::Schedule(Ok(None)) => Err(ApiError::NotFound.into()),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+        }
+    }
+
+    async fn update_schedule(&self, tenant: String, id: &str, paused: bool, delete: bool) -> Result<Command, Status> {
+        let id: TaskId = convert::parse_id(id)?;
+        Ok(Command::UpdateSchedule { tenant, id, paused, delete })
+    }
+
+    async fn pause_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        let who = caller_with(&req, Scope::Enqueue)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, true, false).await?;
+        self.schedule_write(cmd).await
+    }
+
+    async fn resume_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        let who = caller_with(&req, Scope::Enqueue)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, false).await?;
+        self.schedule_write(cmd).await
+    }
+
+    async fn delete_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
+        let who = caller_with(&req, Scope::Enqueue)?;
+        let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, true).await?;
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::Schedule(Ok(_)) => Ok(Response::new(pb::DeleteScheduleResponse {})),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+        }
+    }
+
+    async fn list_schedules_local(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
+        let who = caller_with(&req, Scope::Read)?;
+        if !stale_read(&req) {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let mut all = self.proposer.shared.schedules(Some(&who.tenant));
+        all.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
+        Ok(Response::new(pb::ListSchedulesResponse { schedules: all.iter().map(schedule_pb).collect() }))
+    }
+
+    /// Serves here when this node leads (or a stale read was asked for), else forwards to the leader.
+    async fn routed<T, R, LF, RF, RFut>(
+        &self,
+        req: Request<T>,
+        local: impl FnOnce(Request<T>) -> LF,
+        remote: RF,
+    ) -> Res<R>
+    where
+        LF: std::future::Future<Output = Res<R>>,
+        RF: FnOnce(JobsClient<Channel>, Request<T>) -> RFut,
+        RFut: std::future::Future<Output = Res<R>>,
+    {
+        if stale_read(&req) {
+            return local(req).await;
+        }
+        match self.fwd.route(&req).await? {
+            Route::Leader(ch) => remote(JobsClient::new(ch).max_decoding_message_size(64 << 20), forwarded(req)).await,
+            Route::Local => local(req).await,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Jobs for JobsApi {
+    async fn pause_queue(&self, req: Request<pb::PauseQueueRequest>) -> Res<pb::QueuePauseState> {
+        self.routed(req, |r| self.pause_local(r), |mut c, r| async move { c.pause_queue(r).await }).await
+    }
+
+    async fn resume_queue(&self, req: Request<pb::ResumeQueueRequest>) -> Res<pb::QueuePauseState> {
+        self.routed(req, |r| self.resume_local(r), |mut c, r| async move { c.resume_queue(r).await }).await
+    }
+
+    async fn list_paused_queues(&self, req: Request<pb::ListPausedQueuesRequest>) -> Res<pb::ListPausedQueuesResponse> {
+        self.routed(req, |r| self.list_paused_local(r), |mut c, r| async move { c.list_paused_queues(r).await }).await
+    }
+
+    async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
+        self.routed(req, |r| self.list_tasks_local(r), |mut c, r| async move { c.list_tasks(r).await }).await
+    }
+
+    async fn queue_capacity(&self, req: Request<pb::QueueCapacityRequest>) -> Res<pb::QueueCapacityResponse> {
+        self.routed(req, |r| self.capacity_local(r), |mut c, r| async move { c.queue_capacity(r).await }).await
+    }
+
+    async fn create_schedule(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.create_schedule_local(r), |mut c, r| async move { c.create_schedule(r).await }).await
+    }
+
+    async fn list_schedules(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
+        self.routed(req, |r| self.list_schedules_local(r), |mut c, r| async move { c.list_schedules(r).await }).await
+    }
+
+    async fn pause_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.pause_schedule_local(r), |mut c, r| async move { c.pause_schedule(r).await }).await
+    }
+
+    async fn resume_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+        self.routed(req, |r| self.resume_schedule_local(r), |mut c, r| async move { c.resume_schedule(r).await }).await
+    }
+
+    async fn delete_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
+        self.routed(req, |r| self.delete_schedule_local(r), |mut c, r| async move { c.delete_schedule(r).await }).await
+    }
+}

@@ -1,0 +1,59 @@
+//! The dependency resolver: leader-only work that tells tasks waiting on dependencies that those ended.
+//!
+//! A dependency usually lives in another shard than the task waiting on it, and apply may only read its own
+//! shard (the sharding rule). So the leader, reading replicated state, proposes `ResolveDependencies` with each
+//! ended dependency's outcome; apply on the waiting task's shard crosses it off (idempotent: a dependency already
+//! crossed off is ignored). It runs when a task ends (the state machine's `ended` notifications), and scans
+//! everything every `SCAN_INTERVAL` and when it becomes leader, which covers a dependency that ended before its
+//! dependent existed, lost notifications and a leader change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use super::proposer::Proposer;
+use crate::queue::Command;
+
+/// The safety-net scan period: bounds how late a dependency that ended unnoticed is resolved.
+const SCAN_INTERVAL: Duration = Duration::from_millis(250);
+/// Resolutions per proposed entry.
+const MAX_PER_ENTRY: usize = 1_000;
+
+pub async fn run(
+    proposer: Arc<Proposer>,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    let mut ended = proposer.shared.ended.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = ended.recv() => {
+                if matches!(r, Err(RecvError::Closed)) {
+                    return;
+                }
+                // Take whatever else ended meanwhile: one scan covers it all.
+                while ended.try_recv().is_ok() {}
+            }
+            _ = leading.changed() => {}
+            _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+        }
+        if !*leading.borrow() {
+            continue;
+        }
+        let items = match proposer.shared.dependency_resolutions(MAX_PER_ENTRY) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read dependencies");
+                continue;
+            }
+        };
+        if !items.is_empty() {
+            if let Err(e) = proposer.write(Command::ResolveDependencies(items)).await {
+                tracing::debug!(error = %e, "dependency resolutions not applied");
+            }
+        }
+    }
+}

@@ -585,10 +585,20 @@ impl ShardCore {
         limit: usize,
         skip: &HashSet<TaskId>,
     ) -> Vec<ClaimOrder> {
+        // Keyed tasks promised to claims in flight: walk the smaller of the two sets (claims without keys, the
+        // common case, cost nothing here).
         let mut taken: HashMap<&str, u32> = HashMap::new();
-        for id in skip {
-            if let Some(ck) = self.pending_keys.get(id) {
-                *taken.entry(ck.key.as_str()).or_default() += 1;
+        if self.pending_keys.len() <= skip.len() {
+            for (id, ck) in &self.pending_keys {
+                if skip.contains(id) {
+                    *taken.entry(ck.key.as_str()).or_default() += 1;
+                }
+            }
+        } else {
+            for id in skip {
+                if let Some(ck) = self.pending_keys.get(id) {
+                    *taken.entry(ck.key.as_str()).or_default() += 1;
+                }
             }
         }
         let mut iters: Vec<_> = queues

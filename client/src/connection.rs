@@ -84,6 +84,9 @@ struct State {
     next: usize,
     /// A leader named by a NOT_LEADER answer: tried before the list, once.
     leader: Option<String>,
+    /// A leader address that could not be reached (a name that resolves only inside the servers' network,
+    /// say): later redirects to it are ignored, and the list is walked instead.
+    unreachable_leader: Option<String>,
     current: Option<(String, Channel)>,
 }
 
@@ -118,7 +121,7 @@ impl Connector {
             provider: None,
             tls_ca: ca.map(tonic::transport::Certificate::from_pem),
             connect_timeout,
-            state: Mutex::new(State { next: 0, leader: None, current: None }),
+            state: Mutex::new(State { next: 0, leader: None, unreachable_leader: None, current: None }),
         })
     }
 
@@ -153,15 +156,16 @@ impl Connector {
     /// The cached channel, or a new one: to the leader last named, then to each address in order from the
     /// one after the last that failed. The error is the last connect failure.
     pub(crate) async fn channel(&self) -> Result<(String, Channel)> {
-        let (candidates, start) = {
+        let (candidates, start, named) = {
             let mut st = self.state.lock().expect("connector lock poisoned");
             if let Some(c) = &st.current {
                 return Ok(c.clone());
             }
-            let mut c: Vec<String> = st.leader.take().into_iter().collect();
+            let named = st.leader.take();
+            let mut c: Vec<String> = named.clone().into_iter().collect();
             let n = self.addrs.len();
             c.extend((0..n).map(|i| self.addrs[(st.next + i) % n].clone()));
-            (c, st.next)
+            (c, st.next, named)
         };
         let mut last = None;
         for addr in candidates {
@@ -176,6 +180,9 @@ impl Connector {
                 }
                 Err(e) => {
                     tracing::debug!(addr = %addr, error = %e, "cannot connect");
+                    if named.as_deref() == Some(addr.as_str()) && !self.addrs.contains(&addr) {
+                        self.state.lock().expect("connector lock poisoned").unreachable_leader = Some(addr.clone());
+                    }
                     last = Some(e);
                 }
             }
@@ -205,8 +212,13 @@ impl Connector {
                 None
             }
         });
-        // Without a leader (an election is running) stay on the list: move on to the next address.
-        if leader.is_none() || leader.as_deref() == Some(addr) {
+        let known_unreachable = {
+            let st = self.state.lock().expect("connector lock poisoned");
+            leader.is_some() && st.unreachable_leader == leader
+        };
+        // Without a leader (an election is running), or with one this client cannot reach, stay on the list:
+        // move on to the next address.
+        if leader.is_none() || leader.as_deref() == Some(addr) || known_unreachable {
             self.failed(addr);
             return;
         }
@@ -298,5 +310,26 @@ mod tests {
         c.redirect("http://a:1", None);
         assert_eq!(c.state.lock().unwrap().next, 1);
         assert!(c.state.lock().unwrap().leader.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_named_leader_that_cannot_be_reached_is_not_followed_again() {
+        // The servers name their leader by an address only their own network resolves (node3:9091 in
+        // docker-compose): after it failed once, a follower's redirect to it moves on along the list.
+        let c = Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], None, None, Duration::from_millis(200))
+            .expect("valid");
+        c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
+        assert!(c.channel().await.is_err());
+        assert_eq!(c.state.lock().unwrap().unreachable_leader.as_deref(), Some("http://127.0.0.1:3"));
+        // As if connected to the first address, which answers NOT_LEADER naming the same leader.
+        c.state.lock().unwrap().next = 0;
+        c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
+        let st = c.state.lock().unwrap();
+        assert!(st.leader.is_none(), "not tried again");
+        assert_eq!(st.next, 1, "on to the next listed address");
+        drop(st);
+        // Another leader is followed as before.
+        c.redirect("http://127.0.0.1:2", Some("127.0.0.1:4"));
+        assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:4"));
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | `compose` | container mode: the repository's docker-compose cluster, Docker-made faults, its teardown |
 //! | `cluster` | node processes (ports, configs, data dirs, signals, corruption) and admin calls |
 //! | `relay` | fault-injecting TCP relays in front of every node's Raft and API ports (why: see there) |
 //! | `workload` | producers and workers through `raftq-client`, recording each operation |
@@ -16,6 +17,7 @@
 
 mod checker;
 mod cluster;
+mod compose;
 mod history;
 mod nemesis;
 mod relay;
@@ -36,6 +38,7 @@ use rand::SeedableRng;
 use tokio::time::Instant;
 
 use crate::cluster::{Cluster, ClusterOptions, SERVER_SETTINGS};
+use crate::compose::{Compose, ComposeNemesis, ComposeOptions};
 use crate::history::{Op, Phase, Recorder};
 use crate::nemesis::{Fault, Nemesis, Schedule};
 use crate::workload::WorkloadConfig;
@@ -114,6 +117,17 @@ struct RunArgs {
     /// Keep the nodes' data directories after a passing run.
     #[arg(long)]
     keep_data: bool,
+    /// Container mode: run the repository's docker-compose.yml (3 nodes, authentication on) under a project
+    /// and host ports of its own instead of node processes; faults: kill, kill-leader, pause,
+    /// partition-leader, partition-split, transfers, rolling-restart.
+    #[arg(long)]
+    compose: bool,
+    /// The image of the compose nodes (RAFTQ_IMAGE), with --compose.
+    #[arg(long, default_value = "raftq:latest")]
+    image: String,
+    /// The compose file, with --compose (default: the repository's docker-compose.yml).
+    #[arg(long, requires = "compose")]
+    compose_file: Option<PathBuf>,
 }
 
 fn parse_faults(names: &[String]) -> anyhow::Result<Vec<Fault>> {
@@ -175,6 +189,7 @@ async fn main() {
             _ = term.recv() => {}
         }
         cluster::kill_all();
+        compose::down_now();
         eprintln!("raftq-jepsen: interrupted; node processes killed");
         std::process::exit(2);
     });
@@ -212,7 +227,7 @@ async fn main() {
 }
 
 /// Polls every position's node for the leader and records each change.
-async fn monitor(addrs: Vec<String>, rec: Arc<Recorder>, stop: CancellationToken) {
+async fn monitor(addrs: Vec<String>, token: Option<String>, rec: Arc<Recorder>, stop: CancellationToken) {
     let clients: Vec<_> = addrs
         .iter()
         .filter_map(|a| {
@@ -220,7 +235,7 @@ async fn monitor(addrs: Vec<String>, rec: Arc<Recorder>, stop: CancellationToken
                 e.connect_timeout(Duration::from_millis(300)).timeout(Duration::from_millis(800)).connect_lazy()
             })
         })
-        .map(pb::admin_client::AdminClient::new)
+        .map(|ch| pb::admin_client::AdminClient::with_interceptor(ch, compose::Bearer::new(token.as_deref())))
         .collect();
     let mut last: Option<(Option<u64>, u64)> = None;
     while !stop.is_cancelled() {
@@ -288,6 +303,9 @@ fn known_tasks(rec: &Recorder) -> HashSet<String> {
     })
 }
 
+/// The last error a final read got (other than NOT_FOUND), for the drain's note.
+static LAST_READ_ERROR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 /// Reads each task's result (a linearizable read through the leader), 32 at a time, until `deadline`; a
 /// task whose read fails or does not finish in time is left out.
 async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashMap<String, FinalRead> {
@@ -310,7 +328,11 @@ async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashM
                     (state_name(r.state).to_string(), r.attempts, String::from_utf8_lossy(&r.result).into_owned())
                 }
                 Ok(Err(e)) if e.reason() == Some("NOT_FOUND") => ("not_found".to_string(), 0, String::new()),
-                _ => continue,
+                Ok(Err(e)) => {
+                    *LAST_READ_ERROR.lock().expect("read error lock") = Some(e.to_string());
+                    continue;
+                }
+                Err(_) => continue,
             };
             out.insert(id, f);
         }
@@ -324,7 +346,7 @@ fn terminal(state: &str) -> bool {
 
 /// Keeps the workers running until every known task is terminal and the server holds no task the history
 /// has not seen, or until `limit`. Returns the terminal tasks read, and why it stopped.
-async fn drain(rec: &Recorder, p: &Producer, c: &Cluster, limit: Duration) -> (HashMap<String, FinalRead>, String) {
+async fn drain(rec: &Recorder, p: &Producer, c: &Sut, limit: Duration) -> (HashMap<String, FinalRead>, String) {
     let deadline = Instant::now() + limit;
     let mut done: HashMap<String, FinalRead> = HashMap::new();
     loop {
@@ -348,7 +370,11 @@ async fn drain(rec: &Recorder, p: &Producer, c: &Cluster, limit: Duration) -> (H
             return (
                 done,
                 format!(
-                    "drain timed out after {limit:?}: {left} known tasks not terminal, {unseen} unseen on the server"
+                    "drain timed out after {limit:?}: {left} known tasks not terminal, {unseen} unseen on the server{}",
+                    match LAST_READ_ERROR.lock().expect("read error lock").as_deref() {
+                        Some(e) => format!(" (last read error: {e})"),
+                        None => String::new(),
+                    }
                 ),
             );
         }
@@ -356,10 +382,97 @@ async fn drain(rec: &Recorder, p: &Producer, c: &Cluster, limit: Duration) -> (H
     }
 }
 
+/// The system under test: node processes behind relays, or the docker-compose cluster.
+enum Sut {
+    Procs(Box<Cluster>),
+    Compose(Box<Compose>),
+}
+
+impl Sut {
+    fn addrs(&self) -> Vec<String> {
+        match self {
+            Sut::Procs(c) => c.slots.iter().map(|(grpc, _)| grpc.to_string()).collect(),
+            Sut::Compose(c) => c.addrs(),
+        }
+    }
+
+    /// Addresses for the final reader. Containers: the leader's published port first, since a follower
+    /// answers the SDK with NOT_LEADER naming the leader's in-network address (`node3:9091`), which the host
+    /// cannot resolve, and the SDK then goes back to that same follower (see jepsen-like/README.md): a
+    /// reader that starts on a follower reads nothing.
+    async fn reader_addrs(&self) -> Vec<String> {
+        let mut addrs = self.addrs();
+        if let Sut::Compose(c) = self {
+            if let Some(l) = c.leader().await {
+                addrs.swap(0, l as usize - 1);
+            }
+        }
+        addrs
+    }
+
+    fn token(&self) -> Option<String> {
+        match self {
+            Sut::Procs(_) => None,
+            Sut::Compose(c) => Some(c.token.clone()),
+        }
+    }
+
+    async fn digests(&self) -> BTreeMap<u64, pb::DigestResponse> {
+        match self {
+            Sut::Procs(c) => c.digests().await,
+            Sut::Compose(c) => c.digests().await,
+        }
+    }
+
+    fn up_count(&self) -> usize {
+        match self {
+            Sut::Procs(c) => c.up_ids().len(),
+            Sut::Compose(c) => c.up_ids().len(),
+        }
+    }
+
+    async fn faults(&mut self, faults: &[Fault], until: Instant, s: &Schedule, rec: Arc<Recorder>, seed: u64) {
+        let rng = StdRng::seed_from_u64(seed);
+        match self {
+            Sut::Procs(c) => Nemesis::new(c, rec, rng).run(faults, until, s).await,
+            Sut::Compose(c) => ComposeNemesis::new(c, rec, rng).run(faults, until, s).await,
+        }
+    }
+
+    async fn heal(&mut self, rec: Arc<Recorder>, seed: u64) -> anyhow::Result<()> {
+        // Healing draws nothing at random.
+        let rng = StdRng::seed_from_u64(seed);
+        match self {
+            Sut::Procs(c) => Nemesis::new(c, rec, rng).heal().await,
+            Sut::Compose(c) => ComposeNemesis::new(c, rec, rng).heal().await,
+        }
+    }
+
+    fn external(&self) -> u64 {
+        match self {
+            Sut::Procs(c) => c.net.external.load(std::sync::atomic::Ordering::Relaxed),
+            Sut::Compose(_) => 0,
+        }
+    }
+
+    async fn shutdown(&mut self) {
+        match self {
+            Sut::Procs(c) => c.shutdown().await,
+            Sut::Compose(c) => c.teardown().await,
+        }
+    }
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<bool> {
-    let faults = parse_faults(&args.faults)?;
+    let mut faults = parse_faults(&args.faults)?;
+    if args.compose {
+        let all = args.faults.iter().any(|f| f.trim() == "all");
+        faults = compose::check_faults(&faults, all)?;
+        if args.nodes != compose::NODES {
+            bail!("--compose runs docker-compose.yml's {} nodes: --nodes must be {}", compose::NODES, compose::NODES);
+        }
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
-    let bin = find_bin(args.bin.clone())?;
     if args.nodes < 3 {
         bail!("--nodes must be at least 3 (faults need a majority to survive)");
     }
@@ -367,6 +480,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         ([q0, q1], [h0, h1]) if q0 <= q1 && h0 <= h1 => ((q0 * 1000, q1 * 1000), (h0 * 1000, h1 * 1000)),
         _ => bail!("--quiet-s and --hold-s take MIN,MAX"),
     };
+    let bin = if args.compose { None } else { Some(find_bin(args.bin.clone())?) };
     let out = match &args.out {
         Some(o) => o.clone(),
         None => {
@@ -376,31 +490,90 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         }
     };
     std::fs::create_dir_all(&out)?;
-    let mut settings = SERVER_SETTINGS.to_string();
-    if let Some(extra) = &args.server_config {
-        settings.push_str(&std::fs::read_to_string(extra)?);
-    }
     let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
-    eprintln!(
-        "raftq-jepsen: seed {seed}, {} nodes, {} s of faults [{}], binary {}, output {}",
-        args.nodes,
-        args.time_limit,
-        fault_names.join(","),
-        bin.display(),
-        out.display()
-    );
+    let mut notes = Vec::new();
+    let (rec, started, mut sut) = if let Some(bin) = bin {
+        let mut settings = SERVER_SETTINGS.to_string();
+        if let Some(extra) = &args.server_config {
+            settings.push_str(&std::fs::read_to_string(extra)?);
+        }
+        eprintln!(
+            "raftq-jepsen: seed {seed}, {} nodes, {} s of faults [{}], binary {}, output {}",
+            args.nodes,
+            args.time_limit,
+            fault_names.join(","),
+            bin.display(),
+            out.display()
+        );
+        let rec = Arc::new(Recorder::create(&out.join("history.jsonl"))?);
+        let started = Instant::now();
+        let cluster = Cluster::start(ClusterOptions {
+            bin: bin.clone(),
+            root: out.join("nodes"),
+            nodes: args.nodes,
+            settings,
+            node_log: args.node_log.clone(),
+        })
+        .await?;
+        (rec, started, Sut::Procs(Box::new(cluster)))
+    } else {
+        let file = args
+            .compose_file
+            .clone()
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("docker-compose.yml"));
+        let file = file.canonicalize().with_context(|| format!("compose file {}", file.display()))?;
+        eprintln!(
+            "raftq-jepsen: seed {seed}, container mode ({}, image {}), {} s of faults [{}], output {}",
+            file.display(),
+            args.image,
+            args.time_limit,
+            fault_names.join(","),
+            out.display()
+        );
+        let rec = Arc::new(Recorder::create(&out.join("history.jsonl"))?);
+        let started = Instant::now();
+        let c = Compose::up(ComposeOptions { image: args.image.clone(), file, out: out.clone() }).await?;
+        let note = format!(
+            "container mode: compose project {}, image {}, gRPC ports {:?}; node logs in compose.log",
+            c.project, args.image, c.ports
+        );
+        eprintln!("[{:>7.1}s] {note}", rec.now() as f64 / 1000.0);
+        notes.push(note);
+        (rec, started, Sut::Compose(Box::new(c)))
+    };
+    let res = exercise(
+        &args,
+        &mut sut,
+        rec,
+        started,
+        seed,
+        &faults,
+        Schedule { quiet_ms: quiet, hold_ms: hold },
+        notes,
+        &out,
+    )
+    .await;
+    // Whatever happened: no node process and no compose project outlives the run.
+    sut.shutdown().await;
+    res
+}
 
-    let rec = Arc::new(Recorder::create(&out.join("history.jsonl"))?);
-    let started = Instant::now();
-    let mut cluster = Cluster::start(ClusterOptions {
-        bin: bin.clone(),
-        root: out.join("nodes"),
-        nodes: args.nodes,
-        settings,
-        node_log: args.node_log.clone(),
-    })
-    .await?;
-    let addrs: Vec<String> = cluster.slots.iter().map(|(grpc, _)| grpc.to_string()).collect();
+/// Workload, faults, heal, drain, final reads, convergence, checks and report.
+#[allow(clippy::too_many_arguments)]
+async fn exercise(
+    args: &RunArgs,
+    sut: &mut Sut,
+    rec: Arc<Recorder>,
+    started: Instant,
+    seed: u64,
+    faults: &[Fault],
+    schedule: Schedule,
+    mut notes: Vec<String>,
+    out: &Path,
+) -> anyhow::Result<bool> {
+    let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    let addrs = sut.addrs();
+    let token = sut.token();
     let wl = Arc::new(WorkloadConfig {
         queue: "jepsen".into(),
         addrs: addrs.clone(),
@@ -414,10 +587,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         slow_workers: args.slow_workers,
         batch: 0.2,
         seed,
+        token: token.clone(),
     });
 
     let monitor_stop = CancellationToken::new();
-    let monitor = tokio::spawn(monitor(addrs.clone(), rec.clone(), monitor_stop.clone()));
+    let monitor = tokio::spawn(monitor(addrs.clone(), token.clone(), rec.clone(), monitor_stop.clone()));
     let (producers_stop, workers_stop) = (CancellationToken::new(), CancellationToken::new());
     rec.record(Op::Mark { what: "workload_start".into() });
     let mut producer_jobs = Vec::new();
@@ -432,11 +606,10 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
 
     rec.record(Op::Mark { what: "faults_start".into() });
     let until = Instant::now() + Duration::from_secs(args.time_limit);
-    let mut nemesis = Nemesis::new(&mut cluster, rec.clone(), StdRng::seed_from_u64(seed));
     if faults.is_empty() {
         tokio::time::sleep_until(until).await;
     } else {
-        nemesis.run(&faults, until, &Schedule { quiet_ms: quiet, hold_ms: hold }).await;
+        sut.faults(faults, until, &schedule, rec.clone(), seed).await;
     }
     rec.record(Op::Mark { what: "faults_end".into() });
     producers_stop.cancel();
@@ -444,25 +617,25 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         let _ = tokio::time::timeout(Duration::from_secs(40), j).await;
     }
     eprintln!("[{:>7.1}s] healing", rec.now() as f64 / 1000.0);
-    let healed = nemesis.heal().await;
+    let healed = sut.heal(rec.clone(), seed).await;
     rec.record(Op::Mark { what: "healed".into() });
-    let mut notes = Vec::new();
     if let Err(e) = &healed {
         notes.push(format!("heal: {e:#}"));
         eprintln!("raftq-jepsen: heal: {e:#}");
     }
 
     let reader = Producer::connect(ProducerConfig {
-        addrs: addrs.clone(),
+        addrs: sut.reader_addrs().await,
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(10),
         max_retries: 3,
+        token: token.clone(),
         ..Default::default()
     })
     .await
     .context("connecting the final reader")?;
     eprintln!("[{:>7.1}s] draining", rec.now() as f64 / 1000.0);
-    let (mut finals, drain_note) = drain(&rec, &reader, &cluster, Duration::from_secs(args.drain_timeout)).await;
+    let (mut finals, drain_note) = drain(&rec, &reader, sut, Duration::from_secs(args.drain_timeout)).await;
     rec.record(Op::Mark { what: "drained".into() });
     eprintln!("[{:>7.1}s] {drain_note}", rec.now() as f64 / 1000.0);
     notes.push(drain_note);
@@ -491,8 +664,8 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     // Convergence: every running member at the same applied index with the same digest.
     let deadline = Instant::now() + Duration::from_secs(30);
     let digests: BTreeMap<u64, pb::DigestResponse> = loop {
-        let d = cluster.digests().await;
-        let ups = cluster.up_ids().len();
+        let d = sut.digests().await;
+        let ups = sut.up_count();
         let mut it = d.values();
         let agree = it.next().is_some_and(|f| it.all(|x| x.applied_index == f.applied_index && x.digest == f.digest));
         if (agree && d.len() == ups) || Instant::now() >= deadline {
@@ -507,8 +680,8 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let _ = monitor.await;
     rec.record(Op::Mark { what: "done".into() });
     rec.flush()?;
-    let external = cluster.net.external.load(std::sync::atomic::Ordering::Relaxed);
-    cluster.shutdown().await;
+    let external = sut.external();
+    sut.shutdown().await;
 
     let analysis = checker::check(&rec.events());
     let summary = report::Summary {
@@ -526,9 +699,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let text = report::text(&summary);
     std::fs::write(out.join("report.txt"), &text)?;
     print!("{text}");
-    if summary.analysis.valid && !args.keep_data {
-        for n in &cluster.nodes {
-            let _ = std::fs::remove_dir_all(n.data_dir());
+    if let Sut::Procs(cluster) = sut {
+        if summary.analysis.valid && !args.keep_data {
+            for n in &cluster.nodes {
+                let _ = std::fs::remove_dir_all(n.data_dir());
+            }
         }
     }
     Ok(summary.analysis.valid)

@@ -49,11 +49,13 @@ pub struct WorkloadConfig {
     /// Share of enqueue requests that are batches (2-8 values).
     pub batch: f64,
     pub seed: u64,
+    /// Bearer token for every client (container mode: the compose cluster authenticates); None without auth.
+    pub token: Option<String>,
 }
 
 /// A producer's config: the addresses in a random order, short timeouts (a fault run wants answers, not
 /// patience).
-fn producer_config(addrs: &[String], rng: &mut StdRng) -> ProducerConfig {
+fn producer_config(addrs: &[String], token: Option<&str>, rng: &mut StdRng) -> ProducerConfig {
     let mut addrs = addrs.to_vec();
     addrs.shuffle(rng);
     ProducerConfig {
@@ -63,6 +65,7 @@ fn producer_config(addrs: &[String], rng: &mut StdRng) -> ProducerConfig {
         max_retries: 5,
         retry_backoff_min: Duration::from_millis(50),
         retry_backoff_max: Duration::from_millis(500),
+        token: token.map(str::to_string),
         ..Default::default()
     }
 }
@@ -94,7 +97,7 @@ pub async fn producer(p: u32, cfg: Arc<WorkloadConfig>, rec: Arc<Recorder>, stop
         // A fresh client (another random node first) now and then, and after an unknown outcome.
         if client.is_none() || uses >= 200 {
             uses = 0;
-            match Producer::connect(producer_config(&cfg.addrs, &mut rng)).await {
+            match Producer::connect(producer_config(&cfg.addrs, cfg.token.as_deref(), &mut rng)).await {
                 Ok(c) => client = Some(c),
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -311,6 +314,7 @@ pub async fn worker(w: u32, cfg: Arc<WorkloadConfig>, rec: Arc<Recorder>, stop: 
             reconnect_backoff_min: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
+            token: cfg.token.clone(),
             ..Default::default()
         };
         let sdk = match Worker::new(wc) {

@@ -1039,14 +1039,20 @@ async fn a_tls_cluster_replicates_over_mutual_tls_and_refuses_peers_without_a_ce
     }
     // Writes through every node (followers forward to the leader over TLS).
     let ca = std::fs::read(fixture("tls-ca.pem")).expect("ca");
-    let p = raftq_client::Producer::connect(raftq_client::ProducerConfig {
-        addrs: nodes.iter().map(|n| n.grpc.clone()).collect(),
-        tls_ca_pem: Some(ca),
-        ..Default::default()
-    })
-    .await
-    .expect("producer");
     let deadline = Instant::now() + Duration::from_secs(30);
+    // The processes may not listen yet.
+    let p = loop {
+        let cfg = raftq_client::ProducerConfig {
+            addrs: nodes.iter().map(|n| n.grpc.clone()).collect(),
+            tls_ca_pem: Some(ca.clone()),
+            ..Default::default()
+        };
+        match raftq_client::Producer::connect(cfg).await {
+            Ok(p) => break p,
+            Err(e) => assert!(Instant::now() < deadline, "producer: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let mut done = 0;
     while done < 10 {
         match p.enqueue(raftq_client::NewTask::new("tls-cluster", format!("{done}"))).await {

@@ -153,7 +153,7 @@ head -c 36 /dev/urandom | base64 >"$work/other.hs256"
 forged=$("$BIN" token issue --secret-file "$work/other.hs256" --scopes enqueue,work,read,admin) ||
   die "raftq token issue on the host"
 if out=$(timeout 20 "$BIN" task enqueue --addr "127.0.0.1:${GRPC_PORTS[0]}" --queue noauth --payload x \
-  --token "$forged" 2>&1); then
+  --auth-token "$forged" 2>&1); then
   die "an enqueue with a token signed by another secret was accepted: $out"
 fi
 [[ "$out" == *TOKEN_* ]] || die "an enqueue with a token signed by another secret failed, but not on its token: $out"

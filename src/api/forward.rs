@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use openraft::type_config::async_runtime::watch::WatchReceiver;
 use tonic::transport::{Channel, Endpoint};
-use tonic::Request;
+use tonic::{Request, Response, Status};
 
 use super::error::ApiError;
 use crate::raft::types::{NodeId, Raft};
@@ -51,7 +51,48 @@ pub fn forwarded<T>(req: Request<T>) -> Request<T> {
     Request::from_parts(md, Default::default(), msg)
 }
 
+fn copy_request<T: Clone>(req: &Request<T>) -> Request<T> {
+    let mut r = Request::new(req.get_ref().clone());
+    *r.metadata_mut() = req.metadata().clone();
+    r
+}
+
+fn status_reason(s: &Status) -> &str {
+    s.metadata().get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("")
+}
+
 impl Forwarder {
+    /// Serves a request here when this node leads (or a stale read was asked for), else forwards it to the
+    /// leader over `remote`; a local `NOT_LEADER` (leadership moved meanwhile) is routed once more.
+    pub async fn serve<T, R, LF, RF, RFut>(
+        &self,
+        req: Request<T>,
+        local: impl FnOnce(Request<T>) -> LF,
+        remote: RF,
+    ) -> Result<Response<R>, Status>
+    where
+        T: Clone + Send + 'static,
+        LF: std::future::Future<Output = Result<Response<R>, Status>>,
+        RF: Fn(Channel, Request<T>) -> RFut,
+        RFut: std::future::Future<Output = Result<Response<R>, Status>>,
+    {
+        if stale_read(&req) {
+            return local(req).await;
+        }
+        if let Route::Leader(ch) = self.route(&req).await? {
+            return remote(ch, forwarded(req)).await;
+        }
+        let retry = (!flag(&req, FORWARDED_HEADER)).then(|| copy_request(&req));
+        let r = local(req).await;
+        match (r, retry) {
+            (Err(s), Some(again)) if status_reason(&s) == "NOT_LEADER" => match self.leader_route().await? {
+                Route::Leader(ch) => remote(ch, forwarded(again)).await,
+                Route::Local => Err(s),
+            },
+            (r, _) => r,
+        }
+    }
+
     pub fn new(raft: Raft, node_id: NodeId, tls: Option<std::sync::Arc<crate::tls::Tls>>) -> Forwarder {
         Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()) }
     }

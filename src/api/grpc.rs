@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::error::{invalid, merge_items, valid_items, ApiError};
-use super::forward::{forwarded, stale_read, Forwarder, Route};
+use super::forward::{stale_read, Forwarder};
 use super::limits::Limits;
 use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
 use crate::raft::dispatcher::Dispatcher;
@@ -369,8 +369,7 @@ impl TaskApi {
         Ok(Response::new(pb::QueueStatsResponse { queues }))
     }
 
-    /// Serves a request here when this node leads (or a stale read was asked for), else forwards it to the
-    /// leader; a local `NOT_LEADER` (leadership moved meanwhile) is routed once more.
+    /// Serves a request here or on the leader (see `Forwarder::serve`).
     async fn routed<T, R, LF, RF, RFut>(
         &self,
         req: Request<T>,
@@ -383,38 +382,10 @@ impl TaskApi {
         RF: Fn(TaskServiceClient<Channel>, Request<T>) -> RFut,
         RFut: std::future::Future<Output = Res<R>>,
     {
-        if stale_read(&req) {
-            return local(req).await;
-        }
         let client =
             |ch| TaskServiceClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
-        if let Route::Leader(ch) = self.fwd.route(&req).await? {
-            return remote(client(ch), forwarded(req)).await;
-        }
-        let retry = (!is_forwarded(&req)).then(|| copy_request(&req));
-        let r = local(req).await;
-        match (r, retry) {
-            (Err(s), Some(again)) if status_reason(&s) == "NOT_LEADER" => match self.fwd.leader_route().await? {
-                Route::Leader(ch) => remote(client(ch), forwarded(again)).await,
-                Route::Local => Err(s),
-            },
-            (r, _) => r,
-        }
+        self.fwd.serve(req, local, |ch, r| remote(client(ch), r)).await
     }
-}
-
-fn copy_request<T: Clone>(req: &Request<T>) -> Request<T> {
-    let mut r = Request::new(req.get_ref().clone());
-    *r.metadata_mut() = req.metadata().clone();
-    r
-}
-
-fn is_forwarded<T>(req: &Request<T>) -> bool {
-    req.metadata().contains_key(super::forward::FORWARDED_HEADER)
-}
-
-fn status_reason(s: &Status) -> &str {
-    s.metadata().get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
 
 pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResult {

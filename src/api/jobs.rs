@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::error::{invalid, ApiError};
-use super::forward::{forwarded, stale_read, Forwarder, Route};
+use super::forward::{stale_read, Forwarder};
 use super::grpc::caller_with;
 use crate::auth::Scope;
 use crate::queue::{
@@ -312,7 +312,7 @@ impl JobsApi {
         Ok(Response::new(pb::ListSchedulesResponse { schedules: all.iter().map(schedule_pb).collect() }))
     }
 
-    /// Serves here when this node leads (or a stale read was asked for), else forwards to the leader.
+    /// Serves a request here or on the leader (see `Forwarder::serve`).
     async fn routed<T, R, LF, RF, RFut>(
         &self,
         req: Request<T>,
@@ -320,17 +320,12 @@ impl JobsApi {
         remote: RF,
     ) -> Res<R>
     where
+        T: Clone + Send + 'static,
         LF: std::future::Future<Output = Res<R>>,
-        RF: FnOnce(JobsClient<Channel>, Request<T>) -> RFut,
+        RF: Fn(JobsClient<Channel>, Request<T>) -> RFut,
         RFut: std::future::Future<Output = Res<R>>,
     {
-        if stale_read(&req) {
-            return local(req).await;
-        }
-        match self.fwd.route(&req).await? {
-            Route::Leader(ch) => remote(JobsClient::new(ch).max_decoding_message_size(64 << 20), forwarded(req)).await,
-            Route::Local => local(req).await,
-        }
+        self.fwd.serve(req, local, |ch, r| remote(JobsClient::new(ch).max_decoding_message_size(64 << 20), r)).await
     }
 }
 

@@ -31,7 +31,6 @@ PHASE_T0=0
 phase() {
   PHASE=$1
   PHASE_T0=$SECONDS
-now_ms() { date +%s%3N; }
   echo "== deploy/ci.sh: $1"
   [ -z "${work:-}" ] || echo "$(now_ms) $1" >>"$work/phases"
 }
@@ -65,36 +64,60 @@ if ! compose_detect; then
   print_timings
   exit 0
 fi
+# deploy/compose.sh (what the README tells people to run when `docker compose` is missing) picks the same one.
+[ "$(deploy/compose.sh which)" = "${DC[*]}" ] || die "deploy/compose.sh runs $(deploy/compose.sh which), the scripts ${DC[*]}"
+echo "compose: ${DC[*]} ($("${DC[@]}" version --short 2>/dev/null || echo '?'))"
 
 # A project, an image tag and host ports of our own.
 export COMPOSE_PROJECT_NAME=raftq-ci-$$
 export RAFTQ_IMAGE=raftq:ci
 # Host ports below the kernel's ephemeral range (which outgoing connections take from), not listened on, and
-# not bound by any socket that ss shows.
+# leased the way the Rust harnesses lease theirs (jepsen-like/src/ports.rs): an exclusive flock on
+# $TMPDIR/raftq-ports/<port>.lock, held by this shell (and whatever it starts) until it exits, so a concurrent
+# test run, jepsen-like run or deploy/ci.sh never picks the same port.
 used_ports=" "
 ephemeral_low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+lock_dir=${TMPDIR:-/tmp}/raftq-ports
+mkdir -p "$lock_dir"
 port_busy() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
   command -v ss >/dev/null 2>&1 && [ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
 }
-free_port() {
-  local p
-  for _ in $(seq 200); do
+# lease_port: sets PORT (not a $(...) subshell, which would let the lock go when it exits).
+lease_port() {
+  local p fd
+  for _ in $(seq 500); do
     p=$((10000 + RANDOM % (ephemeral_low - 10000)))
-    if [[ "$used_ports" != *" $p "* ]] && ! port_busy "$p"; then
-      used_ports+="$p "
-      echo "$p"
-      return 0
+    [[ "$used_ports" != *" $p "* ]] || continue
+    if command -v flock >/dev/null 2>&1; then
+      exec {fd}>>"$lock_dir/$p.lock" || continue
+      if ! flock -n "$fd"; then
+        exec {fd}>&-
+        continue
+      fi
     fi
+    if port_busy "$p"; then
+      [ -z "${fd:-}" ] || exec {fd}>&-
+      continue
+    fi
+    used_ports+="$p "
+    PORT=$p
+    return 0
   done
   return 1
 }
-GRPC_PORTS=()
-for n in "${NODES[@]}"; do
-  g=$(free_port) h=$(free_port)
-  export "RAFTQ_NODE${n}_GRPC_PORT=$g" "RAFTQ_NODE${n}_HTTP_PORT=$h"
-  GRPC_PORTS+=("$g")
-done
+# publish_on_new_ports: host ports for every node's gRPC and HTTP port (RAFTQ_NODEn_*_PORT, docker-compose.yml).
+publish_on_new_ports() {
+  GRPC_PORTS=()
+  for n in "${NODES[@]}"; do
+    lease_port || die "no free host port"
+    export "RAFTQ_NODE${n}_GRPC_PORT=$PORT"
+    GRPC_PORTS+=("$PORT")
+    lease_port || die "no free host port"
+    export "RAFTQ_NODE${n}_HTTP_PORT=$PORT"
+  done
+}
+publish_on_new_ports
 work=$(mktemp -d "${TMPDIR:-/tmp}/raftq-deploy-ci.XXXXXX")
 LOAD_PIDS=()
 WORKER_PIDS=()
@@ -124,11 +147,35 @@ trap 'exit 130' INT TERM
 phase "image build (deploy/docker/build.sh $RAFTQ_IMAGE)"
 deploy/docker/build.sh "$RAFTQ_IMAGE"
 IMAGE_SIZE=$(docker image inspect -f '{{.Size}}' "$RAFTQ_IMAGE")
+# The size the README and docs/deploy.md state ("about N MB", decimal megabytes as `docker image ls` shows them)
+# must be the one measured, within 10%: a change that grows the image updates them.
+IMAGE_MB=$(awk -v b="$IMAGE_SIZE" 'BEGIN { printf "%.1f", b / 1000000 }')
+for doc in README.md docs/deploy.md; do
+  said=$(grep -o 'image is about [0-9.]* MB' "$doc" | head -1 | grep -o '[0-9.]*' || true)
+  [ -n "$said" ] || die "$doc does not say how large the image is (\"image is about N MB\")"
+  awk -v a="$said" -v m="$IMAGE_MB" 'BEGIN { d = a - m; if (d < 0) d = -d; exit !(d <= m / 10) }' ||
+    die "$doc says the image is about $said MB; it measures $IMAGE_MB MB: update it (deploy/docker/build.sh prints the size)"
+  echo "$doc: about $said MB; measured $IMAGE_MB MB"
+done
 BIN=${CARGO_TARGET_DIR:-target}/$(uname -m)-unknown-linux-gnu/release/raftq
 phase_done
 
-phase "compose up: 3 nodes ready (project $COMPOSE_PROJECT_NAME)"
-dc up -d 2>&1 | sed 's/^/  /'
+phase "compose up: 3 nodes ready (project $COMPOSE_PROJECT_NAME, ${DC[*]})"
+# A port taken meanwhile by a program that takes no leases fails the start: again on new ports.
+for attempt in 1 2 3; do
+  if up_out=$(dc up -d 2>&1); then
+    sed 's/^/  /' <<<"$up_out"
+    break
+  fi
+  sed 's/^/  /' <<<"$up_out"
+  if [ "$attempt" -lt 3 ] && grep -qiE 'address already in use|port is already allocated' <<<"$up_out"; then
+    echo "a host port was taken meanwhile: compose up again on new ports"
+    dc down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
+    publish_on_new_ports
+    continue
+  fi
+  die "compose up failed"
+done
 wait_cluster_ready 120 || die "the cluster did not become ready"
 echo "leader: node $(current_leader)"
 phase_done
@@ -342,7 +389,7 @@ if [ "$helm_rc" -eq 0 ]; then
 fi
 
 echo "== deploy/ci.sh: passed"
-echo "image $RAFTQ_IMAGE: $((IMAGE_SIZE / 1024 / 1024)) MiB ($IMAGE_SIZE bytes)"
+echo "image $RAFTQ_IMAGE: $IMAGE_MB MB ($IMAGE_SIZE bytes)"
 echo "tasks: $smoke through the containers' CLI; $total acknowledged enqueues under load, all COMPLETED, none lost"
 echo "leader kill: a new leader seen after $FAILOVER_MS ms (polling /readyz via docker compose exec); transfer: $TRANSFER"
 echo "longest gaps between acknowledged enqueues:"

@@ -5,11 +5,18 @@
 # no token: inside a container the CLI mints its own from the shared secret its environment names.
 # JSON is picked apart with sed: the raftq CLI prints one object per line, and a node's object has no nesting.
 
-# The Compose command: v2's `docker compose`, else v1's `docker-compose`. Sets the array DC; 1 when neither.
+# The Compose command: v2's `docker compose`, else v1's `docker-compose` (1.27 or newer: older ones cannot read
+# docker-compose.yml). Sets the array DC; 1 when neither is usable. deploy/compose.sh runs it for people.
 compose_detect() {
+  local v
   if docker compose version >/dev/null 2>&1; then
     DC=(docker compose)
   elif command -v docker-compose >/dev/null 2>&1; then
+    v=$(docker-compose version --short 2>/dev/null || echo 0)
+    if [ "$(printf '%s\n1.27.0\n' "$v" | sort -V | head -1)" != 1.27.0 ]; then
+      echo "docker-compose $v is older than 1.27, which docker-compose.yml needs; install Compose v2" >&2
+      return 1
+    fi
     DC=(docker-compose)
   else
     return 1

@@ -2,7 +2,8 @@
 //!
 //! A token is a JWT signed with HS256 (a shared secret) or RS256, ES256 or EdDSA (public keys from PEM files);
 //! several keys may be configured at once and a token's `kid` header picks one, so keys can be rotated. `exp` is
-//! required; `exp`, `nbf`, `iss` and `aud` are checked with a small leeway. Claims: `sub` (who), `tid` (the
+//! required, and so are `iss` and `aud` when an issuer or audience is configured; `exp`, `nbf`, `iss` and `aud` are
+//! checked with a small leeway. Claims: `sub` (who), `tid` (the
 //! tenant every task, queue, key and dead letter of the caller belongs to), `scope` (space separated) or
 //! `scopes` (a list) of `enqueue`, `work`, `read`, `admin`, and optionally `queues`: the queue name patterns
 //! (`*` matches any run of characters) the token may use.
@@ -11,6 +12,9 @@
 //!
 //! Peers prove themselves on the Raft port with a credential derived from the cluster secret; a client token
 //! is not such a credential.
+//!
+//! Refusals are [`AuthError`] values; what they look like on the wire (reason codes, gRPC codes, HTTP statuses) is
+//! the API layer's business (`api/error.rs`): nothing here knows about it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +25,6 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::api::error::ApiError;
 use crate::config::{AuthMode, Config};
 
 /// The tenant of every caller when authentication is off.
@@ -31,7 +34,36 @@ pub const LOCAL_KID: &str = "local";
 /// Where, under the data directory, that secret lives.
 pub const LOCAL_SECRET_FILE: &str = "auth/local.hs256";
 /// The metadata header carrying a peer's cluster credential on the Raft port.
-pub const CLUSTER_AUTH_HEADER: &str = "x-raftq-cluster-auth";
+pub use raftq_proto::reason::header::CLUSTER_AUTH as CLUSTER_AUTH_HEADER;
+
+/// Why a caller is refused: no acceptable token (unauthenticated), or a token that does not allow this
+/// (permission denied).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("a bearer token is required (authorization: Bearer <jwt>)")]
+    Missing,
+    /// Not a JWT, or a claim is missing or malformed.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet (nbf)")]
+    NotYetValid,
+    /// The issuer is not the configured one, or the token names none.
+    #[error("{0}")]
+    WrongIssuer(String),
+    /// The audience is not the configured one, or the token names none.
+    #[error("{0}")]
+    WrongAudience(String),
+    #[error("no configured key for {0}")]
+    UnknownKey(String),
+    #[error("{0}")]
+    BadSignature(String),
+    #[error("this operation needs the '{}' scope, which the token does not grant", .0.name())]
+    ScopeRequired(Scope),
+    #[error("queue '{0}' is outside the queues this token may use")]
+    QueueNotAllowed(String),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -93,15 +125,12 @@ impl Caller {
         self.scopes & scope.bit() != 0
     }
 
-    /// `PERMISSION_DENIED` (`SCOPE_REQUIRED`) unless the token grants `scope`.
-    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+    /// Refused unless the token grants `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), AuthError> {
         if self.has(scope) {
             return Ok(());
         }
-        Err(ApiError::PermissionDenied {
-            reason: "SCOPE_REQUIRED",
-            message: format!("this operation needs the '{}' scope, which the token does not grant", scope.name()),
-        })
+        Err(AuthError::ScopeRequired(scope))
     }
 
     /// Whether the token names the queues it may use (else it may use all of its tenant's).
@@ -113,15 +142,12 @@ impl Caller {
         self.queues.as_ref().is_none_or(|ps| ps.iter().any(|p| pattern_matches(p, queue)))
     }
 
-    /// `PERMISSION_DENIED` (`QUEUE_NOT_ALLOWED`) unless the token's queue patterns admit `queue`.
-    pub fn check_queue(&self, queue: &str) -> Result<(), ApiError> {
+    /// Refused unless the token's queue patterns admit `queue`.
+    pub fn check_queue(&self, queue: &str) -> Result<(), AuthError> {
         if self.may_use_queue(queue) {
             return Ok(());
         }
-        Err(ApiError::PermissionDenied {
-            reason: "QUEUE_NOT_ALLOWED",
-            message: format!("queue '{queue}' is outside the queues this token may use"),
-        })
+        Err(AuthError::QueueNotAllowed(queue.to_string()))
     }
 }
 
@@ -187,10 +213,6 @@ struct Jwt {
 /// Turns bearer tokens into callers.
 pub struct Authenticator {
     jwt: Option<Jwt>,
-}
-
-fn unauthenticated(reason: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::Unauthenticated { reason, message: message.into() }
 }
 
 fn valid_tenant(t: &str) -> bool {
@@ -353,28 +375,31 @@ impl Authenticator {
         self.jwt.is_some()
     }
 
-    /// The caller a bearer token stands for, or `UNAUTHENTICATED` with the reason.
-    pub fn authenticate(&self, token: &str) -> Result<Caller, ApiError> {
+    /// The caller a bearer token stands for, or why it is refused.
+    pub fn authenticate(&self, token: &str) -> Result<Caller, AuthError> {
         let Some(jwt) = &self.jwt else { return Ok(Caller::anonymous(token)) };
         if token.is_empty() {
-            return Err(unauthenticated("TOKEN_MISSING", "a bearer token is required (authorization: Bearer <jwt>)"));
+            return Err(AuthError::Missing);
         }
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| unauthenticated("TOKEN_INVALID", format!("not a JWT: {e}")))?;
+        let header = jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(format!("not a JWT: {e}")))?;
         let candidates: Vec<&Key> = match &header.kid {
             Some(kid) => jwt.keys.iter().filter(|k| &k.kid == kid).collect(),
             None => jwt.keys.iter().filter(|k| k.alg == header.alg).collect(),
         };
         if candidates.is_empty() {
             let what = header.kid.as_deref().map(|k| format!("key id '{k}'")).unwrap_or(format!("{:?}", header.alg));
-            return Err(unauthenticated("TOKEN_UNKNOWN_KEY", format!("no configured key for {what}")));
+            return Err(AuthError::UnknownKey(what));
         }
+        // A configured issuer or audience is required, not only checked when the token happens to name one.
+        let mut required = vec!["exp"];
+        required.extend(jwt.issuer.as_ref().map(|_| "iss"));
+        required.extend(jwt.audience.as_ref().map(|_| "aud"));
         let mut last = None;
         for key in candidates {
             let mut v = Validation::new(key.alg);
             v.leeway = jwt.leeway_s;
             v.validate_nbf = true;
-            v.set_required_spec_claims(&["exp"]);
+            v.set_required_spec_claims(&required);
             if let Some(iss) = &jwt.issuer {
                 v.set_issuer(&[iss]);
             }
@@ -389,32 +414,32 @@ impl Authenticator {
         }
         let e = last.expect("one key was tried");
         Err(match e.kind() {
-            ErrorKind::ExpiredSignature => unauthenticated("TOKEN_EXPIRED", "the token has expired"),
-            ErrorKind::ImmatureSignature => unauthenticated("TOKEN_NOT_YET_VALID", "the token is not valid yet (nbf)"),
-            ErrorKind::InvalidIssuer => {
-                unauthenticated("TOKEN_WRONG_ISSUER", "the token's issuer (iss) is not accepted")
+            ErrorKind::ExpiredSignature => AuthError::Expired,
+            ErrorKind::ImmatureSignature => AuthError::NotYetValid,
+            ErrorKind::InvalidIssuer => AuthError::WrongIssuer("the token's issuer (iss) is not accepted".into()),
+            ErrorKind::InvalidAudience => AuthError::WrongAudience("the token's audience (aud) is not accepted".into()),
+            ErrorKind::MissingRequiredClaim(c) if c == "iss" => {
+                AuthError::WrongIssuer("the token names no issuer (iss), and this server requires one".into())
             }
-            ErrorKind::InvalidAudience => {
-                unauthenticated("TOKEN_WRONG_AUDIENCE", "the token's audience (aud) is not accepted")
+            ErrorKind::MissingRequiredClaim(c) if c == "aud" => {
+                AuthError::WrongAudience("the token names no audience (aud), and this server requires one".into())
             }
             ErrorKind::InvalidSignature => {
-                unauthenticated("TOKEN_BAD_SIGNATURE", "the token's signature does not verify with the configured key")
+                AuthError::BadSignature("the token's signature does not verify with the configured key".into())
             }
             ErrorKind::InvalidAlgorithm => {
-                unauthenticated("TOKEN_BAD_SIGNATURE", "the token's algorithm does not match its key")
+                AuthError::BadSignature("the token's algorithm does not match its key".into())
             }
-            ErrorKind::MissingRequiredClaim(c) => {
-                unauthenticated("TOKEN_INVALID", format!("the token has no '{c}' claim"))
-            }
-            _ => unauthenticated("TOKEN_INVALID", format!("the token cannot be read: {e}")),
+            ErrorKind::MissingRequiredClaim(c) => AuthError::Invalid(format!("the token has no '{c}' claim")),
+            _ => AuthError::Invalid(format!("the token cannot be read: {e}")),
         })
     }
 }
 
-fn caller_of(token: &str, c: Claims) -> Result<Caller, ApiError> {
-    let tenant = c.tid.ok_or_else(|| unauthenticated("TOKEN_INVALID", "the token has no 'tid' (tenant) claim"))?;
+fn caller_of(token: &str, c: Claims) -> Result<Caller, AuthError> {
+    let tenant = c.tid.ok_or_else(|| AuthError::Invalid("the token has no 'tid' (tenant) claim".into()))?;
     if !valid_tenant(&tenant) {
-        return Err(unauthenticated("TOKEN_INVALID", "the token's tenant must be 1 to 64 of [A-Za-z0-9._-]"));
+        return Err(AuthError::Invalid("the token's tenant must be 1 to 64 of [A-Za-z0-9._-]".into()));
     }
     let mut scopes = 0u8;
     let named =
@@ -565,15 +590,15 @@ mod tests {
         let caller = caller_of("x", c).unwrap();
         assert!(caller.has(Scope::Enqueue) && caller.has(Scope::Read) && caller.has(Scope::Admin));
         assert!(!caller.has(Scope::Work));
-        assert_eq!(caller.require(Scope::Work).unwrap_err().reason(), "SCOPE_REQUIRED");
+        assert_eq!(caller.require(Scope::Work).unwrap_err(), AuthError::ScopeRequired(Scope::Work));
     }
 
     #[test]
     fn a_token_needs_a_well_formed_tenant() {
         let none = Claims { scope: Some("read".into()), ..Default::default() };
-        assert_eq!(caller_of("x", none).unwrap_err().reason(), "TOKEN_INVALID");
+        assert!(matches!(caller_of("x", none).unwrap_err(), AuthError::Invalid(_)));
         let bad = Claims { tid: Some("a/b".into()), ..Default::default() };
-        assert_eq!(caller_of("x", bad).unwrap_err().reason(), "TOKEN_INVALID");
+        assert!(matches!(caller_of("x", bad).unwrap_err(), AuthError::Invalid(_)));
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! Server configuration: every default in one `impl Default`, and `validate()` reporting every violated
-//! invariant before any socket is bound. Precedence: defaults < TOML file < flags and `RAFTQ_*` env (in main).
+//! Server configuration: every default in one `impl Default`, `validate()` reporting every violated invariant
+//! before any socket is bound, and the layering of its sources in [`Config::load`]: defaults < TOML file <
+//! `RAFTQ_*` environment < flags ([`Overrides`] lists the flags, each with its variable). Secrets come from the
+//! environment or files, never flags.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -151,7 +153,7 @@ impl std::ops::Deref for Secret {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -397,6 +399,193 @@ impl Config {
     }
 }
 
+/// What can stop a configuration from loading.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+}
+
+/// The settings `raftq serve` takes as flags, each also read from its `RAFTQ_*` variable (a flag wins over its
+/// variable); what is not given keeps the file's value (or the default). Every other setting is in the file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Overrides {
+    #[arg(long, env = "RAFTQ_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, env = "RAFTQ_GRPC_ADDR")]
+    pub grpc_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_RAFT_ADDR")]
+    pub raft_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_HTTP_ADDR")]
+    pub http_addr: Option<String>,
+    #[arg(long, env = "RAFTQ_NODE_ID")]
+    pub node_id: Option<u64>,
+    #[arg(long, env = "RAFTQ_SHARDS")]
+    pub shards: Option<usize>,
+    /// A cluster member, `ID=RAFT_ADDR,API_ADDR` (repeat for each; RAFTQ_PEERS separates them with ';').
+    #[arg(long = "peer", env = "RAFTQ_PEERS", value_delimiter = ';')]
+    pub peers: Vec<Peer>,
+    /// Initialise a new cluster from this node (default: the lowest id of the peers does).
+    #[arg(long, env = "RAFTQ_BOOTSTRAP", conflicts_with = "join")]
+    pub bootstrap: bool,
+    /// Never initialise: wait to be added with `raftq cluster add-node`.
+    #[arg(long, env = "RAFTQ_JOIN")]
+    pub join: bool,
+    /// Address peers and clients use for this node's Raft port, when it differs from --raft-addr.
+    #[arg(long, env = "RAFTQ_ADVERTISE_RAFT_ADDR")]
+    pub advertise_raft_addr: Option<String>,
+    /// Address clients use for this node's gRPC port, when it differs from --grpc-addr.
+    #[arg(long, env = "RAFTQ_ADVERTISE_GRPC_ADDR")]
+    pub advertise_grpc_addr: Option<String>,
+    /// `jwt` (default): every call needs a token. `none`: no authentication, every caller is tenant `default`.
+    #[arg(long, env = "RAFTQ_AUTH", value_enum)]
+    pub auth: Option<AuthMode>,
+    /// Verification keys, named `<kid>.<hs256|rs256|es256|eddsa>[.pem]`.
+    #[arg(long, env = "RAFTQ_AUTH_KEYS_DIR")]
+    pub auth_keys_dir: Option<PathBuf>,
+    /// An HS256 secret file (tokens and, unless a cluster secret is set, the Raft port).
+    #[arg(long, env = "RAFTQ_AUTH_HS256_SECRET_FILE")]
+    pub auth_hs256_secret_file: Option<PathBuf>,
+    #[arg(long, env = "RAFTQ_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+    #[arg(long, env = "RAFTQ_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+    /// Create the --auth-hs256-secret-file with a random secret when it does not exist.
+    #[arg(long, env = "RAFTQ_AUTH_HS256_SECRET_CREATE")]
+    pub auth_hs256_secret_create: bool,
+    /// The secret peers prove on the Raft port.
+    #[arg(long, env = "RAFTQ_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// TLS on every port: certificate chain (PEM).
+    #[arg(long, env = "RAFTQ_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, env = "RAFTQ_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA that peers' certificates are verified with (mutual TLS on the Raft port).
+    #[arg(long, env = "RAFTQ_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Log format: text or json (one object per line).
+    #[arg(long, env = "RAFTQ_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Secrets given by value: read from these variables only (a flag would show in `ps`).
+const ENV_AUTH_HS256_SECRET: &str = "RAFTQ_AUTH_HS256_SECRET";
+const ENV_CLUSTER_SECRET: &str = "RAFTQ_CLUSTER_SECRET";
+const ENV_WEBHOOK_SECRET: &str = "RAFTQ_WEBHOOK_SECRET";
+
+impl Overrides {
+    /// Sets every field given here on `cfg`.
+    fn apply(&self, cfg: &mut Config) {
+        let Overrides {
+            data_dir,
+            grpc_addr,
+            raft_addr,
+            http_addr,
+            node_id,
+            shards,
+            peers,
+            bootstrap,
+            join,
+            advertise_raft_addr,
+            advertise_grpc_addr,
+            auth,
+            auth_keys_dir,
+            auth_hs256_secret_file,
+            auth_issuer,
+            auth_audience,
+            auth_hs256_secret_create,
+            cluster_secret_file,
+            tls_cert_file,
+            tls_key_file,
+            tls_ca_file,
+            log_format,
+        } = self.clone();
+        fn set<T>(to: &mut T, v: Option<T>) {
+            if let Some(v) = v {
+                *to = v;
+            }
+        }
+        set(&mut cfg.data_dir, data_dir);
+        set(&mut cfg.grpc_addr, grpc_addr);
+        set(&mut cfg.raft_addr, raft_addr);
+        set(&mut cfg.http_addr, http_addr);
+        set(&mut cfg.node_id, node_id);
+        set(&mut cfg.shards, shards);
+        set(&mut cfg.peers, (!peers.is_empty()).then_some(peers));
+        set(&mut cfg.bootstrap, bootstrap.then_some(Some(true)));
+        set(&mut cfg.bootstrap, join.then_some(Some(false)));
+        set(&mut cfg.advertise_raft_addr, advertise_raft_addr.map(Some));
+        set(&mut cfg.advertise_grpc_addr, advertise_grpc_addr.map(Some));
+        set(&mut cfg.auth, auth);
+        set(&mut cfg.auth_keys_dir, auth_keys_dir.map(Some));
+        set(&mut cfg.auth_hs256_secret_file, auth_hs256_secret_file.map(Some));
+        set(&mut cfg.auth_issuer, auth_issuer.map(Some));
+        set(&mut cfg.auth_audience, auth_audience.map(Some));
+        set(&mut cfg.auth_hs256_secret_create, auth_hs256_secret_create.then_some(true));
+        set(&mut cfg.cluster_secret_file, cluster_secret_file.map(Some));
+        set(&mut cfg.tls_cert_file, tls_cert_file.map(Some));
+        set(&mut cfg.tls_key_file, tls_key_file.map(Some));
+        set(&mut cfg.tls_ca_file, tls_ca_file.map(Some));
+        set(&mut cfg.log_format, log_format);
+    }
+}
+
+impl Config {
+    /// A TOML file's configuration over the defaults (unknown keys are refused); not validated.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), source: Box::new(e) })
+    }
+
+    /// The effective configuration of `raftq serve`, validated: the defaults, then `file`, then `overrides`
+    /// (flags and their `RAFTQ_*` variables), then the secrets the environment gives by value
+    /// (`RAFTQ_AUTH_HS256_SECRET`, `RAFTQ_CLUSTER_SECRET`, `RAFTQ_WEBHOOK_SECRET`).
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Config::load_with_env(file, overrides, |name| std::env::var(name).ok())
+    }
+
+    /// [`Config::load`] with the environment's secrets read through `env`.
+    pub fn load_with_env(
+        file: Option<&Path>,
+        overrides: &Overrides,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = match file {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        overrides.apply(&mut cfg);
+        if let Some(v) = env(ENV_AUTH_HS256_SECRET) {
+            cfg.auth_hs256_secret = Some(Secret(v));
+        }
+        if let Some(v) = env(ENV_CLUSTER_SECRET) {
+            cfg.cluster_secret = Some(Secret(v));
+        }
+        // The variable wins over a secret file named in the TOML file (they may not both be set).
+        if let Some(v) = env(ENV_WEBHOOK_SECRET) {
+            cfg.webhook_secret = Some(Secret(v));
+            cfg.webhook_secret_file = None;
+        }
+        cfg.validate().map_err(ConfigError::Invalid)?;
+        Ok(cfg)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,6 +635,84 @@ mod tests {
         assert_eq!(from_file.webhook_key().expect("key"), Some(b"from-a-file".to_vec()));
         let missing = Config { webhook_secret_file: Some(dir.path().join("nope")), ..Config::default() };
         assert!(missing.webhook_key().is_err(), "a missing secret file stops the start");
+    }
+
+    /// `raftq serve`'s flags as clap reads them.
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        o: Overrides,
+    }
+
+    fn flags(args: &[&str]) -> Overrides {
+        use clap::Parser;
+        Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).expect("flags").o
+    }
+
+    #[test]
+    fn load_layers_defaults_then_the_file_then_flags_then_secrets_from_the_environment() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "node_id = 2\nshards = 8\ngrpc_addr = \"127.0.0.1:1\"\nwebhook_secret_file = \"/w\"\n")
+            .expect("write");
+        let o = flags(&["--grpc-addr", "127.0.0.1:2", "--peer", "2=a:1,a:2", "--join", "--log-format", "json"]);
+        let env = |name: &str| match name {
+            "RAFTQ_AUTH_HS256_SECRET" => Some("s3cret".to_string()),
+            "RAFTQ_WEBHOOK_SECRET" => Some("hook".to_string()),
+            _ => None,
+        };
+        let c = Config::load_with_env(Some(&file), &o, env).expect("valid");
+        assert_eq!((c.node_id, c.shards), (2, 8), "from the file");
+        assert_eq!(c.grpc_addr, "127.0.0.1:2", "a flag wins over the file");
+        assert_eq!(c.http_addr, Config::default().http_addr, "neither: the default");
+        assert_eq!(c.peers.len(), 1);
+        assert_eq!(c.bootstrap, Some(false));
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.auth_hs256_secret.as_deref(), Some("s3cret"));
+        assert_eq!((c.webhook_secret.as_deref(), c.webhook_secret_file), (Some("hook"), None));
+        // Without any source: the defaults.
+        assert_eq!(Config::load_with_env(None, &Overrides::default(), |_| None).expect("valid"), Config::default());
+    }
+
+    #[test]
+    fn a_flag_wins_over_its_variable_and_the_variable_over_the_file() {
+        // Only this test sets these variables, and no other test reads the settings they name.
+        std::env::set_var("RAFTQ_ADVERTISE_RAFT_ADDR", "from-env:7000");
+        std::env::set_var("RAFTQ_AUTH_ISSUER", "env-issuer");
+        let from_env = flags(&[]);
+        let from_flag = flags(&["--advertise-raft-addr", "from-flag:7000"]);
+        std::env::remove_var("RAFTQ_ADVERTISE_RAFT_ADDR");
+        std::env::remove_var("RAFTQ_AUTH_ISSUER");
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "advertise_raft_addr = \"from-file:7000\"\nauth_issuer = \"file-issuer\"\n")
+            .expect("write");
+        let c = Config::load_with_env(Some(&file), &from_env, |_| None).expect("valid");
+        assert_eq!(c.advertise_raft_addr.as_deref(), Some("from-env:7000"));
+        assert_eq!(c.auth_issuer.as_deref(), Some("env-issuer"));
+        let c = Config::load_with_env(Some(&file), &from_flag, |_| None).expect("valid");
+        assert_eq!(c.advertise_raft_addr.as_deref(), Some("from-flag:7000"));
+        let c = Config::load_with_env(Some(&file), &Overrides::default(), |_| None).expect("valid");
+        assert_eq!(c.advertise_raft_addr.as_deref(), Some("from-file:7000"));
+    }
+
+    #[test]
+    fn load_reports_the_file_and_every_violation() {
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = dir.path().join("missing.toml");
+        let e = Config::load_with_env(Some(&missing), &Overrides::default(), |_| None).expect_err("missing");
+        assert!(matches!(&e, ConfigError::Read { path, .. } if *path == missing), "{e:?}");
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "shard = 8").expect("write");
+        assert!(matches!(
+            Config::load_with_env(Some(&bad), &Overrides::default(), |_| None),
+            Err(ConfigError::Parse { .. })
+        ));
+        let o = flags(&["--node-id", "0", "--shards", "0"]);
+        match Config::load_with_env(None, &o, |_| None) {
+            Err(ConfigError::Invalid(errs)) => assert_eq!(errs.len(), 2, "{errs:?}"),
+            other => panic!("expected invalid, got {other:?}"),
+        }
     }
 
     #[test]

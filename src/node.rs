@@ -1,4 +1,7 @@
-//! The one place that wires the layers together: storage, Raft, the proposer, the servers, leader-only work.
+//! The one place that wires the layers together: storage, Raft, the proposer, the servers, leader-only work;
+//! and the order in which a node stops (`Node::stop`, with the pieces in `shutdown.rs`).
+
+mod shutdown;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -11,21 +14,35 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::shutdown::{hand_over, Connections, Tracked, TrackedListener};
 use crate::api;
 use crate::config::Config;
-use crate::queue::Command;
-use crate::raft::dispatcher::Dispatcher;
+use crate::leader::dispatcher::Dispatcher;
+use crate::leader::proposer::Proposer;
+use crate::leader::{self, Leadership};
 use crate::raft::network::{Network, MAX_RAFT_MESSAGE_BYTES};
-use crate::raft::proposer::{wall_clock_ms, Proposer};
 use crate::raft::service::RaftServer;
-use crate::raft::types::{NodeInfo, Raft};
+use crate::raft::types::NodeInfo;
 use crate::storage::log_store::LogStats;
-use crate::storage::{LogStore, SmShared, StateMachine};
+use crate::storage::{files, LogStore, Raft, SmShared, StateMachine};
 
-/// Longest pause of the leader's tick loop: a due lease is expired at most this late.
-const TICK_MAX_SLEEP: Duration = Duration::from_millis(200);
 /// Largest public gRPC message: a batch of max-size payloads.
 const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+// The shutdown sequence and its time limits: at most about 5.5 s from the request to the files closed, whatever
+// is in flight, well within the grace an orchestrator gives (Compose and Kubernetes: 30 s) before SIGKILL.
+/// A stopping leader waits this long for the voter it hands the leadership to (a transfer takes tens of ms; a
+/// lagging target first catches up on the log).
+const HANDOVER_WAIT: Duration = Duration::from_millis(1500);
+/// Streams, long polls and calls in flight get this long to end once the servers stop accepting; a stream ends
+/// at once, most calls answer within it.
+const DRAIN_WAIT: Duration = Duration::from_millis(1500);
+/// After the drain, the connections still open are closed; their tasks get this long to notice.
+const SEVERED_WAIT: Duration = Duration::from_millis(500);
+/// Raft's own shutdown (core, replication and storage workers).
+const RAFT_STOP_WAIT: Duration = Duration::from_secs(1);
+/// The stores close when the last task holding them is gone.
+const FILES_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -66,7 +83,13 @@ pub struct Node {
     pub grpc_addr: SocketAddr,
     pub raft_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The caller's request to stop: `run_until_shutdown` waits for it, then runs `stop`.
     pub shutdown: CancellationToken,
+    /// The node's own token, cancelled by `stop` after a leader handed its leadership over: servers, streams
+    /// and leader-only work end on it.
+    stopping: CancellationToken,
+    node_id: u64,
+    conns: Arc<Connections>,
     tasks: TaskTracker,
     leader_watch: openraft::WatchChangeHandle<crate::raft::types::TypeConfig>,
     /// Dropped once the files are closed: `stop` waits for both, so a restart can reopen them.
@@ -74,7 +97,8 @@ pub struct Node {
 }
 
 impl Node {
-    pub async fn start(cfg: Config, listeners: Listeners, shutdown: CancellationToken) -> Result<Node, StartError> {
+    /// Starts a node on bound listeners; `requested` asks it to stop (see `run_until_shutdown`).
+    pub async fn start(cfg: Config, listeners: Listeners, requested: CancellationToken) -> Result<Node, StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let webhook_key = cfg.webhook_key()?;
         let raft_cfg = Arc::new(cfg.openraft().map_err(|e| StartError::Config(vec![e]))?);
@@ -92,7 +116,7 @@ impl Node {
         let cfg = Arc::new(cfg);
 
         std::fs::create_dir_all(&cfg.data_dir)?;
-        let log = LogStore::open(&cfg.data_dir.join("raft-log.redb"))?;
+        let log = LogStore::open(&files::log_path(&cfg.data_dir))?;
         let log_stats = log.stats.clone();
         let log_closed = log.closed_watch();
         let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
@@ -122,23 +146,13 @@ impl Node {
         }
 
         let tasks = TaskTracker::new();
-        // Leader-only work (claim dispatch, ticks) follows openraft's leader-change callback; everything it needs
-        // is replicated state, so a new leader serves at once.
-        let (leading_tx, leading) = tokio::sync::watch::channel(false);
-        let leading_tx = Arc::new(leading_tx);
-        let (up, down, sm_for_start) = (leading_tx.clone(), leading_tx, shared.clone());
-        let leader_watch = raft.on_leader_change(
-            move |_| {
-                up.send_replace(true);
-                // Parked claims are looked at again at once.
-                sm_for_start.work.send_modify(|v| *v += 1);
-                async {}
-            },
-            move |_| {
-                down.send_replace(false);
-                async {}
-            },
-        );
+        // Everything the node runs stops on its own token, which `stop` cancels after the leadership handover:
+        // until then the node serves as before.
+        let shutdown = CancellationToken::new();
+        let conns = Connections::new();
+        // Leader-only work (`crate::leader`) follows openraft's leader-change callback; everything it needs is
+        // replicated state, so a new leader serves at once.
+        let (leadership, leader_watch) = Leadership::follow(&raft, shutdown.clone());
         let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks, &shutdown);
         let auth = Arc::new(crate::auth::Authenticator::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?);
         let limits = Arc::new(api::limits::Limits::new(&cfg));
@@ -146,24 +160,21 @@ impl Node {
         let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
             raft: raft.clone(),
             node_id: cfg.node_id,
-            spool_dir: cfg.data_dir.join("snapshots"),
+            spool_dir: files::snap_dir(&cfg.data_dir),
         })
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let raft_svc = tonic::service::interceptor::InterceptedService::new(raft_svc, peer_check(cluster_credential));
         let tls_err = |e: tonic::transport::Error| StartError::Config(vec![format!("tls: {e}")]);
-        let mut raft_server = tonic::transport::Server::builder();
-        let mut api_server = tonic::transport::Server::builder();
+        let mut raft_server = api::http2::raft(tonic::transport::Server::builder());
+        let mut api_server = api::http2::public(tonic::transport::Server::builder());
         if let Some(t) = &tls {
             raft_server = raft_server.tls_config(t.raft_server()).map_err(tls_err)?;
             api_server = api_server.tls_config(t.public_server()).map_err(tls_err)?;
         }
-        let token = shutdown.clone();
+        let (token, incoming) = (shutdown.clone(), accepted(listeners.raft, conns.clone()));
         tasks.spawn(async move {
-            let r = raft_server
-                .add_service(raft_svc)
-                .serve_with_incoming_shutdown(no_delay(listeners.raft), token.cancelled())
-                .await;
+            let r = raft_server.add_service(raft_svc).serve_with_incoming_shutdown(incoming, token.cancelled()).await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "raft server failed");
             }
@@ -172,11 +183,10 @@ impl Node {
         let dispatcher = Dispatcher::spawn(
             raft.clone(),
             shared.clone(),
-            leading.clone(),
+            leadership.clone(),
             cfg.max_items_per_entry,
             Duration::from_millis(cfg.write_timeout_ms),
             &tasks,
-            shutdown.clone(),
         );
         let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone()));
         let task_api = Arc::new(api::grpc::TaskApi {
@@ -201,6 +211,8 @@ impl Node {
             .max_encoding_message_size(MAX_API_MESSAGE_BYTES);
         let jobs_svc =
             tonic::service::interceptor::InterceptedService::new(jobs_svc, api::grpc::interceptor(auth.clone()));
+        let leases = api::revoke::LeaseWatch::new();
+        tasks.spawn(leases.clone().run(shared.clone(), shutdown.clone()));
         let streams = api::stream::StreamApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -209,6 +221,7 @@ impl Node {
             tasks: tasks.clone(),
             auth: auth.clone(),
             limits,
+            leases,
         };
         let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)
@@ -226,22 +239,20 @@ impl Node {
         let admin_svc = tonic::service::interceptor::InterceptedService::new(admin_svc, api::grpc::interceptor(auth));
         // The standard gRPC health service (ready by the /readyz rule) and reflection, on the public port.
         let (health, health_svc) = tonic_health::server::health_reporter();
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(raftq_proto::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| StartError::Raft(format!("reflection: {e}")))?;
+        let (reflection, reflection_v1alpha) = api::discovery::reflection().map_err(StartError::Raft)?;
         tasks.spawn(health_loop(raft.clone(), health, shutdown.clone()));
-        let token = shutdown.clone();
+        let (token, incoming) = (shutdown.clone(), accepted(listeners.grpc, conns.clone()));
         tasks.spawn(async move {
             let r = api_server
                 .add_service(health_svc)
                 .add_service(reflection)
+                .add_service(reflection_v1alpha)
                 .add_service(task_svc)
                 .add_service(admin_svc)
                 .add_service(worker_svc)
                 .add_service(producer_svc)
                 .add_service(jobs_svc)
-                .serve_with_incoming_shutdown(no_delay(listeners.grpc), token.cancelled())
+                .serve_with_incoming_shutdown(incoming, token.cancelled())
                 .await;
             if let Err(e) = r {
                 tracing::error!(error = %e, "grpc server failed");
@@ -257,8 +268,9 @@ impl Node {
                 tasks.spawn(crate::tls::serve_http(listeners.http, acceptor, router, token));
             }
             None => {
+                let listener = TrackedListener { listener: listeners.http, conns: conns.clone() };
                 tasks.spawn(async move {
-                    let r = axum::serve(listeners.http, router).with_graceful_shutdown(token.cancelled_owned()).await;
+                    let r = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned()).await;
                     if let Err(e) = r {
                         tracing::error!(error = %e, "http server failed");
                     }
@@ -266,10 +278,7 @@ impl Node {
             }
         }
 
-        crate::raft::webhooks::spawn(proposer.clone(), &cfg, webhook_key, leading.clone(), &tasks, shutdown.clone());
-        tasks.spawn(crate::raft::resolver::run(proposer.clone(), leading.clone(), shutdown.clone()));
-        tasks.spawn(crate::raft::scheduler::run(proposer.clone(), leading.clone(), shutdown.clone()));
-        tasks.spawn(tick_loop(proposer.clone(), leading, shutdown.clone()));
+        leader::spawn(&proposer, &cfg, webhook_key, &leadership, &tasks);
 
         tracing::info!(
             node_id = cfg.node_id,
@@ -289,41 +298,59 @@ impl Node {
             grpc_addr,
             raft_addr,
             http_addr,
-            shutdown,
+            shutdown: requested,
+            stopping: shutdown,
+            node_id: cfg.node_id,
+            conns,
             tasks,
             leader_watch,
             files,
         })
     }
 
-    /// Waits for the shutdown token, then stops in order: servers and waits end, Raft stops, files close.
+    /// Waits for the caller's request to stop, then stops (`stop`).
     pub async fn run_until_shutdown(self) {
         self.shutdown.cancelled().await;
         self.stop().await;
     }
 
+    /// Stops in order, each step under a time limit (see the constants above): a leader hands its leadership
+    /// to an up-to-date voter; the servers stop accepting and streams, long polls and leader-only work end;
+    /// connections still open after the drain are closed; Raft stops; the stores close.
     pub async fn stop(self) {
-        let Node { raft, proposer, shared, shutdown, tasks, files, mut leader_watch, .. } = self;
+        let Node { raft, proposer, shared, shutdown, stopping, node_id, conns, tasks, files, mut leader_watch, .. } =
+            self;
         shutdown.cancel();
+        let began = tokio::time::Instant::now();
+        if let Some(leader) = hand_over(&raft, node_id, HANDOVER_WAIT).await {
+            tracing::info!(node_id, leader, took_ms = began.elapsed().as_millis() as u64, "leadership handed over");
+        }
+        stopping.cancel();
         leader_watch.close().await;
         tasks.close();
-        if tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await.is_err() {
-            tracing::warn!("some tasks did not stop within 10 s");
+        if tokio::time::timeout(DRAIN_WAIT, tasks.wait()).await.is_err() {
+            let closed = conns.sever();
+            tracing::info!(connections = closed, "calls still open after {DRAIN_WAIT:?}: connections closed");
+            if tokio::time::timeout(SEVERED_WAIT, tasks.wait()).await.is_err() {
+                tracing::warn!("some tasks did not stop after their connections were closed");
+            }
         }
-        if let Err(e) = raft.shutdown().await {
-            tracing::warn!(error = %e, "raft shutdown");
+        match tokio::time::timeout(RAFT_STOP_WAIT, raft.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
+            Err(_) => tracing::warn!("raft did not stop within {RAFT_STOP_WAIT:?}"),
         }
         drop((raft, proposer, shared));
         // openraft's workers drop the stores as they wind down: wait for the files to close.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + FILES_CLOSE_WAIT;
         while files.0.strong_count() > 0 || files.1.strong_count() > 0 {
             if tokio::time::Instant::now() > deadline {
-                tracing::warn!("storage still open 10 s after shutdown");
+                tracing::warn!("storage still open {FILES_CLOSE_WAIT:?} after raft stopped");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tracing::info!("raftq node stopped");
+        tracing::info!(took_ms = began.elapsed().as_millis() as u64, "raftq node stopped");
     }
 }
 
@@ -338,7 +365,8 @@ fn peer_check(expected: Option<String>) -> impl tonic::service::Interceptor + Cl
             let mut s = tonic::Status::unauthenticated(
                 "CLUSTER_AUTH: the Raft port takes calls from cluster peers only (wrong or missing cluster secret)",
             );
-            s.metadata_mut().insert(api::error::REASON_HEADER, "CLUSTER_AUTH".parse().expect("ascii"));
+            let reason = raftq_proto::reason::Reason::ClusterAuth.as_str();
+            s.metadata_mut().insert(raftq_proto::reason::header::REASON, reason.parse().expect("ascii"));
             Err(s)
         }
     }
@@ -346,16 +374,14 @@ fn peer_check(expected: Option<String>) -> impl tonic::service::Interceptor + Cl
 
 /// Keeps the gRPC health status (the whole server, "", and each raftq service) in line with readiness.
 async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, shutdown: CancellationToken) {
-    const SERVICES: [&str; 5] =
-        ["", "raftq.v1.TaskService", "raftq.v1.WorkerStream", "raftq.v1.ProducerStream", "raftq.v1.Admin"];
     let mut last = None;
     let mut metrics = raft.metrics();
     loop {
-        let ready = api::http::is_ready(&crate::raft::metrics(&raft));
+        let ready = api::http::node_ready(&raft);
         if last != Some(ready) {
             let status =
                 if ready { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
-            for s in SERVICES {
+            for s in std::iter::once("").chain(api::discovery::RAFTQ_SERVICES) {
                 health.set_service_status(s, status).await;
             }
             last = Some(ready);
@@ -371,37 +397,13 @@ async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, s
     }
 }
 
-/// Accepted connections with Nagle's algorithm off: a request larger than one segment would otherwise wait
-/// for the peer's delayed ACK (40 ms) before its last segment is sent.
-fn no_delay(l: TcpListener) -> impl futures::Stream<Item = io::Result<tokio::net::TcpStream>> {
+/// Accepted connections with Nagle's algorithm off (a request larger than one segment would otherwise wait for
+/// the peer's delayed ACK, 40 ms, before its last segment is sent), registered so that `stop` can close them.
+fn accepted(l: TcpListener, conns: Arc<Connections>) -> impl futures::Stream<Item = io::Result<Tracked>> {
     use futures::StreamExt;
-    TcpListenerStream::new(l).map(|s| {
+    TcpListenerStream::new(l).map(move |s| {
         let s = s?;
         s.set_nodelay(true)?;
-        Ok(s)
+        conns.track(s)
     })
-}
-
-/// Leader-only: proposes a tick when a lease, delayed task or retention deadline falls due, so time moves in
-/// the state machine even when no client writes.
-async fn tick_loop(proposer: Arc<Proposer>, leading: tokio::sync::watch::Receiver<bool>, shutdown: CancellationToken) {
-    loop {
-        let now = wall_clock_ms();
-        let due = proposer.shared.next_due();
-        let sleep = match due {
-            Some(d) if d > now => Duration::from_millis(d - now).min(TICK_MAX_SLEEP),
-            Some(_) => Duration::ZERO,
-            None => TICK_MAX_SLEEP,
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
-        }
-        let leader = *leading.borrow();
-        if leader && proposer.shared.next_due().is_some_and(|d| d <= wall_clock_ms()) {
-            if let Err(e) = proposer.write(Command::Tick).await {
-                tracing::debug!(error = %e, "tick not applied");
-            }
-        }
-    }
 }

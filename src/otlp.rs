@@ -115,7 +115,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ot
 pub fn filter() -> tracing_subscriber::filter::Targets {
     tracing_subscriber::filter::Targets::new()
         .with_target(crate::telemetry::TRACE_TARGET, tracing::Level::DEBUG)
-        .with_target("raftq::raft::webhooks", tracing::Level::INFO)
+        .with_target(crate::leader::webhooks::SPAN_TARGET, tracing::Level::INFO)
 }
 
 /// The layer and its exporter task (spawned on the current tokio runtime). `endpoint` is the collector's base

@@ -1,6 +1,11 @@
 //! Which server to talk to: the configured addresses in order, a leader named by a `NOT_LEADER` answer first,
 //! one cached channel at a time. Also the bearer token on every request. Owns no retry policy.
+//!
+//! Requests ask for redirects (`x-raftq-redirect`) so the client talks to the leader directly, until a leader
+//! named that way cannot be reached (its address resolves only inside the servers' network: a container or a
+//! pod name): from then on requests let the node they reach forward them, which every node does.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,6 +22,9 @@ pub const DEFAULT_ADDR: &str = "http://127.0.0.1:9091";
 /// Asks a follower to answer `NOT_LEADER` with the leader's address instead of forwarding the request: the
 /// SDK follows it and sends every later request straight to the leader, saving a hop each time.
 const REDIRECT_HEADER: &str = "x-raftq-redirect";
+
+/// `stale` asks the node to answer a read from its own replica, without asking the leader.
+const READ_HEADER: &str = "x-raftq-read";
 
 /// HTTP/2 pings on idle connections: a server that vanished without closing the socket (power loss, a
 /// partition) is noticed within interval + timeout instead of at the next request or never.
@@ -68,6 +76,9 @@ pub(crate) fn validate_target(addrs: &[String], token: Option<&str>, ca: Option<
     if ca.is_some_and(|c| !String::from_utf8_lossy(c).contains("-----BEGIN CERTIFICATE-----")) {
         errors.push("tls_ca_pem must hold a PEM certificate".into());
     }
+    if ca.is_some() && !cfg!(feature = "tls") {
+        errors.push("tls_ca_pem needs the `tls` feature of raftq-client".into());
+    }
     if let Some(t) = token {
         if bearer(t).is_none() {
             errors.push("token must be printable ASCII".into());
@@ -96,10 +107,12 @@ pub(crate) struct Connector {
     auth: Option<AsciiMetadataValue>,
     /// Asked for the token of each request when set (instead of `auth`).
     provider: Option<crate::TokenProvider>,
-    /// The CA servers are verified with, for https addresses.
-    tls_ca: Option<tonic::transport::Certificate>,
+    /// The CA (PEM) servers are verified with, for https addresses.
+    tls_ca: Option<Vec<u8>>,
     connect_timeout: Duration,
     state: Mutex<State>,
+    /// Requests ask to be redirected to the leader; cleared once a named leader could not be reached.
+    ask_redirects: AtomicBool,
 }
 
 impl Connector {
@@ -119,10 +132,17 @@ impl Connector {
             addrs: addrs.iter().map(|a| normalize_addr(a, ca.is_some()).expect("validated above")).collect(),
             auth: token.and_then(bearer),
             provider: None,
-            tls_ca: ca.map(tonic::transport::Certificate::from_pem),
+            tls_ca: ca.map(<[u8]>::to_vec),
             connect_timeout,
             state: Mutex::new(State { next: 0, leader: None, unreachable_leader: None, current: None }),
+            ask_redirects: AtomicBool::new(true),
         })
+    }
+
+    /// `false`: requests never ask for redirects; the node reached forwards them to the leader.
+    pub(crate) fn with_redirects(self, redirects: bool) -> Connector {
+        self.ask_redirects.store(redirects, Ordering::Relaxed);
+        self
     }
 
     /// Takes each request's token from `provider` from now on.
@@ -139,16 +159,28 @@ impl Connector {
         }
     }
 
-    /// A request carrying the bearer token (if one is configured) and asking for redirects.
+    /// A request carrying the bearer token (if one is configured) and asking for redirects (until a named
+    /// leader proved unreachable: then the node forwards it).
     pub(crate) fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
-        r.metadata_mut().insert(REDIRECT_HEADER, AsciiMetadataValue::from_static("1"));
+        if self.ask_redirects.load(Ordering::Relaxed) {
+            r.metadata_mut().insert(REDIRECT_HEADER, AsciiMetadataValue::from_static("1"));
+        }
         let auth = match &self.provider {
             Some(p) => p().as_deref().and_then(bearer),
             None => self.auth.clone(),
         };
         if let Some(a) = auth {
             r.metadata_mut().insert("authorization", a);
+        }
+        r
+    }
+
+    /// [`Connector::request`] for a read; `stale` lets the node answer from its own replica.
+    pub(crate) fn read_request<T>(&self, msg: T, stale: bool) -> tonic::Request<T> {
+        let mut r = self.request(msg);
+        if stale {
+            r.metadata_mut().insert(READ_HEADER, AsciiMetadataValue::from_static("stale"));
         }
         r
     }
@@ -182,6 +214,10 @@ impl Connector {
                     tracing::debug!(addr = %addr, error = %e, "cannot connect");
                     if named.as_deref() == Some(addr.as_str()) && !self.addrs.contains(&addr) {
                         self.state.lock().expect("connector lock poisoned").unreachable_leader = Some(addr.clone());
+                        if self.ask_redirects.swap(false, Ordering::Relaxed) {
+                            tracing::info!(leader = %addr, "the leader's address cannot be reached from here; \
+                                letting the nodes forward requests to it");
+                        }
                     }
                     last = Some(e);
                 }
@@ -230,9 +266,12 @@ impl Connector {
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel> {
+        #[allow(unused_mut)] // Only the `tls` feature changes it.
         let mut ep = Endpoint::from_shared(addr.to_string()).map_err(Error::transport_error)?;
+        #[cfg(feature = "tls")]
         if let (true, Some(ca)) = (addr.starts_with("https://"), &self.tls_ca) {
-            let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(ca.clone());
+            let ca = tonic::transport::Certificate::from_pem(ca);
+            let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(ca);
             ep = ep.tls_config(tls).map_err(Error::transport_error)?;
         }
         let ep = ep
@@ -294,14 +333,14 @@ mod tests {
         let c =
             Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], Some("t"), None, Duration::from_millis(200))
                 .expect("valid");
+        let r = c.request(());
+        assert_eq!(r.metadata().get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer t"));
+        assert_eq!(r.metadata().get(REDIRECT_HEADER).and_then(|v| v.to_str().ok()), Some("1"));
         c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
         assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:3"));
         // Nothing listens on these ports: every candidate is tried, the hint is used once.
         assert!(c.channel().await.is_err());
         assert!(c.state.lock().unwrap().leader.is_none());
-        let r = c.request(());
-        assert_eq!(r.metadata().get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer t"));
-        assert_eq!(r.metadata().get(REDIRECT_HEADER).and_then(|v| v.to_str().ok()), Some("1"));
     }
 
     #[test]
@@ -331,5 +370,32 @@ mod tests {
         // Another leader is followed as before.
         c.redirect("http://127.0.0.1:2", Some("127.0.0.1:4"));
         assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:4"));
+    }
+
+    #[tokio::test]
+    async fn requests_stop_asking_for_redirects_once_a_named_leader_is_unreachable() {
+        // With one address (a port published on the host) every redirect to an unreachable leader would bring
+        // the client back to the same follower: let it forward instead.
+        let c = Connector::new(&["127.0.0.1:1".into()], None, None, Duration::from_millis(200)).expect("valid");
+        assert!(c.request(()).metadata().get(REDIRECT_HEADER).is_some());
+        c.redirect("http://127.0.0.1:1", Some("127.0.0.1:3"));
+        assert!(c.request(()).metadata().get(REDIRECT_HEADER).is_some(), "the named leader is not tried yet");
+        assert!(c.channel().await.is_err());
+        assert!(c.request(()).metadata().get(REDIRECT_HEADER).is_none());
+    }
+
+    #[test]
+    fn without_redirects_requests_let_the_node_forward() {
+        let c = Connector::new(&["127.0.0.1:1".into()], None, None, Duration::from_secs(1)).expect("valid");
+        assert!(c.with_redirects(false).request(()).metadata().get(REDIRECT_HEADER).is_none());
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn a_ca_without_the_tls_feature_is_a_configuration_error() {
+        let mut errors = Vec::new();
+        let pem = b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n";
+        validate_target(&["127.0.0.1:1".into()], None, Some(pem), &mut errors);
+        assert!(errors.iter().any(|e| e.contains("`tls` feature")), "{errors:?}");
     }
 }

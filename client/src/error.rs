@@ -1,19 +1,21 @@
 //! The SDK's one error type and the mapping from what the server sends (a gRPC status, a per-item error, a
-//! stream error) to it. Owns the decision "does retrying help"; it must not retry anything itself.
+//! stream error) to it. Owns the decision "does retrying help"; it must not retry anything itself. The reason
+//! codes and metadata names are the server's own, from `raftq_proto::reason`.
 
+use raftq_proto::reason::{header, Reason};
 use tonic::{Code, Status};
 
 /// Metadata key of the stable reason code a raftq status carries.
-pub const REASON_HEADER: &str = "x-raftq-reason";
+pub const REASON_HEADER: &str = header::REASON;
 /// Metadata key of the leader's public address on a `NOT_LEADER` answer.
-pub const LEADER_HEADER: &str = "x-raftq-leader";
+pub const LEADER_HEADER: &str = header::LEADER;
 
 /// Reason code of an answer from a node that is not the leader.
-pub const NOT_LEADER: &str = "NOT_LEADER";
+pub const NOT_LEADER: &str = Reason::NotLeader.as_str();
 /// Reason code of a write whose outcome is not known (it timed out on the server; it may have been applied).
-pub const UNKNOWN_OUTCOME: &str = "UNKNOWN_OUTCOME";
+pub const UNKNOWN_OUTCOME: &str = Reason::UnknownOutcome.as_str();
 /// Reason code of a result or lease extension whose fencing token is no longer the task's current one.
-pub const LEASE_LOST: &str = "LEASE_LOST";
+pub const LEASE_LOST: &str = Reason::LeaseLost.as_str();
 
 /// A `Result` with the SDK's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -105,10 +107,13 @@ impl Error {
     /// The error a stable reason code and message stand for, as they arrive in per-item and stream errors.
     pub(crate) fn from_reason(reason: &str, message: &str, leader: Option<&str>) -> Error {
         let message = strip_reason(reason, message).to_string();
-        match reason {
-            NOT_LEADER => Error::NotLeader { leader: leader.filter(|l| !l.is_empty()).map(str::to_string) },
-            UNKNOWN_OUTCOME => Error::UnknownOutcome { message },
-            "" => Error::Server { reason: "UNKNOWN".into(), message },
+        match Reason::parse(reason) {
+            Some(Reason::NotLeader) => {
+                Error::NotLeader { leader: leader.filter(|l| !l.is_empty()).map(str::to_string) }
+            }
+            Some(Reason::UnknownOutcome) => Error::UnknownOutcome { message },
+            // A reason this SDK does not know yet (a newer server) is kept as it came.
+            _ if reason.is_empty() => Error::Server { reason: "UNKNOWN".into(), message },
             _ => Error::Server { reason: reason.to_string(), message },
         }
     }
@@ -154,9 +159,13 @@ fn transport(status: Status) -> Error {
     }
 }
 
-/// Reasons whose requests were not applied and may succeed later unchanged.
+/// Reasons whose requests were not applied and may succeed later unchanged: raftq's `NOT_LEADER` and
+/// `UNAVAILABLE`, and the gRPC code name `RESOURCE_EXHAUSTED` of a framework refusal.
 fn retryable_reason(reason: &str) -> bool {
-    matches!(reason, NOT_LEADER | "UNAVAILABLE" | "RESOURCE_EXHAUSTED")
+    match Reason::parse(reason) {
+        Some(r) => matches!(r, Reason::NotLeader | Reason::Unavailable),
+        None => reason == code_reason(Code::ResourceExhausted),
+    }
 }
 
 /// The server puts the reason in front of the message (`NOT_FOUND: task not found`); keep the rest.
@@ -300,6 +309,24 @@ mod tests {
         let e = Error::from_status(Status::unimplemented("no such method"), true);
         assert_eq!(e.reason(), Some("UNIMPLEMENTED"));
         assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn every_server_reason_is_classified_by_the_shared_vocabulary() {
+        for r in Reason::ALL {
+            let e = Error::from_reason(r.as_str(), &format!("{r}: m"), Some("10.0.0.2:9091"));
+            assert_eq!(e.reason(), Some(r.as_str()), "{r}");
+            match r {
+                Reason::NotLeader => assert!(matches!(&e, Error::NotLeader { leader: Some(_) }), "{e:?}"),
+                Reason::UnknownOutcome => assert!(matches!(&e, Error::UnknownOutcome { message } if message == "m")),
+                _ => assert!(matches!(&e, Error::Server { message, .. } if message == "m"), "{e:?}"),
+            }
+            // Only answers that say nothing was applied, and the node may serve later, are retryable.
+            assert_eq!(e.is_retryable(), matches!(r, Reason::NotLeader | Reason::Unavailable), "{r}");
+        }
+        // A reason from a newer server is kept as it came.
+        let e = Error::from_reason("SOMETHING_NEW", "m", None);
+        assert_eq!((e.reason(), e.is_retryable()), (Some("SOMETHING_NEW"), false));
     }
 
     #[test]

@@ -73,18 +73,6 @@ fn jobs(ch: Channel) -> JobsClient<Channel> {
     JobsClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-fn state_to_proto(s: TaskState) -> pb::TaskState {
-    match s {
-        TaskState::Pending => pb::TaskState::Pending,
-        TaskState::InProgress => pb::TaskState::InProgress,
-        TaskState::Completed => pb::TaskState::Completed,
-        TaskState::Failed => pb::TaskState::Failed,
-        TaskState::Cancelled => pb::TaskState::Cancelled,
-        TaskState::DeadLettered => pb::TaskState::DeadLettered,
-        TaskState::Unknown => pb::TaskState::Unspecified,
-    }
-}
-
 fn needed(n: i64) -> Option<u64> {
     u64::try_from(n).ok()
 }
@@ -177,15 +165,16 @@ impl Producer {
     pub async fn list_tasks(&self, query: &TaskQuery) -> Result<TaskPage> {
         let req = pb::ListTasksRequest {
             queue: query.queue.clone().unwrap_or_default(),
-            state: query.state.map_or(pb::TaskState::Unspecified, state_to_proto) as i32,
+            state: query.state.map_or(pb::TaskState::Unspecified, TaskState::to_proto) as i32,
             created_from_ms: query.created_from_ms.unwrap_or(0),
             created_to_ms: query.created_to_ms.unwrap_or(0),
             page_size: query.page_size,
             page_token: query.page_token.clone().unwrap_or_default(),
         };
+        let stale = self.stale;
         let pb::ListTasksResponse { tasks, next_page_token } = self
             .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
-                let req = conn.request(req.clone());
+                let req = conn.read_request(req.clone(), stale);
                 async move { c.list_tasks(req).await }
             })
             .await?;
@@ -198,13 +187,26 @@ impl Producer {
     /// The capacity view of `queues` (empty: every queue of the tenant).
     pub async fn capacity(&self, queues: &[&str]) -> Result<Vec<QueueCapacity>> {
         let req = pb::QueueCapacityRequest { queues: queues.iter().map(|q| q.to_string()).collect() };
+        let stale = self.stale;
         let r = self
             .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
-                let req = conn.request(req.clone());
+                let req = conn.read_request(req.clone(), stale);
                 async move { c.queue_capacity(req).await }
             })
             .await?;
         Ok(r.queues.into_iter().map(QueueCapacity::from_proto).collect())
+    }
+
+    /// The tenant's paused queues.
+    pub async fn paused_queues(&self) -> Result<Vec<String>> {
+        let stale = self.stale;
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.read_request(pb::ListPausedQueuesRequest {}, stale);
+                async move { c.list_paused_queues(req).await }
+            })
+            .await?;
+        Ok(r.queues)
     }
 }
 
@@ -226,6 +228,10 @@ pub struct Schedule {
     pub interval_ms: u64,
     /// Paused schedules fire nothing.
     pub paused: bool,
+    /// An occurrence missed while the cluster was down runs once (else missed ones are skipped).
+    pub run_missed_once: bool,
+    /// When the schedule was created (ms since the Unix epoch).
+    pub created_at_ms: i64,
     /// The last occurrence fired or skipped (ms since the Unix epoch), or 0.
     pub last_occurrence_ms: i64,
     /// The next occurrence, or 0 when paused.
@@ -257,9 +263,9 @@ impl Schedule {
             cron,
             time_zone,
             interval_ms,
-            missed_policy: _,
+            missed_policy,
             paused,
-            created_at_ms: _,
+            created_at_ms,
             last_occurrence_ms,
             next_occurrence_ms,
             fired,
@@ -272,6 +278,8 @@ impl Schedule {
             time_zone,
             interval_ms,
             paused,
+            run_missed_once: missed_policy == pb::MissedPolicy::RunOnce as i32,
+            created_at_ms,
             last_occurrence_ms,
             next_occurrence_ms,
             fired,
@@ -312,9 +320,10 @@ impl Producer {
 
     /// The tenant's schedules.
     pub async fn schedules(&self) -> Result<Vec<Schedule>> {
+        let stale = self.stale;
         let r = self
             .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
-                let req = conn.request(pb::ListSchedulesRequest {});
+                let req = conn.read_request(pb::ListSchedulesRequest {}, stale);
                 async move { c.list_schedules(req).await }
             })
             .await?;

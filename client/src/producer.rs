@@ -46,6 +46,11 @@ pub struct ProducerConfig {
     pub retry_backoff_max: Duration,
     /// Creates a [`StreamProducer`] keeps in flight before `create` waits.
     pub stream_max_in_flight: usize,
+    /// Ask a follower to name the leader (`NOT_LEADER`) instead of forwarding, and send later requests to the
+    /// leader directly (the default: right for a long-lived producer). `false`: every request goes to the node
+    /// reached, which forwards it; one hop more per request and no second connection, which suits one-shot
+    /// tools (the `raftq` CLI) and clients that cannot reach the leader's advertised address.
+    pub follow_leader: bool,
 }
 
 impl Default for ProducerConfig {
@@ -65,6 +70,7 @@ impl Default for ProducerConfig {
             retry_backoff_max: Duration::from_secs(2),
             // Deep enough to fill the server's group commit; the server serves 1024 at once per stream.
             stream_max_in_flight: 1024,
+            follow_leader: true,
         }
     }
 }
@@ -80,6 +86,7 @@ impl fmt::Debug for ProducerConfig {
             .field("retry_backoff_min", &self.retry_backoff_min)
             .field("retry_backoff_max", &self.retry_backoff_max)
             .field("stream_max_in_flight", &self.stream_max_in_flight)
+            .field("follow_leader", &self.follow_leader)
             .finish()
     }
 }
@@ -148,6 +155,8 @@ pub(crate) fn next_step(kind: Kind, e: &Error) -> Next {
 #[derive(Clone)]
 pub struct Producer {
     pub(crate) inner: Arc<ProducerInner>,
+    /// Reads are answered from the replica of the node reached (see [`Producer::stale_reads`]).
+    pub(crate) stale: bool,
 }
 
 pub(crate) struct ProducerInner {
@@ -157,7 +166,7 @@ pub(crate) struct ProducerInner {
 
 impl fmt::Debug for Producer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Producer").field("cfg", &self.inner.cfg).finish()
+        f.debug_struct("Producer").field("cfg", &self.inner.cfg).field("stale", &self.stale).finish()
     }
 }
 
@@ -166,9 +175,17 @@ impl Producer {
     pub async fn connect(cfg: ProducerConfig) -> Result<Producer> {
         cfg.validate()?;
         let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?
-            .with_provider(cfg.token_provider.clone());
+            .with_provider(cfg.token_provider.clone())
+            .with_redirects(cfg.follow_leader);
         conn.channel().await?;
-        Ok(Producer { inner: Arc::new(ProducerInner { cfg, conn }) })
+        Ok(Producer { inner: Arc::new(ProducerInner { cfg, conn }), stale: false })
+    }
+
+    /// The same producer (same connection), whose reads (`get`, `queue_stats`, `dead_letters`, `list_tasks`,
+    /// `capacity`, `paused_queues`, `schedules`) are answered by the node reached from its own replica instead
+    /// of the leader: cheaper, and possibly behind the latest writes. Writes are unchanged.
+    pub fn stale_reads(&self) -> Producer {
+        Producer { inner: self.inner.clone(), stale: true }
     }
 
     /// Enqueues one task.
@@ -203,9 +220,10 @@ impl Producer {
     /// The task as it is now (a linearizable read on the leader).
     pub async fn get(&self, id: &str) -> Result<Task> {
         let req = pb::GetTaskRequest { id: id.to_string() };
+        let stale = self.stale;
         let t = self
             .call(Kind::Read, Duration::ZERO, |mut c, conn| {
-                let req = conn.request(req.clone());
+                let req = conn.read_request(req.clone(), stale);
                 async move { c.get_task(req).await }
             })
             .await?;
@@ -245,7 +263,7 @@ impl Producer {
 
     /// Runs one request with the retry rule of its kind. `extra` is added to the request timeout (a long
     /// poll's wait).
-    async fn call<T, F, Fut>(&self, kind: Kind, extra: Duration, f: F) -> Result<T>
+    pub(crate) async fn call<T, F, Fut>(&self, kind: Kind, extra: Duration, f: F) -> Result<T>
     where
         F: FnMut(TaskServiceClient<Channel>, &Connector) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,

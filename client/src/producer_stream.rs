@@ -28,7 +28,14 @@ use crate::task::{Enqueued, NewTask};
 const MAX_REDIRECTS: u32 = 3;
 
 type Answer = Result<pb::CreateAck>;
-type PendingMap = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+type PendingMap = Arc<Mutex<HashMap<u64, Waiter>>>;
+
+/// A create waiting for its ack, holding its room in the in-flight limit: the ack reader releases it when the
+/// answer arrives (or the stream ends), whether or not the caller is awaiting the create's future yet.
+struct Waiter {
+    tx: oneshot::Sender<Answer>,
+    permit: OwnedSemaphorePermit,
+}
 
 /// A pipelined producer: `create` returns as soon as the task is on the stream, with a [`PendingEnqueue`]
 /// that resolves when the server acknowledges it. Awaiting many pending creates together keeps many in
@@ -48,8 +55,9 @@ type PendingMap = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 /// # Ok(()) }
 /// ```
 ///
-/// At most `ProducerConfig::stream_max_in_flight` creates are pending at once; `create` waits for room.
-/// If the stream breaks, creates still waiting for their answer end with [`Error::UnknownOutcome`] (they
+/// At most `ProducerConfig::stream_max_in_flight` creates are unanswered at once; `create` waits for room,
+/// which an answer frees as it arrives (collecting more pending creates than that before awaiting any of them
+/// is fine). If the stream breaks, creates still waiting for their answer end with [`Error::UnknownOutcome`] (they
 /// may have been applied) and the next `create` opens a new stream.
 #[derive(Clone)]
 pub struct StreamProducer {
@@ -129,13 +137,12 @@ impl StreamProducer {
     /// the future of its result.
     pub async fn create(&self, task: NewTask) -> Result<PendingEnqueue> {
         let req = task.into_proto();
-        let permit = self.permit().await?;
+        let permit = self.inner.permit().await?;
         let inner = self.inner.clone();
         let items = vec![req];
-        let rx = inner.submit(&items).await?;
+        let rx = inner.submit(&items, permit).await?;
         Ok(PendingEnqueue(Box::pin(async move {
             let ack = inner.answer(rx, &items).await;
-            drop(permit);
             let mut v = enqueue_results(ack?.results, 1)?;
             v.pop().expect("exactly one result, checked above")
         })))
@@ -148,23 +155,13 @@ impl StreamProducer {
             return Ok(PendingBatch(Box::pin(async { Ok(Vec::new()) })));
         }
         let items: Vec<pb::EnqueueRequest> = tasks.into_iter().map(NewTask::into_proto).collect();
-        let permit = self.permit().await?;
+        let permit = self.inner.permit().await?;
         let inner = self.inner.clone();
-        let rx = inner.submit(&items).await?;
+        let rx = inner.submit(&items, permit).await?;
         Ok(PendingBatch(Box::pin(async move {
             let ack = inner.answer(rx, &items).await;
-            drop(permit);
             enqueue_results(ack?.results, items.len())
         })))
-    }
-
-    async fn permit(&self) -> Result<OwnedSemaphorePermit> {
-        self.inner
-            .in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::Closed("the producer stream is closed".into()))
     }
 }
 
@@ -178,9 +175,18 @@ fn event(seq: u64, items: &[pb::EnqueueRequest]) -> pb::ProducerEvent {
 }
 
 impl Inner {
+    /// Room for one more create in flight.
+    async fn permit(&self) -> Result<OwnedSemaphorePermit> {
+        self.in_flight.clone().acquire_owned().await.map_err(|_| Error::Closed("the producer stream is closed".into()))
+    }
+
     /// Sends a create (or batch) on the current stream, reopening it when it is closed. Only a send that
-    /// certainly did not leave is repeated.
-    async fn submit(&self, items: &[pb::EnqueueRequest]) -> Result<oneshot::Receiver<Answer>> {
+    /// certainly did not leave is repeated. `permit` is released when the answer arrives.
+    async fn submit(
+        &self,
+        items: &[pb::EnqueueRequest],
+        mut permit: OwnedSemaphorePermit,
+    ) -> Result<oneshot::Receiver<Answer>> {
         let mut last = None;
         for _ in 0..=MAX_REDIRECTS {
             let s = self.session().await?;
@@ -193,7 +199,7 @@ impl Inner {
                 if s.closed.is_cancelled() {
                     continue;
                 }
-                p.insert(seq, tx);
+                p.insert(seq, Waiter { tx, permit });
             }
             let sent = tokio::select! {
                 r = s.tx.send(event(seq, items)) => r.is_ok(),
@@ -202,9 +208,14 @@ impl Inner {
             if sent {
                 return Ok(rx);
             }
-            // The stream's send side is gone, so the create never left: safe to send on a new stream.
-            s.pending.lock().expect("pending lock poisoned").remove(&seq);
+            // The stream's send side is gone, so the create never left: safe to send on a new stream. The
+            // reader may have failed the entry meanwhile (taking its permit): then take new room.
+            let waiter = s.pending.lock().expect("pending lock poisoned").remove(&seq);
             s.closed.cancel();
+            permit = match waiter {
+                Some(w) => w.permit,
+                None => self.permit().await?,
+            };
             last = Some(Error::Closed("the producer stream closed while sending".into()));
         }
         Err(last.unwrap_or_else(|| Error::Closed("the producer stream keeps closing".into())))
@@ -226,7 +237,9 @@ impl Inner {
             }
             redirects += 1;
             self.not_leader(&err).await;
-            rx = self.submit(items).await?;
+            // The refused create's room was freed with its answer; the resend takes new room.
+            let permit = self.permit().await?;
+            rx = self.submit(items, permit).await?;
         }
     }
 
@@ -341,8 +354,10 @@ async fn read_acks(
             Ok(Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) })) => {
                 let waiter = pending.lock().expect("pending lock poisoned").remove(&ack.seq);
                 match waiter {
-                    Some(w) => {
-                        let _ = w.send(Ok(ack));
+                    // Dropping the waiter frees its room, whether or not anyone awaits the answer yet.
+                    Some(Waiter { tx, permit }) => {
+                        drop(permit);
+                        let _ = tx.send(Ok(ack));
                     }
                     None => tracing::warn!(seq = ack.seq, "an ack for no pending create"),
                 }
@@ -363,8 +378,9 @@ fn fail_pending(pending: &PendingMap, closed: &CancellationToken, why: &str) -> 
     let mut p = pending.lock().expect("pending lock poisoned");
     closed.cancel();
     let n = p.len();
-    for (_, w) in p.drain() {
-        let _ = w.send(Err(Error::UnknownOutcome { message: format!("{why} before the answer") }));
+    for (_, Waiter { tx, permit }) in p.drain() {
+        drop(permit);
+        let _ = tx.send(Err(Error::UnknownOutcome { message: format!("{why} before the answer") }));
     }
     n
 }
@@ -385,13 +401,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_broken_stream_fails_pending_creates_as_unknown_outcome() {
+    async fn a_broken_stream_fails_pending_creates_as_unknown_outcome_and_frees_their_room() {
+        let room = Arc::new(Semaphore::new(1));
         let pending: PendingMap = Arc::default();
         let (tx, rx) = oneshot::channel();
-        pending.lock().unwrap().insert(1, tx);
+        let permit = room.clone().try_acquire_owned().expect("room");
+        pending.lock().unwrap().insert(1, Waiter { tx, permit });
+        assert_eq!(room.available_permits(), 0);
         let closed = CancellationToken::new();
         assert_eq!(fail_pending(&pending, &closed, "the producer stream failed"), 1);
         assert!(closed.is_cancelled(), "no create may be added after the failure");
+        assert_eq!(room.available_permits(), 1, "freed without anyone awaiting the answer");
         let got = rx.await.expect("answered");
         assert!(matches!(got, Err(Error::UnknownOutcome { .. })), "{got:?}");
     }

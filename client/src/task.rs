@@ -39,9 +39,42 @@ impl TaskState {
         }
     }
 
+    pub(crate) fn to_proto(self) -> pb::TaskState {
+        match self {
+            TaskState::Pending => pb::TaskState::Pending,
+            TaskState::InProgress => pb::TaskState::InProgress,
+            TaskState::Completed => pb::TaskState::Completed,
+            TaskState::Failed => pb::TaskState::Failed,
+            TaskState::Cancelled => pb::TaskState::Cancelled,
+            TaskState::DeadLettered => pb::TaskState::DeadLettered,
+            TaskState::Unknown => pb::TaskState::Unspecified,
+        }
+    }
+
     /// True for states a task never leaves (completed, failed, cancelled).
     pub fn is_terminal(self) -> bool {
         matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
+    }
+
+    /// The state's name as the protocol, REST and the CLI spell it: `PENDING`, `IN_PROGRESS`, `COMPLETED`,
+    /// `FAILED`, `CANCELLED`, `DEAD_LETTERED`, or `UNKNOWN`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Unknown => "UNKNOWN",
+            known => known.to_proto().as_str_name().trim_start_matches("TASK_STATE_"),
+        }
+    }
+
+    /// The state named `name` (as [`TaskState::as_str`] spells it, in any case); `None` for another name.
+    pub fn parse(name: &str) -> Option<TaskState> {
+        let s = pb::TaskState::from_str_name(&format!("TASK_STATE_{}", name.trim().to_ascii_uppercase()))?;
+        Some(TaskState::from_proto(s as i32)).filter(|s| *s != TaskState::Unknown)
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -68,7 +101,39 @@ pub struct Lease {
     pub deadline_ms: i64,
 }
 
-/// A task as the server stores it.
+/// Fires when a delivery ends before its handler does (see [`Task::cancellation`]). Shared by the clones of a
+/// task; never part of its identity.
+#[derive(Clone, Default)]
+pub(crate) struct Signal {
+    token: tokio_util::sync::CancellationToken,
+    reason: std::sync::Arc<std::sync::OnceLock<String>>,
+}
+
+impl Signal {
+    /// Fires with `reason`; false when it had fired already (the first reason stays).
+    pub(crate) fn fire(&self, reason: &str) -> bool {
+        let first = self.reason.set(reason.to_string()).is_ok();
+        self.token.cancel();
+        first
+    }
+}
+
+impl PartialEq for Signal {
+    fn eq(&self, _: &Signal) -> bool {
+        true
+    }
+}
+
+impl Eq for Signal {}
+
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Signal({:?})", self.reason.get())
+    }
+}
+
+/// A task as the server stores it. A task a worker hands to its handler also carries the signal that its
+/// delivery ended early ([`Task::cancellation`]); [`Task::fencing_token`] is the delivery's token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Task {
@@ -132,6 +197,7 @@ pub struct Task {
     pub schedule_id: String,
     /// The schedule occurrence it is for (ms since the Unix epoch), or 0.
     pub scheduled_for_ms: i64,
+    signal: Signal,
 }
 
 /// One delivery of a task.
@@ -163,6 +229,103 @@ pub struct Progress {
     pub message: String,
     /// When it was reported (ms since the Unix epoch, the leader's clock).
     pub at_ms: i64,
+}
+
+impl From<pb::Task> for Task {
+    fn from(t: pb::Task) -> Task {
+        Task::from_proto(t)
+    }
+}
+
+/// Back to the wire type (to store a task, forward it, or render it the way the server's REST API does).
+impl From<Task> for pb::Task {
+    fn from(t: Task) -> pb::Task {
+        let Task {
+            id,
+            queue,
+            payload,
+            priority,
+            state,
+            attempts,
+            max_attempts,
+            tenant,
+            trace,
+            lease,
+            created_at_ms,
+            updated_at_ms,
+            visible_at_ms,
+            idempotency_key,
+            webhook_url,
+            last_error,
+            ended_at_ms,
+            dead_lettered_at_ms,
+            runs,
+            deadline_ms,
+            progress,
+            concurrency_key,
+            concurrency_limit,
+            follow_up_ids,
+            parent_id,
+            depends_on,
+            all_resolved,
+            waiting_on,
+            schedule_id,
+            scheduled_for_ms,
+            // The handler's cancellation signal is the worker's, not the task's.
+            signal: _,
+        } = t;
+        pb::Task {
+            id,
+            queue,
+            payload,
+            priority,
+            state: state.to_proto() as i32,
+            attempts,
+            max_attempts,
+            tenant,
+            trace: trace.map(|TraceContext { traceparent, tracestate }| pb::TraceContext { traceparent, tracestate }),
+            lease: lease.map(|Lease { worker_id, token, claimed_at_ms, deadline_ms }| pb::Lease {
+                worker_id,
+                token,
+                claimed_at_ms,
+                deadline_ms,
+            }),
+            created_at_ms,
+            updated_at_ms,
+            visible_at_ms,
+            idempotency_key,
+            webhook_url,
+            last_error,
+            ended_at_ms,
+            dead_lettered_at_ms,
+            runs: runs
+                .into_iter()
+                .map(|Run { worker_id, token, started_at_ms, ended_at_ms, outcome, reason }| pb::Run {
+                    worker_id,
+                    token,
+                    started_at_ms,
+                    ended_at_ms,
+                    outcome,
+                    reason,
+                })
+                .collect(),
+            deadline_ms,
+            progress: progress.map(|Progress { percent, message, at_ms }| pb::Progress { percent, message, at_ms }),
+            concurrency_key,
+            concurrency_limit,
+            follow_up_ids,
+            parent_id,
+            depends_on,
+            dependency_rule: if all_resolved {
+                pb::DependencyRule::AllResolved
+            } else {
+                pb::DependencyRule::AllCompleted
+            } as i32,
+            waiting_on,
+            schedule_id,
+            scheduled_for_ms,
+        }
+    }
 }
 
 impl Task {
@@ -245,12 +408,38 @@ impl Task {
             waiting_on,
             schedule_id,
             scheduled_for_ms,
+            signal: Signal::default(),
         }
     }
 
     /// The fencing token of this delivery (0 when the task carries no lease).
     pub fn token(&self) -> u64 {
         self.lease.as_ref().map_or(0, |l| l.token)
+    }
+
+    /// The fencing token of this delivery, for downstream writes: tokens only grow, so a store that keeps the
+    /// largest token it has seen per key can refuse a write from a delivery that was superseded (its lease ran
+    /// out while its worker was paused or cut off, and another worker took the task). Same as [`Task::token`].
+    pub fn fencing_token(&self) -> u64 {
+        self.token()
+    }
+
+    /// Cancelled when this delivery ends before the handler returns: the task was cancelled (`CANCELLED`), its
+    /// deadline passed (`DEADLINE_EXCEEDED`), its lease expired (`LEASE_EXPIRED`) or an extension of it was
+    /// refused (`LEASE_LOST`), or the worker's shutdown grace ran out (`SHUTDOWN`). The server pushes the first
+    /// three on the worker stream as it applies them. Any outcome sent afterwards is refused: stop and return.
+    /// Never fires for a task read with a [`Producer`](crate::Producer).
+    pub fn cancellation(&self) -> tokio_util::sync::CancellationToken {
+        self.signal.token.clone()
+    }
+
+    /// Why [`Task::cancellation`] fired, once it has.
+    pub fn revocation(&self) -> Option<&str> {
+        self.signal.reason.get().map(String::as_str)
+    }
+
+    pub(crate) fn signal(&self) -> &Signal {
+        &self.signal
     }
 }
 
@@ -542,6 +731,70 @@ mod tests {
         assert_eq!(TaskState::from_proto(99), TaskState::Unknown);
         assert!(TaskState::Cancelled.is_terminal());
         assert!(!TaskState::DeadLettered.is_terminal());
+    }
+
+    #[test]
+    fn state_names_are_the_protocol_names_and_parse_back() {
+        assert_eq!(TaskState::InProgress.as_str(), "IN_PROGRESS");
+        assert_eq!(TaskState::DeadLettered.to_string(), "DEAD_LETTERED");
+        assert_eq!(TaskState::Unknown.as_str(), "UNKNOWN");
+        for s in [
+            TaskState::Pending,
+            TaskState::InProgress,
+            TaskState::Completed,
+            TaskState::Failed,
+            TaskState::Cancelled,
+            TaskState::DeadLettered,
+        ] {
+            assert_eq!(TaskState::parse(s.as_str()), Some(s));
+            assert_eq!(TaskState::parse(&s.as_str().to_ascii_lowercase()), Some(s));
+        }
+        assert_eq!(TaskState::parse("UNSPECIFIED"), None);
+        assert_eq!(TaskState::parse("done"), None);
+    }
+
+    #[test]
+    fn a_task_converts_back_to_the_same_wire_task() {
+        let wire = pb::Task {
+            id: "a".into(),
+            queue: "q".into(),
+            payload: Bytes::from_static(b"p"),
+            priority: 3,
+            state: pb::TaskState::InProgress as i32,
+            attempts: 2,
+            max_attempts: 5,
+            tenant: "t".into(),
+            trace: Some(pb::TraceContext { traceparent: "00-x".into(), tracestate: "s".into() }),
+            lease: Some(pb::Lease { worker_id: "w".into(), token: 9, claimed_at_ms: 1, deadline_ms: 2 }),
+            created_at_ms: 10,
+            updated_at_ms: 11,
+            visible_at_ms: 12,
+            idempotency_key: "k".into(),
+            webhook_url: "http://h".into(),
+            last_error: "e".into(),
+            ended_at_ms: 13,
+            dead_lettered_at_ms: 14,
+            runs: vec![pb::Run {
+                worker_id: "w".into(),
+                token: 9,
+                started_at_ms: 1,
+                ended_at_ms: 0,
+                outcome: String::new(),
+                reason: String::new(),
+            }],
+            deadline_ms: 15,
+            progress: Some(pb::Progress { percent: 40, message: "m".into(), at_ms: 3 }),
+            concurrency_key: "c".into(),
+            concurrency_limit: 2,
+            follow_up_ids: vec!["f".into()],
+            parent_id: "p".into(),
+            depends_on: vec!["d".into()],
+            dependency_rule: pb::DependencyRule::AllResolved as i32,
+            waiting_on: vec!["d".into()],
+            schedule_id: "s".into(),
+            scheduled_for_ms: 16,
+        };
+        assert_eq!(pb::Task::from(Task::from(wire.clone())), wire);
     }
 
     #[test]

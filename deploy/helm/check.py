@@ -6,7 +6,10 @@ Run through deploy/helm/check.sh, which installs the two PyPI packages this need
 - kubernetes-validate: the Kubernetes OpenAPI schemas, checked strictly (an unknown field is an error).
 
     check.py lint                      lint + render every value set below + validate; exit 1 on any problem
-    check.py template [--set k=v]...   print the rendered manifests, like `helm template raftq deploy/helm/raftq`
+    check.py template [NAME] [--namespace NS] [--set k=v]...
+                                       print the rendered manifests, like `helm template NAME deploy/helm/raftq
+                                       --namespace NS`: release NAME (default raftq) in namespace NS (default
+                                       $HELM_NAMESPACE, else `default`, as helm), which the peers' DNS names hold
 """
 
 import base64
@@ -21,12 +24,12 @@ import yaml
 CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raftq")
 KUBE_VERSION = "1.30.0"
 RELEASE = "raftq"
+# The namespace the lint renders into; `template` takes the release's (see template_args).
 NAMESPACE = "queue"
 SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 
 # Value sets rendered and validated. "defaults" has authentication on with the Secret the chart makes; "everything"
-# turns on every optional part (TLS included, which only mounts its Secret and sets variables: the server does
-# not serve TLS yet).
+# turns on every optional part (TLS included: the Secret mounted, RAFTQ_TLS_* set, the probes on HTTPS).
 VALUE_SETS = {
     "defaults": {},
     "everything": {
@@ -58,9 +61,9 @@ MUST_FAIL = {
 }
 
 
-def render(values):
+def render(values, name=RELEASE, namespace=NAMESPACE):
     chart = helm.Chart.load(CHART)
-    out = chart.render(values or None, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    out = chart.render(values or None, name=name, namespace=namespace, is_install=True)
     return {path: text for path, text in sorted(out.items()) if text.strip() and not path.endswith("NOTES.txt")}
 
 
@@ -152,6 +155,36 @@ def auth_invariants(by_kind, pod, c, env, auth):
     return problems
 
 
+def peer_hosts(rendered):
+    """The host of every peer address in the StatefulSet's RAFTQ_PEERS ("1=host:7000,host:9091;2=...")."""
+    sts = next(d for _, d in documents(rendered) if d["kind"] == "StatefulSet")
+    env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return [addr.rsplit(":", 1)[0] for peer in env["RAFTQ_PEERS"].split(";") for addr in peer.split("=", 1)[1].split(",")]
+
+
+def namespace_problems():
+    """Peers find each other by DNS names that hold the release's namespace, whatever it is, and `template` takes
+    the release name and namespace as `helm template` does."""
+    problems = []
+    for name, full, namespace in [("raftq", "raftq", "default"), ("jobs", "jobs-raftq", "prod")]:
+        want = [f"{full}-{i}.{full}-peers.{namespace}.svc.cluster.local" for i in range(3) for _ in (0, 1)]
+        got = peer_hosts(render({}, name=name, namespace=namespace))
+        if got != want:
+            problems.append(f"release {name} in namespace {namespace}: peers {got}, want {want}")
+    cases = [
+        ([], {}, ("raftq", "default", {})),
+        (["jobs", "--namespace", "prod"], {}, ("jobs", "prod", {})),
+        (["-n", "prod", "--set", "replicaCount=5"], {"HELM_NAMESPACE": "ignored"}, ("raftq", "prod", {"replicaCount": 5})),
+        (["--namespace=stage"], {}, ("raftq", "stage", {})),
+        ([], {"HELM_NAMESPACE": "team-a"}, ("raftq", "team-a", {})),
+    ]
+    for args, env, want in cases:
+        got = template_args(list(args), env)
+        if got != want:
+            problems.append(f"template {args} with {env}: {got}, want {want}")
+    return problems
+
+
 def validate(docs):
     """Strict schema validation against Kubernetes KUBE_VERSION; CRDs (ServiceMonitor) have no schema there."""
     problems, notes = [], []
@@ -201,6 +234,13 @@ def lint_cmd():
         print(f"schema and invariants: {'ok' if not problems else f'{len(problems)} problem(s)'}")
         failed |= bool(problems)
 
+    print(f"\n== peer DNS names follow the release's name and namespace (helm template NAME --namespace NS)")
+    problems = namespace_problems()
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    print("namespaces:", "ok" if not problems else f"{len(problems)} problem(s)")
+    failed |= bool(problems)
+
     print()
     for name, (values, message) in MUST_FAIL.items():
         try:
@@ -215,16 +255,32 @@ def lint_cmd():
     return 1 if failed else 0
 
 
-def template_cmd(args):
-    values = {}
+def template_args(args, env):
+    """(release name, namespace, values) from `[NAME] [--namespace NS | -n NS] [--set k=v]...`, with helm's
+    default namespace: $HELM_NAMESPACE, else `default`. ValueError on anything else."""
+    name, namespace, values = RELEASE, env.get("HELM_NAMESPACE") or "default", {}
     while args:
         flag = args.pop(0)
-        if flag == "--set" and args:
+        if flag in ("--namespace", "-n") and args:
+            namespace = args.pop(0)
+        elif flag.startswith("--namespace="):
+            namespace = flag.split("=", 1)[1]
+        elif flag == "--set" and args:
             merge(values, helm.parse_set_string(args.pop(0)))
+        elif not flag.startswith("-") and name == RELEASE and not values:
+            name = flag
         else:
-            print(f"unknown argument {flag!r} (only --set k=v)", file=sys.stderr)
-            return 2
-    for path, text in render(values).items():
+            raise ValueError(f"unknown argument {flag!r} (NAME, --namespace NS, --set k=v)")
+    return name, namespace, values
+
+
+def template_cmd(args):
+    try:
+        name, namespace, values = template_args(args, os.environ)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for path, text in render(values, name=name, namespace=namespace).items():
         print(f"---\n# Source: {path}\n{text.strip()}")
     return 0
 

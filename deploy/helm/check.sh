@@ -3,7 +3,10 @@
 #
 #   deploy/helm/check.sh                    lint + render the chart with several value sets + validate (exit 1 on
 #                                           any problem); what deploy/ci.sh runs
-#   deploy/helm/check.sh template [--set k=v]...   print the manifests, like `helm template raftq deploy/helm/raftq`
+#   deploy/helm/check.sh template [NAME] [--namespace NS] [--set k=v]...
+#                                           print the manifests, like `helm template NAME deploy/helm/raftq -n NS`:
+#                                           release NAME (default raftq) in namespace NS (default $HELM_NAMESPACE,
+#                                           else `default`); the peers' DNS names hold both
 #   deploy/helm/check.sh pods-in-docker IMAGE       run the rendered StatefulSet's pods as Docker containers
 #                                                   (pod DNS names as network aliases) and check they form a cluster
 #

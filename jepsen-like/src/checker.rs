@@ -16,7 +16,8 @@
 //! - convergence: every node's digest equal (same applied index and state digest) after heal and drain.
 //! - nodes: a node refuses to start only after its files were corrupted.
 //! - availability (measured, not judged): the share of enqueues that succeeded during faults and overall,
-//!   the longest time without a delivery during the fault phase and within each fault's windows.
+//!   the longest time without a delivery during the fault phase and within each fault's windows, and for
+//!   leaders stopped by SIGTERM how long the cluster went without a leader.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -94,6 +95,14 @@ pub struct Availability {
     /// When that gap began (ms since the run started).
     pub longest_claim_gap_at_ms: u64,
     pub per_fault: BTreeMap<String, FaultAvailability>,
+    /// Leaders stopped by SIGTERM (rolling restarts).
+    pub leader_stops: usize,
+    /// Those after which no other node led within the watch (an election that never came, or came late).
+    pub leader_stops_without_successor: usize,
+    /// The longest time between the last answer naming a stopped leader and the first naming the next one.
+    pub longest_leaderless_after_leader_stop_ms: u64,
+    /// The longest time from a leader's SIGTERM until another node led.
+    pub longest_leader_stop_to_next_leader_ms: u64,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -284,6 +293,18 @@ pub fn check(events: &[Event]) -> Analysis {
                     }
                 }
             },
+            Op::Handover { led_ms, leaderless_ms, .. } => {
+                let av = &mut a.availability;
+                av.leader_stops += 1;
+                match (led_ms, leaderless_ms) {
+                    (Some(led), Some(gap)) => {
+                        av.longest_leaderless_after_leader_stop_ms =
+                            av.longest_leaderless_after_leader_stop_ms.max(*gap);
+                        av.longest_leader_stop_to_next_leader_ms = av.longest_leader_stop_to_next_leader_ms.max(*led);
+                    }
+                    _ => av.leader_stops_without_successor += 1,
+                }
+            }
             Op::Leader { leader, term } => {
                 if last_leader.is_some_and(|l| l != (*leader, *term)) {
                     leader_changes.push(ev.t);
@@ -820,6 +841,24 @@ mod tests {
             node: Some(3),
         });
         assert_eq!(h.check().refused_to_start.count, 1);
+    }
+
+    #[test]
+    fn leader_stops_are_measured() {
+        let mut h = clean();
+        let stop = |next: Option<u64>, led: Option<u64>, gap: Option<u64>| Op::Handover {
+            node: 1,
+            exit_ms: 900,
+            next,
+            led_ms: led,
+            leaderless_ms: gap,
+        };
+        h.push(stop(Some(2), Some(80), Some(40))).push(stop(Some(3), Some(300), Some(20))).push(stop(None, None, None));
+        let a = h.check();
+        assert!(a.valid, "measured, not judged: {:?}", a.violations);
+        let av = &a.availability;
+        assert_eq!((av.leader_stops, av.leader_stops_without_successor), (3, 1));
+        assert_eq!((av.longest_leaderless_after_leader_stop_ms, av.longest_leader_stop_to_next_leader_ms), (40, 300));
     }
 
     #[test]

@@ -1,9 +1,12 @@
-//! The cluster under test: real `raftq serve` processes, each with its own data directory, ports, config file
-//! and log, behind the relays of `relay.rs`; and the admin calls the harness makes to them (status, leader,
-//! transfer, membership, digests). Owns process life: start, kill -9, SIGTERM, SIGSTOP/SIGCONT, restart with
-//! a skewed clock, corruption of a stopped node's files.
+//! Node processes as a `Backend`: real `raftq serve` processes, each with its own data directory, ports, config
+//! file and log, behind the relays of `relay.rs`. Owns process life: start, kill -9, SIGTERM, SIGSTOP/SIGCONT,
+//! restart with a skewed clock, corruption of a stopped node's files, membership changes.
+//!
+//! Ports: every port a node binds is leased (`ports.rs`) before its config names it and held for the whole run,
+//! so nothing else on the machine is handed it; if something took it anyway, a node that fails to bind is
+//! started again (same port), and a cluster whose start failed that way starts again on new ports.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -12,13 +15,14 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use raftq_proto::v1 as pb;
-use raftq_proto::v1::admin_client::AdminClient;
 use rand::rngs::StdRng;
 use rand::Rng;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
+use crate::backend::{Admins, Backend, Mechanism, NodeState, START_WAIT};
+use crate::nemesis::Fault;
+use crate::ports::{self, PortLease};
 use crate::relay::{Net, Relay};
 
 /// Server settings for fault runs: elections that stay quiet on a loaded 2-core machine yet fail over within
@@ -44,22 +48,12 @@ pub const FAKETIME_LIBS: &[&str] = &[
     "/usr/lib/faketime/libfaketime.so.1",
 ];
 
-/// A node waits this long for a clean exit after SIGTERM before it is killed.
+/// A node waits this long for a clean exit after SIGTERM before it is killed (a node stops within about 6 s).
 const TERM_WAIT: Duration = Duration::from_secs(20);
-/// A started node must serve its Status within this long, or it counts as refusing to start.
-pub const START_WAIT: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeState {
-    Running,
-    Paused,
-    /// Stopped by the harness (kill or SIGTERM); it will be started again.
-    Down,
-    /// Removed from the membership; its id is never used again.
-    Removed,
-    /// Refused to start (after corruption): it stays down until removed.
-    Broken,
-}
+/// Pause before starting again a node whose port was taken.
+const CLASH_RETRY: Duration = Duration::from_millis(500);
+/// Starts of a whole cluster on new ports when a node's port was taken (by a program that takes no leases).
+const START_ATTEMPTS: u32 = 3;
 
 pub struct NodeProc {
     pub id: u64,
@@ -67,11 +61,14 @@ pub struct NodeProc {
     pub slot: usize,
     pub grpc: SocketAddr,
     pub raft: SocketAddr,
+    pub http: SocketAddr,
     pub relay_raft: SocketAddr,
     pub relay_api: SocketAddr,
     pub dir: PathBuf,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// Where the log stood when the process was last started: what it wrote since is its own.
+    log_from: u64,
     pub join: bool,
     pub state: NodeState,
     /// A libfaketime offset (`+12s`) the node runs with now.
@@ -94,12 +91,9 @@ impl NodeProc {
     pub fn member(&self) -> bool {
         !matches!(self.state, NodeState::Removed)
     }
-
-    pub fn up(&self) -> bool {
-        matches!(self.state, NodeState::Running)
-    }
 }
 
+#[derive(Clone)]
 pub struct ClusterOptions {
     pub bin: PathBuf,
     pub root: PathBuf,
@@ -116,10 +110,12 @@ pub struct Cluster {
     /// Cluster positions: the API and Raft ports a position's node binds. A node that replaces another (a
     /// new id) takes over its ports, so clients created at the start keep reaching the cluster.
     pub slots: Vec<(SocketAddr, SocketAddr)>,
+    /// The leases of every port a node binds, held until the run ends.
+    leases: Vec<PortLease>,
     opts: ClusterOptions,
     pub faketime: Option<PathBuf>,
     next_id: u64,
-    channels: Mutex<HashMap<u64, Channel>>,
+    admins: Admins,
 }
 
 /// Every node process alive, so an interrupted harness can kill them all (`kill_all`).
@@ -144,51 +140,79 @@ pub fn kill_all() {
     }
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
-}
-
 fn toml_str(p: &Path) -> String {
     format!("{:?}", p.display().to_string())
 }
 
 impl Cluster {
     /// Starts `opts.nodes` nodes listing each other (through their relays) as peers, and waits for a leader.
+    /// A start that failed because a node's port was taken is made again on new ports.
     pub async fn start(opts: ClusterOptions) -> anyhow::Result<Cluster> {
+        let mut attempt = 1;
+        loop {
+            let mut c = Cluster::new(opts.clone())?;
+            match c.boot().await {
+                Ok(()) => return Ok(c),
+                Err(e) => {
+                    c.shutdown().await;
+                    let e = format!("{e:#}");
+                    if attempt >= START_ATTEMPTS || !ports::address_in_use(&e) {
+                        bail!(e);
+                    }
+                    eprintln!("raftq-jepsen: a node's port was taken ({e}); starting the cluster again on new ports");
+                    std::fs::remove_dir_all(&opts.root).with_context(|| format!("clearing {}", opts.root.display()))?;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    fn new(opts: ClusterOptions) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(&opts.root)?;
-        let faketime = FAKETIME_LIBS.iter().map(PathBuf::from).find(|p| p.exists());
-        let mut c = Cluster {
+        Ok(Cluster {
             net: Net::new(),
             nodes: Vec::new(),
             slots: Vec::new(),
-            faketime,
+            leases: Vec::new(),
+            faketime: FAKETIME_LIBS.iter().map(PathBuf::from).find(|p| p.exists()),
             next_id: 1,
-            channels: Mutex::new(HashMap::new()),
+            admins: Admins::new(None),
             opts,
-        };
-        for slot in 0..c.opts.nodes as usize {
-            c.slots.push((free_addr()?, free_addr()?));
-            c.new_node(slot, false).await?;
+        })
+    }
+
+    async fn boot(&mut self) -> anyhow::Result<()> {
+        for slot in 0..self.opts.nodes as usize {
+            let (grpc, raft) = (self.lease()?, self.lease()?);
+            self.slots.push((grpc, raft));
+            self.new_node(slot, false).await?;
         }
-        let peers: Vec<String> = c
+        let peers: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("{{ id = {}, raft_addr = \"{}\", api_addr = \"{}\" }}", n.id, n.relay_raft, n.relay_api))
             .collect();
         let peers = format!("peers = [{}]\n", peers.join(", "));
-        let ids: Vec<u64> = c.nodes.iter().map(|n| n.id).collect();
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
         for id in &ids {
-            c.write_config(*id, &peers)?;
+            self.write_config(*id, &peers)?;
         }
         for id in &ids {
-            c.spawn(*id)?;
+            self.spawn(*id)?;
         }
         for id in &ids {
-            c.wait_serving(*id, START_WAIT).await.map_err(|e| anyhow!("node {id} did not start: {e}"))?;
+            self.wait_serving(*id, START_WAIT).await.map_err(|e| anyhow!("node {id} did not start: {e}"))?;
         }
-        c.wait_leader(Duration::from_secs(30)).await.context("no leader after start")?;
-        Ok(c)
+        self.wait_leader(Duration::from_secs(30)).await.context("no leader after start")?;
+        Ok(())
+    }
+
+    /// A port held for this run.
+    fn lease(&mut self) -> anyhow::Result<SocketAddr> {
+        let l = ports::lease().context("leasing a port")?;
+        let addr = l.addr();
+        self.leases.push(l);
+        Ok(addr)
     }
 
     /// Allocates ports and relays for a new node id holding `slot`; writes no config yet.
@@ -196,19 +220,24 @@ impl Cluster {
         let id = self.next_id;
         self.next_id += 1;
         let (grpc, raft) = self.slots[slot];
+        let http = self.lease()?;
+        // Relays bind port 0: the kernel's ephemeral range, where no leased port lies.
         let relay_raft = Relay::start(self.net.clone(), id, raft).await?;
         let relay_api = Relay::start(self.net.clone(), id, grpc).await?;
         let dir = self.opts.root.join(format!("n{id}"));
         std::fs::create_dir_all(&dir)?;
+        self.admins.add(id, &grpc.to_string())?;
         self.nodes.push(NodeProc {
             id,
             slot,
             grpc,
             raft,
+            http,
             relay_raft: relay_raft.addr,
             relay_api: relay_api.addr,
             config: dir.join("node.toml"),
             log: dir.join("node.log"),
+            log_from: 0,
             dir,
             join,
             state: NodeState::Down,
@@ -229,7 +258,7 @@ impl Cluster {
             toml_str(&n.data_dir()),
             n.grpc,
             n.raft,
-            free_addr()?,
+            n.http,
             n.relay_raft,
             n.relay_api,
             self.opts.settings,
@@ -246,16 +275,6 @@ impl Cluster {
         self.nodes.iter_mut().find(|n| n.id == id).expect("known node id")
     }
 
-    /// Nodes in the membership (running or not).
-    pub fn member_ids(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|n| n.member()).map(|n| n.id).collect()
-    }
-
-    /// Members that run and are not paused.
-    pub fn up_ids(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|n| n.up()).map(|n| n.id).collect()
-    }
-
     /// Starts the node's process (state Running); see `wait_serving` for whether it really started.
     pub fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
         let bin = self.opts.bin.clone();
@@ -266,6 +285,7 @@ impl Cluster {
             bail!("node {id} already runs");
         }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&n.log)?;
+        n.log_from = log.metadata()?.len();
         let mut cmd = Command::new(&bin);
         cmd.args(["serve", "--config"]).arg(&n.config);
         if n.join {
@@ -289,8 +309,7 @@ impl Cluster {
     }
 
     /// Waits until the node answers Status; `Err` with its exit status and last log lines if it exits.
-    pub async fn wait_serving(&mut self, id: u64, limit: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
+    async fn wait_serving_once(&mut self, id: u64, deadline: Instant) -> Result<(), String> {
         loop {
             let exited = {
                 let n = self.node_mut(id);
@@ -313,45 +332,26 @@ impl Cluster {
                 n.state = NodeState::Down;
                 return Err(format!("exited ({status}): {tail}"));
             }
-            if self.status(id).await.is_some() {
+            if self.admins.status(id).await.is_some() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(format!("no answer within {limit:?}"));
+                return Err("no answer in time".into());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// Nodes that exited without the harness stopping them: (id, exit status). They are marked down, so heal
-    /// starts them again.
-    pub fn reap(&mut self) -> Vec<(u64, String)> {
-        let mut gone = Vec::new();
-        for n in self.nodes.iter_mut() {
-            let status = match n.child.as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(status))) => status.to_string(),
-                Some(Err(e)) => e.to_string(),
-                _ => continue,
-            };
-            if let Some(pid) = n.child.take().and_then(|c| c.id()) {
-                track(Some(pid), false);
-                self.net.forget_pid(pid);
-            }
-            if n.member() && n.state != NodeState::Broken {
-                n.state = NodeState::Down;
-            }
-            gone.push((n.id, status));
-        }
-        gone
-    }
-
+    /// The last `lines` lines the node's current process wrote to its log.
     pub fn log_tail(&self, id: u64, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.node(id).log).unwrap_or_default();
+        let n = self.node(id);
+        let text = std::fs::read(&n.log).unwrap_or_default();
+        let text = String::from_utf8_lossy(text.get(n.log_from as usize..).unwrap_or_default());
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join(" | ")
     }
 
-    pub async fn kill9(&mut self, id: u64) {
+    async fn kill9(&mut self, id: u64) {
         let n = self.node_mut(id);
         if let Some(mut c) = n.child.take() {
             let pid = c.id();
@@ -368,34 +368,6 @@ impl Cluster {
         }
     }
 
-    /// SIGTERM (after SIGCONT when paused) and a wait for the exit; SIGKILL after `TERM_WAIT`. Returns how it
-    /// ended.
-    pub async fn terminate(&mut self, id: u64) -> String {
-        if self.node(id).state == NodeState::Paused {
-            self.signal(id, "CONT");
-        }
-        let Some(pid) = self.node(id).pid() else { return "not running".into() };
-        self.signal_pid(pid, "TERM");
-        let n = self.node_mut(id);
-        let mut c = n.child.take().expect("a pid means a child");
-        let ended = match tokio::time::timeout(TERM_WAIT, c.wait()).await {
-            Ok(Ok(s)) => s.to_string(),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => {
-                let _ = c.start_kill();
-                let _ = c.wait().await;
-                format!("no exit within {TERM_WAIT:?} of SIGTERM: killed")
-            }
-        };
-        track(Some(pid), false);
-        self.net.forget_pid(pid);
-        let n = self.node_mut(id);
-        if n.member() && n.state != NodeState::Broken {
-            n.state = NodeState::Down;
-        }
-        ended
-    }
-
     fn signal_pid(&self, pid: u32, sig: &str) {
         let _ = std::process::Command::new("kill")
             .args([format!("-{sig}"), pid.to_string()])
@@ -405,7 +377,7 @@ impl Cluster {
     }
 
     /// SIGSTOP or SIGCONT.
-    pub fn signal(&mut self, id: u64, sig: &str) {
+    fn signal(&mut self, id: u64, sig: &str) {
         if let Some(pid) = self.node(id).pid() {
             self.signal_pid(pid, sig);
             let n = self.node_mut(id);
@@ -413,178 +385,8 @@ impl Cluster {
         }
     }
 
-    /// Starts a stopped member again and waits until it serves.
-    pub async fn restart(&mut self, id: u64) -> Result<(), String> {
-        self.spawn(id).map_err(|e| e.to_string())?;
-        self.wait_serving(id, START_WAIT).await
-    }
-
-    fn channel(&self, id: u64) -> Channel {
-        let mut m = self.channels.lock().expect("channels lock");
-        m.entry(id)
-            .or_insert_with(|| {
-                Endpoint::from_shared(format!("http://{}", self.node(id).grpc))
-                    .expect("a socket address is a valid url")
-                    .connect_timeout(Duration::from_millis(500))
-                    .timeout(Duration::from_secs(10))
-                    .connect_lazy()
-            })
-            .clone()
-    }
-
-    pub fn admin(&self, id: u64) -> AdminClient<Channel> {
-        AdminClient::new(self.channel(id))
-    }
-
-    /// The node's own status, or None when it does not answer within 1.5 s.
-    pub async fn status(&self, id: u64) -> Option<pb::NodeStatus> {
-        let mut a = self.admin(id);
-        let call = a.status(pb::NodeStatusRequest {});
-        tokio::time::timeout(Duration::from_millis(1500), call).await.ok()?.ok().map(|r| r.into_inner())
-    }
-
-    /// Statuses of every running member, asked at once.
-    pub async fn statuses(&self) -> BTreeMap<u64, pb::NodeStatus> {
-        let mut set = tokio::task::JoinSet::new();
-        for id in self.up_ids() {
-            let mut a = self.admin(id);
-            set.spawn(async move {
-                let call = a.status(pb::NodeStatusRequest {});
-                (id, tokio::time::timeout(Duration::from_millis(1500), call).await.ok().and_then(|r| r.ok()))
-            });
-        }
-        let mut out = BTreeMap::new();
-        while let Some(r) = set.join_next().await {
-            if let Ok((id, Some(s))) = r {
-                out.insert(id, s.into_inner());
-            }
-        }
-        out
-    }
-
-    /// The leader with the highest term among the nodes that say they lead, and that term.
-    pub async fn leader(&self) -> Option<(u64, u64)> {
-        self.statuses().await.values().filter(|s| s.role == "LEADER").map(|s| (s.node_id, s.term)).max_by_key(|x| x.1)
-    }
-
-    pub async fn wait_leader(&self, limit: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some((l, _)) = self.leader().await {
-                return Ok(l);
-            }
-            if Instant::now() >= deadline {
-                bail!("no leader within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Waits until every running member has applied what the leader has committed (a healed cluster).
-    pub async fn wait_caught_up(&self, limit: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let st = self.statuses().await;
-            let leader = st.values().filter(|s| s.role == "LEADER").max_by_key(|s| s.term);
-            if let Some(l) = leader {
-                let target = l.committed_index;
-                let ups = self.up_ids();
-                if ups.iter().all(|id| st.get(id).is_some_and(|s| s.applied_index >= target)) {
-                    return Ok(());
-                }
-            }
-            if Instant::now() >= deadline {
-                let view: Vec<String> =
-                    st.values().map(|s| format!("{}:{}@{}/{}", s.node_id, s.role, s.applied_index, s.term)).collect();
-                bail!("the cluster did not catch up within {limit:?}: {}", view.join(" "));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Asks any running member (it forwards to the leader) for a transfer to `to`.
-    pub async fn transfer(&self, via: u64, to: u64) -> Result<u64, String> {
-        let mut a = self.admin(via);
-        a.transfer_leader(pb::TransferLeaderRequest { to, timeout_ms: 5_000 })
-            .await
-            .map(|r| r.into_inner().took_ms)
-            .map_err(|e| e.message().to_string())
-    }
-
-    pub async fn digests(&self) -> BTreeMap<u64, pb::DigestResponse> {
-        let mut set = tokio::task::JoinSet::new();
-        for id in self.up_ids() {
-            let mut a = self.admin(id);
-            set.spawn(async move {
-                let call = a.digest(pb::DigestRequest {});
-                (id, tokio::time::timeout(Duration::from_secs(10), call).await.ok().and_then(|r| r.ok()))
-            });
-        }
-        let mut out = BTreeMap::new();
-        while let Some(r) = set.join_next().await {
-            if let Ok((id, Some(d))) = r {
-                out.insert(id, d.into_inner());
-            }
-        }
-        out
-    }
-
-    /// Removes `id` from the membership (through any running member); its process is stopped by the caller.
-    pub async fn remove_member(&mut self, via: u64, id: u64) -> Result<(), String> {
-        let mut a = self.admin(via);
-        let call = a.remove_node(pb::RemoveNodeRequest { node_id: id, force: false });
-        match tokio::time::timeout(Duration::from_secs(20), call).await {
-            Ok(Ok(_)) => {
-                self.node_mut(id).state = NodeState::Removed;
-                Ok(())
-            }
-            Ok(Err(e)) => Err(e.message().to_string()),
-            Err(_) => Err("no answer within 20 s".into()),
-        }
-    }
-
-    /// Starts a node under a new id (never used before) with an empty data directory, takes over `slot`'s
-    /// client relay, and adds it to the membership (learner, catch-up, voter). Returns its id.
-    pub async fn add_new_node(&mut self, via: u64, slot: usize) -> Result<u64, String> {
-        let id = self.new_node(slot, true).await.map_err(|e| e.to_string())?;
-        self.write_config(id, "").map_err(|e| e.to_string())?;
-        self.spawn(id).map_err(|e| e.to_string())?;
-        self.wait_serving(id, START_WAIT).await?;
-        let (raft_addr, api_addr) = (self.node(id).relay_raft.to_string(), self.node(id).relay_api.to_string());
-        let mut last = String::new();
-        for _ in 0..5 {
-            let mut a = self.admin(via);
-            let req = pb::AddNodeRequest {
-                node_id: id,
-                raft_addr: raft_addr.clone(),
-                api_addr: api_addr.clone(),
-                learner_only: false,
-            };
-            match tokio::time::timeout(Duration::from_secs(60), a.add_node(req)).await {
-                Ok(Ok(r)) if r.get_ref().members.iter().any(|m| m.node_id == id && m.voter) => return Ok(id),
-                Ok(Ok(r)) => last = format!("not a voter yet: {:?}", r.into_inner().members),
-                Ok(Err(e)) => last = e.message().to_string(),
-                Err(_) => last = "no answer within 60 s".into(),
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        Err(format!("node {id} was not added: {last}"))
-    }
-
-    pub fn mark_corrupted(&mut self, id: u64) {
-        self.node_mut(id).corrupted = true;
-    }
-
-    pub fn mark_broken(&mut self, id: u64) {
-        self.node_mut(id).state = NodeState::Broken;
-    }
-
-    pub fn set_skew(&mut self, id: u64, skew: Option<String>) {
-        self.node_mut(id).skew = skew;
-    }
-
     /// Flips bytes in one of a stopped node's redb files; says which file and where.
-    pub fn corrupt(&self, id: u64, rng: &mut StdRng) -> anyhow::Result<String> {
+    fn corrupt_files(&self, id: u64, rng: &mut StdRng) -> anyhow::Result<String> {
         let data = self.node(id).data_dir();
         let mut files = vec![data.join("raft-log.redb")];
         if let Ok(rd) = std::fs::read_dir(data.join("sm")) {
@@ -621,12 +423,275 @@ impl Cluster {
             at
         ))
     }
+}
+
+impl Backend for Cluster {
+    fn faults(&self) -> &'static [Fault] {
+        &Fault::ALL
+    }
+
+    fn mechanism(&self, m: Mechanism) -> &'static str {
+        match m {
+            Mechanism::Kill => "kill -9",
+            Mechanism::Pause => "SIGSTOP",
+            Mechanism::Resume => "SIGCONT",
+            Mechanism::Terminate => "SIGTERM",
+            Mechanism::Partition => "",
+        }
+    }
+
+    fn client_addrs(&self) -> Vec<String> {
+        self.slots.iter().map(|(grpc, _)| grpc.to_string()).collect()
+    }
+
+    fn position(&self, id: u64) -> Option<usize> {
+        self.nodes.iter().find(|n| n.id == id).map(|n| n.slot)
+    }
+
+    fn token(&self) -> Option<String> {
+        None
+    }
+
+    fn admins(&self) -> &Admins {
+        &self.admins
+    }
+
+    fn node_ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    fn state(&self, id: u64) -> NodeState {
+        self.node(id).state
+    }
+
+    fn skewed(&self, id: u64) -> bool {
+        self.node(id).skew.is_some()
+    }
+
+    fn corrupted(&self, id: u64) -> bool {
+        self.node(id).corrupted
+    }
+
+    async fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        self.kill9(id).await;
+        Ok(())
+    }
+
+    /// SIGTERM (after SIGCONT when paused) and a wait for the exit; SIGKILL after `TERM_WAIT`.
+    async fn terminate(&mut self, id: u64) -> String {
+        if self.node(id).state == NodeState::Paused {
+            self.signal(id, "CONT");
+        }
+        let Some(pid) = self.node(id).pid() else { return "not running".into() };
+        self.signal_pid(pid, "TERM");
+        let n = self.node_mut(id);
+        let mut c = n.child.take().expect("a pid means a child");
+        let ended = match tokio::time::timeout(TERM_WAIT, c.wait()).await {
+            Ok(Ok(s)) => s.to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+                format!("no exit within {TERM_WAIT:?} of SIGTERM: killed")
+            }
+        };
+        track(Some(pid), false);
+        self.net.forget_pid(pid);
+        let n = self.node_mut(id);
+        if n.member() && n.state != NodeState::Broken {
+            n.state = NodeState::Down;
+        }
+        ended
+    }
+
+    async fn start(&mut self, id: u64) -> anyhow::Result<()> {
+        self.spawn(id)
+    }
+
+    /// A node that exited because its port was taken meanwhile is started again (same port) until `limit`.
+    async fn wait_serving(&mut self, id: u64, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.wait_serving_once(id, deadline).await {
+                Err(e) if ports::address_in_use(&e) && Instant::now() + CLASH_RETRY < deadline => {
+                    eprintln!("raftq-jepsen: node {id} could not bind its port ({e}); starting it again");
+                    tokio::time::sleep(CLASH_RETRY).await;
+                    self.spawn(id).map_err(|e| e.to_string())?;
+                }
+                Err(e) if e == "no answer in time" => return Err(format!("no answer within {limit:?}")),
+                r => return r,
+            }
+        }
+    }
+
+    async fn pause(&mut self, id: u64, on: bool) -> anyhow::Result<()> {
+        self.signal(id, if on { "STOP" } else { "CONT" });
+        Ok(())
+    }
+
+    async fn reap(&mut self) -> Vec<(u64, String)> {
+        let mut gone = Vec::new();
+        for n in self.nodes.iter_mut() {
+            let status = match n.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(status))) => status.to_string(),
+                Some(Err(e)) => e.to_string(),
+                _ => continue,
+            };
+            if let Some(pid) = n.child.take().and_then(|c| c.id()) {
+                track(Some(pid), false);
+                self.net.forget_pid(pid);
+            }
+            if n.member() && n.state != NodeState::Broken {
+                n.state = NodeState::Down;
+            }
+            gone.push((n.id, status));
+        }
+        gone
+    }
+
+    fn mark_broken(&mut self, id: u64) {
+        self.node_mut(id).state = NodeState::Broken;
+    }
+
+    async fn partition(&mut self, minority: &[u64], majority: &[u64]) -> anyhow::Result<()> {
+        self.net.update(|r| {
+            for a in minority {
+                for b in majority {
+                    r.blocked.insert((*a, *b));
+                    r.blocked.insert((*b, *a));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn heal_network(&mut self) -> anyhow::Result<()> {
+        self.net.heal();
+        Ok(())
+    }
+
+    fn relays(&self) -> Option<Arc<Net>> {
+        Some(self.net.clone())
+    }
+
+    fn can_skew(&self) -> bool {
+        self.faketime.is_some()
+    }
+
+    fn set_skew(&mut self, id: u64, skew: Option<String>) -> anyhow::Result<()> {
+        self.node_mut(id).skew = skew;
+        Ok(())
+    }
+
+    fn corrupt(&mut self, id: u64, rng: &mut StdRng) -> anyhow::Result<String> {
+        self.corrupt_files(id, rng)
+    }
+
+    fn mark_corrupted(&mut self, id: u64) {
+        self.node_mut(id).corrupted = true;
+    }
+
+    async fn remove_member(&mut self, via: u64, id: u64) -> Result<(), String> {
+        let mut a = self.admins.get(via).ok_or_else(|| format!("no node {via}"))?;
+        let call = a.remove_node(pb::RemoveNodeRequest { node_id: id, force: false });
+        match tokio::time::timeout(Duration::from_secs(20), call).await {
+            Ok(Ok(_)) => {
+                self.node_mut(id).state = NodeState::Removed;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.message().to_string()),
+            Err(_) => Err("no answer within 20 s".into()),
+        }
+    }
+
+    /// Starts a node under a new id (never used before) with an empty data directory, takes over `slot`'s
+    /// ports, and adds it to the membership (learner, catch-up, voter).
+    async fn add_node(&mut self, via: u64, slot: usize) -> Result<u64, String> {
+        let id = self.new_node(slot, true).await.map_err(|e| e.to_string())?;
+        self.write_config(id, "").map_err(|e| e.to_string())?;
+        self.restart(id).await?;
+        let (raft_addr, api_addr) = (self.node(id).relay_raft.to_string(), self.node(id).relay_api.to_string());
+        let mut last = String::new();
+        for _ in 0..5 {
+            let Some(mut a) = self.admins.get(via) else { return Err(format!("no node {via}")) };
+            let req = pb::AddNodeRequest {
+                node_id: id,
+                raft_addr: raft_addr.clone(),
+                api_addr: api_addr.clone(),
+                learner_only: false,
+            };
+            match tokio::time::timeout(Duration::from_secs(60), a.add_node(req)).await {
+                Ok(Ok(r)) if r.get_ref().members.iter().any(|m| m.node_id == id && m.voter) => return Ok(id),
+                Ok(Ok(r)) => last = format!("not a voter yet: {:?}", r.into_inner().members),
+                Ok(Err(e)) => last = e.message().to_string(),
+                Err(_) => last = "no answer within 60 s".into(),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Err(format!("node {id} was not added: {last}"))
+    }
+
+    fn empty_positions(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|s| !self.nodes.iter().any(|n| n.slot == *s && n.member())).collect()
+    }
+
+    fn external_connections(&self) -> u64 {
+        self.net.external.load(std::sync::atomic::Ordering::Relaxed)
+    }
 
     /// Stops every process: SIGTERM, then SIGKILL.
-    pub async fn shutdown(&mut self) {
+    async fn shutdown(&mut self) {
         let ids: Vec<u64> = self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.id).collect();
         for id in ids {
             self.terminate(id).await;
         }
+    }
+
+    fn discard_data(&self) {
+        for n in &self.nodes {
+            let _ = std::fs::remove_dir_all(n.data_dir());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The raftq binary a workspace build left, if any.
+    fn raftq_bin() -> Option<PathBuf> {
+        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target");
+        ["debug", "release"].iter().map(|p| target.join(p).join("raftq")).find(|p| p.exists())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_whose_port_was_taken_before_it_bound_it_is_started_again() {
+        let Some(bin) = raftq_bin() else {
+            // `cargo test --workspace` builds it (tests/it runs it).
+            return eprintln!("no raftq binary under target/: build it first (cargo build -p raftq)");
+        };
+        let root = std::env::temp_dir().join(format!("raftq-jepsen-clash-{}", std::process::id()));
+        let opts =
+            ClusterOptions { bin, root: root.clone(), nodes: 1, settings: String::new(), node_log: "warn".into() };
+        let mut c = Cluster::new(opts).expect("cluster");
+        let (grpc, raft) = (c.lease().expect("lease"), c.lease().expect("lease"));
+        c.slots.push((grpc, raft));
+        let id = c.new_node(0, false).await.expect("node");
+        let n = c.node(id);
+        let peers = format!("peers = [{{ id = {id}, raft_addr = \"{}\", api_addr = \"{}\" }}]\n", n.raft, n.grpc);
+        c.write_config(id, &peers).expect("config");
+        // Another program binds the node's port in the moment before the node does, and lets it go soon after.
+        let squatter = std::net::TcpListener::bind(grpc).expect("bind the node's port");
+        c.spawn(id).expect("spawn");
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            drop(squatter);
+        });
+        let served = c.wait_serving(id, Duration::from_secs(30)).await;
+        let log = std::fs::read_to_string(&c.node(id).log).unwrap_or_default();
+        c.shutdown().await;
+        let _ = std::fs::remove_dir_all(&root);
+        assert!(ports::address_in_use(&log), "the first start failed to bind: {log}");
+        served.expect("started again once the port was free");
     }
 }

@@ -1,30 +1,22 @@
-//! Container mode (`run --compose`): the repository's `docker-compose.yml` (three nodes, authentication on)
-//! under a Compose project and host ports of its own, as `deploy/ci.sh` brings it up. Clients reach the nodes
+//! Container mode (`run --compose`) as a `Backend`: the repository's `docker-compose.yml` (three nodes,
+//! authentication on) under a Compose project and host ports of its own, as `deploy/ci.sh` brings it up. Clients reach the nodes
 //! through the published gRPC ports with a token minted inside node 1 (`raftq token issue`); faults are made
 //! with Docker itself: `docker kill -s KILL` and `compose start`, `docker pause`/`unpause`, `docker network
 //! disconnect`/`connect` on the project's network (which also cuts the node off from clients), leadership
-//! transfers, `compose restart` one node at a time. The project is removed (`down -v`) at the end, on
+//! transfers, `docker stop` and `compose start` one node at a time. The project is removed (`down -v`) at the end, on
 //! failure, on panic (`Drop`) and when the harness is interrupted (`down_now`).
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use raftq_proto::v1 as pb;
-use raftq_proto::v1::admin_client::AdminClient;
-use rand::rngs::StdRng;
-use rand::seq::{IndexedRandom, SliceRandom};
-use rand::Rng;
 use tokio::time::Instant;
-use tonic::metadata::AsciiMetadataValue;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
 
-use crate::history::{FaultPhase, Op, Recorder};
-use crate::nemesis::{Fault, Schedule, EXITED, REFUSED_TO_START};
+use crate::backend::{Admins, Backend, Mechanism, NodeState};
+use crate::nemesis::Fault;
+use crate::ports::{self, PortLease};
 
 /// The faults that make sense for containers.
 pub const FAULTS: [Fault; 7] = [
@@ -41,6 +33,10 @@ pub const FAULTS: [Fault; 7] = [
 pub const NODES: u64 = 3;
 /// How long a (re)started container may take to serve again.
 const START_WAIT: Duration = Duration::from_secs(60);
+/// How long `docker stop` waits after SIGTERM before SIGKILL (a node stops within about 6 s).
+const STOP_GRACE_S: u64 = 30;
+/// `compose up` attempts on new host ports when a port was taken (by a program that takes no leases).
+const UP_ATTEMPTS: u32 = 3;
 
 /// Refuses the faults container mode cannot make; `all` means all of `FAULTS`.
 pub fn check_faults(faults: &[Fault], asked_all: bool) -> anyhow::Result<Vec<Fault>> {
@@ -57,46 +53,6 @@ pub fn check_faults(faults: &[Fault], asked_all: bool) -> anyhow::Result<Vec<Fau
         );
     }
     Ok(faults.to_vec())
-}
-
-/// Adds `authorization: Bearer <token>` to every call (nothing when there is no token).
-#[derive(Clone)]
-pub struct Bearer(Option<AsciiMetadataValue>);
-
-impl Bearer {
-    pub fn new(token: Option<&str>) -> Bearer {
-        Bearer(token.and_then(|t| AsciiMetadataValue::try_from(format!("Bearer {t}")).ok()))
-    }
-}
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-pub type Admin = AdminClient<InterceptedService<Channel, Bearer>>;
-
-/// An admin client for `addr` (host:port) with an optional token.
-pub fn admin_client(addr: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Admin> {
-    let ch = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(timeout)
-        .connect_lazy();
-    Ok(AdminClient::with_interceptor(ch, Bearer::new(token)))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CState {
-    Running,
-    Paused,
-    /// Killed; `compose start` brings it back.
-    Down,
-    /// Disconnected from the project's network.
-    Cut,
 }
 
 /// Enough to run `compose down -v` from the signal handler.
@@ -140,12 +96,14 @@ pub struct Compose {
     network: String,
     /// Host gRPC port of node `i + 1`.
     pub ports: Vec<u16>,
+    /// The host ports published (gRPC and HTTP of each node), held until the run ends.
+    leases: Vec<PortLease>,
     containers: Vec<String>,
-    pub state: Vec<CState>,
+    state: Vec<NodeState>,
     restarts: Vec<u64>,
     pub token: String,
     out: PathBuf,
-    channels: Mutex<HashMap<u64, Admin>>,
+    admins: Admins,
     down: bool,
 }
 
@@ -170,27 +128,6 @@ fn compose_detect() -> anyhow::Result<Vec<String>> {
         return Ok(vec!["docker-compose".into()]);
     }
     bail!("no Docker Compose (neither `docker compose` nor docker-compose)")
-}
-
-/// Host ports below the kernel's ephemeral range that nothing listens on (like deploy/ci.sh).
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse::<u16>().ok()))
-        .unwrap_or(32768)
-        .max(11000);
-    let mut rng = rand::rng();
-    let mut out: Vec<u16> = Vec::new();
-    for _ in 0..1000 {
-        if out.len() == n {
-            return Ok(out);
-        }
-        let p = rng.random_range(10000..low);
-        if !out.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            out.push(p);
-        }
-    }
-    bail!("no {n} free host ports")
 }
 
 /// Runs a command; its stdout on success, else an error with its output.
@@ -230,30 +167,36 @@ impl Compose {
             bail!("no image {} here: build it (deploy/docker/build.sh {}) or pass --image", opts.image, opts.image);
         }
         let project = format!("raftq-jepsen-{}", std::process::id());
-        let ports = free_ports(2 * NODES as usize)?;
-        let mut env = vec![("RAFTQ_IMAGE".to_string(), opts.image.clone())];
-        for n in 1..=NODES as usize {
-            env.push((format!("RAFTQ_NODE{n}_GRPC_PORT"), ports[2 * (n - 1)].to_string()));
-            env.push((format!("RAFTQ_NODE{n}_HTTP_PORT"), ports[2 * (n - 1) + 1].to_string()));
-        }
         let args = vec!["-p".into(), project.clone(), "-f".into(), opts.file.display().to_string()];
-        *ACTIVE.lock().expect("compose lock") = Some(DownCmd { dc: dc.clone(), args: args.clone(), env: env.clone() });
         let mut c = Compose {
             dc,
             args,
-            env,
+            env: Vec::new(),
             project,
             network: String::new(),
-            ports: (0..NODES as usize).map(|i| ports[2 * i]).collect(),
+            ports: Vec::new(),
+            leases: Vec::new(),
             containers: Vec::new(),
-            state: vec![CState::Running; NODES as usize],
+            state: vec![NodeState::Running; NODES as usize],
             restarts: vec![0; NODES as usize],
             token: String::new(),
             out: opts.out,
-            channels: Mutex::new(HashMap::new()),
+            admins: Admins::new(None),
             down: false,
         };
-        c.dc_run(&["up", "-d"], Duration::from_secs(180)).await.context("compose up")?;
+        let mut attempt = 1;
+        loop {
+            c.publish_on_new_ports(&opts.image)?;
+            match c.dc_run(&["up", "-d"], Duration::from_secs(180)).await {
+                Ok(_) => break,
+                Err(e) if attempt < UP_ATTEMPTS && ports::address_in_use(&format!("{e:#}")) => {
+                    eprintln!("raftq-jepsen: a host port was taken ({e:#}); compose up again on new ports");
+                    let _ = c.dc_run(&["down", "-v", "--remove-orphans", "-t", "10"], Duration::from_secs(120)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e).context("compose up"),
+            }
+        }
         for n in 1..=NODES {
             let id = c.dc_run(&["ps", "-q", &format!("node{n}")], Duration::from_secs(30)).await?;
             let id = id.trim().to_string();
@@ -323,14 +266,30 @@ impl Compose {
         if c.token.is_empty() {
             bail!("raftq token issue printed nothing");
         }
+        c.admins = Admins::new(Some(c.token.clone()));
         for n in 1..=NODES {
+            c.admins.add(n, &format!("127.0.0.1:{}", c.port(n)))?;
             c.restarts[n as usize - 1] = c.restart_count(n).await.unwrap_or(0);
-            if c.status(n).await.is_none() {
+            if c.admins.status(n).await.is_none() {
                 bail!("node {n} does not answer Status on 127.0.0.1:{} with the token", c.port(n));
             }
         }
         c.wait_leader(Duration::from_secs(60)).await.context("no leader after compose up")?;
         Ok(c)
+    }
+
+    /// Leases host ports for every node's gRPC and HTTP port and names them in the environment of `compose`.
+    fn publish_on_new_ports(&mut self, image: &str) -> anyhow::Result<()> {
+        self.leases = (0..2 * NODES).map(|_| ports::lease()).collect::<Result<_, _>>().context("leasing host ports")?;
+        self.ports = (0..NODES as usize).map(|i| self.leases[2 * i].port()).collect();
+        self.env = vec![("RAFTQ_IMAGE".to_string(), image.to_string())];
+        for n in 1..=NODES as usize {
+            self.env.push((format!("RAFTQ_NODE{n}_GRPC_PORT"), self.leases[2 * (n - 1)].port().to_string()));
+            self.env.push((format!("RAFTQ_NODE{n}_HTTP_PORT"), self.leases[2 * (n - 1) + 1].port().to_string()));
+        }
+        *ACTIVE.lock().expect("compose lock") =
+            Some(DownCmd { dc: self.dc.clone(), args: self.args.clone(), env: self.env.clone() });
+        Ok(())
     }
 
     async fn dc_run(&self, a: &[&str], limit: Duration) -> anyhow::Result<String> {
@@ -348,135 +307,12 @@ impl Compose {
         &self.containers[n as usize - 1]
     }
 
-    pub fn addrs(&self) -> Vec<String> {
-        self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
-    }
-
-    pub fn ids(&self) -> Vec<u64> {
-        (1..=NODES).collect()
-    }
-
-    pub fn up_ids(&self) -> Vec<u64> {
-        self.ids().into_iter().filter(|n| self.state[*n as usize - 1] == CState::Running).collect()
-    }
-
-    fn set(&mut self, n: u64, s: CState) {
+    fn set(&mut self, n: u64, s: NodeState) {
         self.state[n as usize - 1] = s;
     }
 
-    fn get(&self, n: u64) -> CState {
+    fn get(&self, n: u64) -> NodeState {
         self.state[n as usize - 1]
-    }
-
-    fn admin(&self, n: u64) -> Admin {
-        let mut m = self.channels.lock().expect("channels lock");
-        m.entry(n)
-            .or_insert_with(|| {
-                admin_client(&format!("127.0.0.1:{}", self.port(n)), Some(&self.token), Duration::from_secs(10))
-                    .expect("a host:port is a valid url")
-            })
-            .clone()
-    }
-
-    pub async fn status(&self, n: u64) -> Option<pb::NodeStatus> {
-        let mut a = self.admin(n);
-        let call = a.status(pb::NodeStatusRequest {});
-        tokio::time::timeout(Duration::from_millis(1500), call).await.ok()?.ok().map(|r| r.into_inner())
-    }
-
-    pub async fn statuses(&self) -> BTreeMap<u64, pb::NodeStatus> {
-        let mut set = tokio::task::JoinSet::new();
-        for n in self.up_ids() {
-            let mut a = self.admin(n);
-            set.spawn(async move {
-                let call = a.status(pb::NodeStatusRequest {});
-                (n, tokio::time::timeout(Duration::from_millis(1500), call).await.ok().and_then(|r| r.ok()))
-            });
-        }
-        let mut out = BTreeMap::new();
-        while let Some(r) = set.join_next().await {
-            if let Ok((n, Some(s))) = r {
-                out.insert(n, s.into_inner());
-            }
-        }
-        out
-    }
-
-    pub async fn leader(&self) -> Option<u64> {
-        self.statuses().await.values().filter(|s| s.role == "LEADER").max_by_key(|s| s.term).map(|s| s.node_id)
-    }
-
-    pub async fn wait_leader(&self, limit: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(l) = self.leader().await {
-                return Ok(l);
-            }
-            if Instant::now() >= deadline {
-                bail!("no leader within {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Every running node has applied what the leader has committed.
-    pub async fn wait_caught_up(&self, limit: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let st = self.statuses().await;
-            if let Some(l) = st.values().filter(|s| s.role == "LEADER").max_by_key(|s| s.term) {
-                let target = l.committed_index;
-                if self.up_ids().iter().all(|n| st.get(n).is_some_and(|s| s.applied_index >= target)) {
-                    return Ok(());
-                }
-            }
-            if Instant::now() >= deadline {
-                let view: Vec<String> =
-                    st.values().map(|s| format!("{}:{}@{}/{}", s.node_id, s.role, s.applied_index, s.term)).collect();
-                bail!("the cluster did not catch up within {limit:?}: {}", view.join(" "));
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
-
-    /// Waits until node `n` answers Status through its published port.
-    async fn wait_serving(&self, n: u64, limit: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.status(n).await.is_some() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no answer on 127.0.0.1:{} within {limit:?}", self.port(n)));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    pub async fn transfer(&self, via: u64, to: u64) -> Result<u64, String> {
-        let mut a = self.admin(via);
-        a.transfer_leader(pb::TransferLeaderRequest { to, timeout_ms: 5_000 })
-            .await
-            .map(|r| r.into_inner().took_ms)
-            .map_err(|e| e.message().to_string())
-    }
-
-    pub async fn digests(&self) -> BTreeMap<u64, pb::DigestResponse> {
-        let mut set = tokio::task::JoinSet::new();
-        for n in self.up_ids() {
-            let mut a = self.admin(n);
-            set.spawn(async move {
-                let call = a.digest(pb::DigestRequest {});
-                (n, tokio::time::timeout(Duration::from_secs(10), call).await.ok().and_then(|r| r.ok()))
-            });
-        }
-        let mut out = BTreeMap::new();
-        while let Some(r) = set.join_next().await {
-            if let Ok((n, Some(d))) = r {
-                out.insert(n, d.into_inner());
-            }
-        }
-        out
     }
 
     async fn docker(&self, a: &[&str]) -> anyhow::Result<String> {
@@ -495,69 +331,17 @@ impl Compose {
             .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
-    pub async fn kill(&mut self, n: u64) -> anyhow::Result<()> {
-        let c = self.container(n).to_string();
-        self.docker(&["kill", "-s", "KILL", &c]).await?;
-        self.set(n, CState::Down);
-        Ok(())
-    }
-
-    pub async fn start(&mut self, n: u64) -> Result<(), String> {
-        self.dc_run(&["start", &format!("node{n}")], Duration::from_secs(120)).await.map_err(|e| format!("{e:#}"))?;
-        self.set(n, CState::Running);
-        self.restarts[n as usize - 1] = self.restart_count(n).await.unwrap_or(0);
-        self.wait_serving(n, START_WAIT).await
-    }
-
-    pub async fn pause(&mut self, n: u64, on: bool) -> anyhow::Result<()> {
-        let c = self.container(n).to_string();
-        self.docker(&[if on { "pause" } else { "unpause" }, &c]).await?;
-        self.set(n, if on { CState::Paused } else { CState::Running });
-        Ok(())
-    }
-
     /// Disconnects node `n` from the project's network (`on`), or connects it again under its service name.
-    pub async fn cut(&mut self, n: u64, on: bool) -> anyhow::Result<()> {
+    async fn cut(&mut self, n: u64, on: bool) -> anyhow::Result<()> {
         let (c, net, alias) = (self.container(n).to_string(), self.network.clone(), format!("node{n}"));
         if on {
             self.docker(&["network", "disconnect", &net, &c]).await?;
-            self.set(n, CState::Cut);
+            self.set(n, NodeState::Cut);
         } else {
             self.docker(&["network", "connect", "--alias", &alias, &net, &c]).await?;
-            self.set(n, CState::Running);
+            self.set(n, NodeState::Running);
         }
         Ok(())
-    }
-
-    /// `compose restart nodeN` (SIGTERM, then start) and a wait until it serves.
-    pub async fn restart(&mut self, n: u64) -> Result<(), String> {
-        self.dc_run(&["restart", "-t", "30", &format!("node{n}")], Duration::from_secs(120))
-            .await
-            .map_err(|e| format!("{e:#}"))?;
-        self.set(n, CState::Running);
-        self.restarts[n as usize - 1] = self.restart_count(n).await.unwrap_or(0);
-        self.wait_serving(n, START_WAIT).await
-    }
-
-    /// Containers that stopped or were restarted by Docker without the harness doing it: (node, what).
-    pub async fn reap(&mut self) -> Vec<(u64, String)> {
-        let mut gone = Vec::new();
-        for n in self.ids() {
-            if self.get(n) == CState::Down {
-                continue;
-            }
-            let status = self.container_status(n).await;
-            let count = self.restart_count(n).await.unwrap_or(0);
-            let before = self.restarts[n as usize - 1];
-            if count > before {
-                self.restarts[n as usize - 1] = count;
-                gone.push((n, format!("Docker restarted it ({} time(s)); now {status}", count - before)));
-            } else if status != "running" && status != "paused" {
-                self.set(n, CState::Down);
-                gone.push((n, status));
-            }
-        }
-        gone
     }
 
     /// `compose logs` into the output directory, then `down -v`. Idempotent.
@@ -591,208 +375,169 @@ impl Drop for Compose {
     }
 }
 
-/// The faults of container mode, on the same schedule as the process mode's `Nemesis`.
-pub struct ComposeNemesis<'a> {
-    pub c: &'a mut Compose,
-    rec: Arc<Recorder>,
-    rng: StdRng,
-}
-
-impl<'a> ComposeNemesis<'a> {
-    pub fn new(c: &'a mut Compose, rec: Arc<Recorder>, rng: StdRng) -> ComposeNemesis<'a> {
-        ComposeNemesis { c, rec, rng }
+impl Backend for Compose {
+    fn faults(&self) -> &'static [Fault] {
+        &FAULTS
     }
 
-    fn event(&self, fault: Fault, phase: FaultPhase, detail: impl Into<String>) {
-        self.event_on(fault, phase, detail, None);
-    }
-
-    fn event_on(&self, fault: Fault, phase: FaultPhase, detail: impl Into<String>, node: Option<u64>) {
-        let detail = detail.into();
-        eprintln!(
-            "[{:>7.1}s] {:<18} {:<5} {detail}",
-            self.rec.now() as f64 / 1000.0,
-            fault.name(),
-            match phase {
-                FaultPhase::Start => "start",
-                FaultPhase::Stop => "stop",
-                FaultPhase::Note => "note",
-            }
-        );
-        self.rec.record(Op::Nemesis { fault: fault.name().into(), phase, detail, node });
-    }
-
-    fn between(&mut self, (lo, hi): (u64, u64)) -> Duration {
-        Duration::from_millis(if hi > lo { self.rng.random_range(lo..=hi) } else { lo })
-    }
-
-    pub async fn run(&mut self, faults: &[Fault], until: Instant, s: &Schedule) {
-        while Instant::now() < until {
-            let quiet = self.between(s.quiet_ms);
-            tokio::time::sleep_until((Instant::now() + quiet).min(until)).await;
-            if Instant::now() >= until {
-                break;
-            }
-            let f = *faults.choose(&mut self.rng).expect("at least one fault");
-            let hold = self.between(s.hold_ms);
-            self.reap(f).await;
-            self.step(f, hold).await;
-            self.reap(f).await;
-            if self.c.wait_leader(Duration::from_secs(15)).await.is_err() {
-                self.event(f, FaultPhase::Note, "no leader 15 s after the fault stopped");
-            }
+    fn mechanism(&self, m: Mechanism) -> &'static str {
+        match m {
+            Mechanism::Kill => "docker kill -s KILL",
+            Mechanism::Pause => "docker pause",
+            Mechanism::Resume => "docker unpause",
+            Mechanism::Terminate => "docker stop",
+            Mechanism::Partition => " (docker network disconnect; clients cut off too)",
         }
     }
 
-    async fn reap(&mut self, f: Fault) {
-        for (n, what) in self.c.reap().await {
-            self.event_on(f, FaultPhase::Note, format!("node {n} {EXITED} ({what})"), Some(n));
-        }
+    fn client_addrs(&self) -> Vec<String> {
+        self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
     }
 
-    async fn pick(&mut self, leader_share: f64) -> Option<u64> {
-        let ups = self.c.up_ids();
-        if self.rng.random_bool(leader_share) {
-            if let Some(l) = self.c.leader().await {
-                return Some(l);
-            }
-        }
-        ups.choose(&mut self.rng).copied()
+    fn position(&self, n: u64) -> Option<usize> {
+        (1..=NODES).contains(&n).then(|| n as usize - 1)
     }
 
-    async fn start(&mut self, f: Fault, n: u64) {
-        if let Err(e) = self.c.start(n).await {
-            self.event_on(f, FaultPhase::Note, format!("node {n} {REFUSED_TO_START}: {e}"), Some(n));
-        }
+    fn token(&self) -> Option<String> {
+        Some(self.token.clone())
     }
 
-    fn failed(&self, f: Fault, what: &str, e: anyhow::Error) {
-        self.event(f, FaultPhase::Note, format!("{what} failed: {e:#}"));
+    fn admins(&self) -> &Admins {
+        &self.admins
     }
 
-    pub async fn step(&mut self, f: Fault, hold: Duration) {
-        match f {
-            Fault::Kill | Fault::KillLeader => {
-                let share = if f == Fault::KillLeader { 1.0 } else { 0.0 };
-                let Some(n) = self.pick(share).await else { return };
-                self.event(f, FaultPhase::Start, format!("docker kill -s KILL node{n}"));
-                if let Err(e) = self.c.kill(n).await {
-                    return self.failed(f, "docker kill", e);
-                }
-                tokio::time::sleep(hold).await;
-                self.start(f, n).await;
-                self.event(f, FaultPhase::Stop, format!("compose start node{n}: node {n} restarted"));
-            }
-            Fault::Pause => {
-                let Some(n) = self.pick(0.5).await else { return };
-                self.event(f, FaultPhase::Start, format!("docker pause node{n}"));
-                if let Err(e) = self.c.pause(n, true).await {
-                    return self.failed(f, "docker pause", e);
-                }
-                tokio::time::sleep(hold).await;
-                if let Err(e) = self.c.pause(n, false).await {
-                    self.failed(f, "docker unpause", e);
-                }
-                self.event(f, FaultPhase::Stop, format!("docker unpause node{n}"));
-            }
-            Fault::PartitionLeader | Fault::PartitionSplit => {
-                let minority: Vec<u64> = if f == Fault::PartitionLeader {
-                    let Some(l) = self.c.leader().await else { return };
-                    vec![l]
-                } else {
-                    let mut ids = self.c.up_ids();
-                    ids.shuffle(&mut self.rng);
-                    let k = self.rng.random_range(1..=((NODES as usize - 1) / 2).max(1));
-                    ids.into_iter().take(k).collect()
-                };
-                let majority: Vec<u64> = self.c.ids().into_iter().filter(|n| !minority.contains(n)).collect();
-                self.event(
-                    f,
-                    FaultPhase::Start,
-                    format!("split {minority:?} | {majority:?} (docker network disconnect; clients cut off too)"),
-                );
-                let mut cut = Vec::new();
-                for n in &minority {
-                    match self.c.cut(*n, true).await {
-                        Ok(()) => cut.push(*n),
-                        Err(e) => self.failed(f, "docker network disconnect", e),
-                    }
-                }
-                tokio::time::sleep(hold).await;
-                for n in cut {
-                    if let Err(e) = self.c.cut(n, false).await {
-                        self.failed(f, "docker network connect", e);
-                    }
-                }
-                self.event(f, FaultPhase::Stop, "healed (docker network connect)");
-            }
-            Fault::Transfers => {
-                let k = self.rng.random_range(3..=8);
-                self.event(f, FaultPhase::Start, format!("{k} leadership transfers"));
-                let mut done = Vec::new();
-                for _ in 0..k {
-                    let leader = self.c.leader().await;
-                    let ups = self.c.up_ids();
-                    let targets: Vec<u64> = ups.iter().copied().filter(|x| Some(*x) != leader).collect();
-                    let (Some(to), Some(via)) =
-                        (targets.choose(&mut self.rng).copied(), ups.choose(&mut self.rng).copied())
-                    else {
-                        break;
-                    };
-                    match self.c.transfer(via, to).await {
-                        Ok(ms) => done.push(format!("{to}:{ms}ms")),
-                        Err(e) => done.push(format!("{to}:failed ({e})")),
-                    }
-                    let pause = self.between((100, 600));
-                    tokio::time::sleep(pause).await;
-                }
-                self.event(f, FaultPhase::Stop, format!("transfers {}", done.join(", ")));
-            }
-            Fault::RollingRestart => {
-                let ids = self.c.ids();
-                self.event(f, FaultPhase::Start, format!("compose restart {ids:?} in turn"));
-                for n in ids {
-                    if let Err(e) = self.c.restart(n).await {
-                        self.event_on(f, FaultPhase::Note, format!("node {n} {REFUSED_TO_START}: {e}"), Some(n));
-                    }
-                    if let Err(e) = self.c.wait_caught_up(Duration::from_secs(30)).await {
-                        self.event(f, FaultPhase::Note, e.to_string());
-                    }
-                }
-                self.event(f, FaultPhase::Stop, "every node restarted");
-            }
-            other => self.event(other, FaultPhase::Note, "skipped: not available with --compose"),
-        }
+    fn node_ids(&self) -> Vec<u64> {
+        (1..=NODES).collect()
     }
 
-    /// Unpauses, reconnects and starts every node; waits for a leader and for every node to catch up.
-    pub async fn heal(&mut self) -> anyhow::Result<()> {
-        let f = Fault::Kill; // notes only
-        self.reap(f).await;
-        for n in self.c.ids() {
-            let r = match self.c.get(n) {
-                CState::Running => Ok(()),
-                CState::Paused => self.c.pause(n, false).await,
-                CState::Cut => self.c.cut(n, false).await,
-                CState::Down => {
-                    self.start(f, n).await;
-                    Ok(())
-                }
-            };
-            if let Err(e) = r {
-                self.event(f, FaultPhase::Note, format!("heal: node {n}: {e:#}"));
-            }
-        }
-        self.c.wait_leader(Duration::from_secs(30)).await?;
-        self.c.wait_caught_up(Duration::from_secs(60)).await?;
+    fn state(&self, n: u64) -> NodeState {
+        self.get(n)
+    }
+
+    async fn kill(&mut self, n: u64) -> anyhow::Result<()> {
+        let c = self.container(n).to_string();
+        self.docker(&["kill", "-s", "KILL", &c]).await?;
+        self.set(n, NodeState::Down);
         Ok(())
+    }
+
+    /// `docker stop` (SIGTERM, SIGKILL after `STOP_GRACE_S`) and the container's exit code.
+    async fn terminate(&mut self, n: u64) -> String {
+        let c = self.container(n).to_string();
+        if self.get(n) == NodeState::Paused {
+            let _ = self.docker(&["unpause", &c]).await;
+        }
+        let grace = STOP_GRACE_S.to_string();
+        let stopped =
+            sh("docker", &strs(&["stop", "-t", &grace, &c]), &[], Duration::from_secs(STOP_GRACE_S + 60)).await;
+        self.set(n, NodeState::Down);
+        if let Err(e) = stopped {
+            return format!("docker stop failed: {e:#}");
+        }
+        match self.docker(&["inspect", "-f", "{{.State.ExitCode}}", &c]).await {
+            Ok(code) if code.trim() == "137" => format!("exit status: 137 (killed {STOP_GRACE_S} s after SIGTERM)"),
+            Ok(code) => format!("exit status: {}", code.trim()),
+            Err(e) => format!("exit status unknown: {e:#}"),
+        }
+    }
+
+    async fn start(&mut self, n: u64) -> anyhow::Result<()> {
+        self.dc_run(&["start", &format!("node{n}")], Duration::from_secs(120)).await?;
+        self.set(n, NodeState::Running);
+        self.restarts[n as usize - 1] = self.restart_count(n).await.unwrap_or(0);
+        Ok(())
+    }
+
+    /// Waits until node `n` answers Status through its published port.
+    async fn wait_serving(&mut self, n: u64, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.admins.status(n).await.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no answer on 127.0.0.1:{} within {limit:?}", self.port(n)));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// A container takes longer to come back than a process.
+    async fn restart(&mut self, n: u64) -> Result<(), String> {
+        self.start(n).await.map_err(|e| format!("{e:#}"))?;
+        self.wait_serving(n, START_WAIT).await
+    }
+
+    async fn pause(&mut self, n: u64, on: bool) -> anyhow::Result<()> {
+        let c = self.container(n).to_string();
+        self.docker(&[if on { "pause" } else { "unpause" }, &c]).await?;
+        self.set(n, if on { NodeState::Paused } else { NodeState::Running });
+        Ok(())
+    }
+
+    /// Containers that stopped or were restarted by Docker without the harness doing it: (node, what).
+    async fn reap(&mut self) -> Vec<(u64, String)> {
+        let mut gone = Vec::new();
+        for n in self.node_ids() {
+            if self.get(n) == NodeState::Down {
+                continue;
+            }
+            let status = self.container_status(n).await;
+            let count = self.restart_count(n).await.unwrap_or(0);
+            let before = self.restarts[n as usize - 1];
+            if count > before {
+                self.restarts[n as usize - 1] = count;
+                gone.push((n, format!("Docker restarted it ({} time(s)); now {status}", count - before)));
+            } else if status != "running" && status != "paused" {
+                self.set(n, NodeState::Down);
+                gone.push((n, status));
+            }
+        }
+        gone
+    }
+
+    /// A container that did not come back is started again by heal (containers are never replaced).
+    fn mark_broken(&mut self, _n: u64) {}
+
+    /// The minority's containers leave the project's network.
+    async fn partition(&mut self, minority: &[u64], _majority: &[u64]) -> anyhow::Result<()> {
+        let mut failed = Vec::new();
+        for n in minority {
+            if let Err(e) = self.cut(*n, true).await {
+                failed.push(format!("node{n}: {e:#}"));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            bail!("docker network disconnect: {}", failed.join("; "))
+        }
+    }
+
+    async fn heal_network(&mut self) -> anyhow::Result<()> {
+        let mut failed = Vec::new();
+        for n in self.node_ids() {
+            if self.get(n) == NodeState::Cut {
+                if let Err(e) = self.cut(n, false).await {
+                    failed.push(format!("node{n}: {e:#}"));
+                }
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            bail!("docker network connect: {}", failed.join("; "))
+        }
+    }
+
+    async fn shutdown(&mut self) {
+        self.teardown().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::service::Interceptor;
 
     #[test]
     fn compose_mode_refuses_faults_it_cannot_make() {
@@ -803,13 +548,5 @@ mod tests {
             vec![Fault::Pause, Fault::Transfers]
         );
         assert_eq!(check_faults(&Fault::ALL, true).unwrap(), FAULTS.to_vec());
-    }
-
-    #[test]
-    fn bearer_adds_the_token_only_when_there_is_one() {
-        let r = Bearer::new(Some("abc")).call(tonic::Request::new(())).unwrap();
-        assert_eq!(r.metadata().get("authorization").and_then(|v| v.to_str().ok()), Some("Bearer abc"));
-        let r = Bearer::new(None).call(tonic::Request::new(())).unwrap();
-        assert!(r.metadata().get("authorization").is_none());
     }
 }

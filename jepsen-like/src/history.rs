@@ -98,6 +98,20 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         node: Option<u64>,
     },
+    /// A leader stopped by SIGTERM (a rolling restart), as the other nodes saw it: `exit_ms` after the signal its
+    /// process had exited; `led_ms` after it another node (`next`) led; `leaderless_ms` is the time between the
+    /// last answer that still named the old leader and the first that named the next (at most; they are asked
+    /// every 20 ms). None when no other node led within the watch.
+    Handover {
+        node: u64,
+        exit_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        led_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leaderless_ms: Option<u64>,
+    },
     /// The leader changed (as seen by the harness polling every node's status).
     Leader { leader: Option<u64>, term: u64 },
     /// A task's state read after the drain; `result` is the completed task's result (the winning token).

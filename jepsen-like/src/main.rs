@@ -3,11 +3,13 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `compose` | container mode: the repository's docker-compose cluster, Docker-made faults, its teardown |
-//! | `cluster` | node processes (ports, configs, data dirs, signals, corruption) and admin calls |
+//! | `backend` | the cluster under test as one trait; admin calls (status, leader, transfer, digests), waits |
+//! | `cluster` | backend: node processes (configs, data dirs, signals, corruption, membership) |
+//! | `compose` | backend: the repository's docker-compose cluster, Docker-made faults, its teardown |
+//! | `ports` | ports leased for nodes and published ports, without the bind-and-release race |
 //! | `relay` | fault-injecting TCP relays in front of every node's Raft and API ports (why: see there) |
 //! | `workload` | producers and workers through `raftq-client`, recording each operation |
-//! | `nemesis` | the faults and their schedule from the seed; healing |
+//! | `nemesis` | the faults and their schedule from the seed, on any backend; healing |
 //! | `history` | the event types and the JSON-lines history file |
 //! | `checker` | the checkers (pure) and their tests on crafted histories |
 //! | `report` | the JSON summary and the readable report |
@@ -15,11 +17,13 @@
 //! Exit status: 0 when every check passes, 1 on any violation, 2 when the harness itself failed (no cluster,
 //! an unreadable history).
 
+mod backend;
 mod checker;
 mod cluster;
 mod compose;
 mod history;
 mod nemesis;
+mod ports;
 mod relay;
 mod report;
 mod workload;
@@ -37,8 +41,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
+use crate::backend::{admin_client, Backend};
 use crate::cluster::{Cluster, ClusterOptions, SERVER_SETTINGS};
-use crate::compose::{Compose, ComposeNemesis, ComposeOptions};
+use crate::compose::{Compose, ComposeOptions};
 use crate::history::{Op, Phase, Recorder};
 use crate::nemesis::{Fault, Nemesis, Schedule};
 use crate::workload::WorkloadConfig;
@@ -230,12 +235,7 @@ async fn main() {
 async fn monitor(addrs: Vec<String>, token: Option<String>, rec: Arc<Recorder>, stop: CancellationToken) {
     let clients: Vec<_> = addrs
         .iter()
-        .filter_map(|a| {
-            tonic::transport::Endpoint::from_shared(format!("http://{a}")).ok().map(|e| {
-                e.connect_timeout(Duration::from_millis(300)).timeout(Duration::from_millis(800)).connect_lazy()
-            })
-        })
-        .map(|ch| pb::admin_client::AdminClient::with_interceptor(ch, compose::Bearer::new(token.as_deref())))
+        .filter_map(|a| admin_client(a, token.as_deref(), Duration::from_millis(300), Duration::from_millis(800)).ok())
         .collect();
     let mut last: Option<(Option<u64>, u64)> = None;
     while !stop.is_cancelled() {
@@ -346,7 +346,12 @@ fn terminal(state: &str) -> bool {
 
 /// Keeps the workers running until every known task is terminal and the server holds no task the history
 /// has not seen, or until `limit`. Returns the terminal tasks read, and why it stopped.
-async fn drain(rec: &Recorder, p: &Producer, c: &Sut, limit: Duration) -> (HashMap<String, FinalRead>, String) {
+async fn drain(
+    rec: &Recorder,
+    p: &Producer,
+    c: &impl Backend,
+    limit: Duration,
+) -> (HashMap<String, FinalRead>, String) {
     let deadline = Instant::now() + limit;
     let mut done: HashMap<String, FinalRead> = HashMap::new();
     loop {
@@ -382,87 +387,6 @@ async fn drain(rec: &Recorder, p: &Producer, c: &Sut, limit: Duration) -> (HashM
     }
 }
 
-/// The system under test: node processes behind relays, or the docker-compose cluster.
-enum Sut {
-    Procs(Box<Cluster>),
-    Compose(Box<Compose>),
-}
-
-impl Sut {
-    fn addrs(&self) -> Vec<String> {
-        match self {
-            Sut::Procs(c) => c.slots.iter().map(|(grpc, _)| grpc.to_string()).collect(),
-            Sut::Compose(c) => c.addrs(),
-        }
-    }
-
-    /// Addresses for the final reader. Containers: the leader's published port first, since a follower
-    /// answers the SDK with NOT_LEADER naming the leader's in-network address (`node3:9091`), which the host
-    /// cannot resolve, and the SDK then goes back to that same follower (see jepsen-like/README.md): a
-    /// reader that starts on a follower reads nothing.
-    async fn reader_addrs(&self) -> Vec<String> {
-        let mut addrs = self.addrs();
-        if let Sut::Compose(c) = self {
-            if let Some(l) = c.leader().await {
-                addrs.swap(0, l as usize - 1);
-            }
-        }
-        addrs
-    }
-
-    fn token(&self) -> Option<String> {
-        match self {
-            Sut::Procs(_) => None,
-            Sut::Compose(c) => Some(c.token.clone()),
-        }
-    }
-
-    async fn digests(&self) -> BTreeMap<u64, pb::DigestResponse> {
-        match self {
-            Sut::Procs(c) => c.digests().await,
-            Sut::Compose(c) => c.digests().await,
-        }
-    }
-
-    fn up_count(&self) -> usize {
-        match self {
-            Sut::Procs(c) => c.up_ids().len(),
-            Sut::Compose(c) => c.up_ids().len(),
-        }
-    }
-
-    async fn faults(&mut self, faults: &[Fault], until: Instant, s: &Schedule, rec: Arc<Recorder>, seed: u64) {
-        let rng = StdRng::seed_from_u64(seed);
-        match self {
-            Sut::Procs(c) => Nemesis::new(c, rec, rng).run(faults, until, s).await,
-            Sut::Compose(c) => ComposeNemesis::new(c, rec, rng).run(faults, until, s).await,
-        }
-    }
-
-    async fn heal(&mut self, rec: Arc<Recorder>, seed: u64) -> anyhow::Result<()> {
-        // Healing draws nothing at random.
-        let rng = StdRng::seed_from_u64(seed);
-        match self {
-            Sut::Procs(c) => Nemesis::new(c, rec, rng).heal().await,
-            Sut::Compose(c) => ComposeNemesis::new(c, rec, rng).heal().await,
-        }
-    }
-
-    fn external(&self) -> u64 {
-        match self {
-            Sut::Procs(c) => c.net.external.load(std::sync::atomic::Ordering::Relaxed),
-            Sut::Compose(_) => 0,
-        }
-    }
-
-    async fn shutdown(&mut self) {
-        match self {
-            Sut::Procs(c) => c.shutdown().await,
-            Sut::Compose(c) => c.teardown().await,
-        }
-    }
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let mut faults = parse_faults(&args.faults)?;
     if args.compose {
@@ -492,7 +416,8 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&out)?;
     let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     let mut notes = Vec::new();
-    let (rec, started, mut sut) = if let Some(bin) = bin {
+    let schedule = Schedule { quiet_ms: quiet, hold_ms: hold };
+    if let Some(bin) = bin {
         let mut settings = SERVER_SETTINGS.to_string();
         if let Some(extra) = &args.server_config {
             settings.push_str(&std::fs::read_to_string(extra)?);
@@ -515,7 +440,8 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             node_log: args.node_log.clone(),
         })
         .await?;
-        (rec, started, Sut::Procs(Box::new(cluster)))
+        let run = Run { args: &args, rec, started, seed, faults: &faults, schedule, notes, out: &out };
+        exercise_and_stop(cluster, run).await
     } else {
         let file = args
             .compose_file
@@ -539,40 +465,36 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         );
         eprintln!("[{:>7.1}s] {note}", rec.now() as f64 / 1000.0);
         notes.push(note);
-        (rec, started, Sut::Compose(Box::new(c)))
-    };
-    let res = exercise(
-        &args,
-        &mut sut,
-        rec,
-        started,
-        seed,
-        &faults,
-        Schedule { quiet_ms: quiet, hold_ms: hold },
-        notes,
-        &out,
-    )
-    .await;
-    // Whatever happened: no node process and no compose project outlives the run.
-    sut.shutdown().await;
+        let run = Run { args: &args, rec, started, seed, faults: &faults, schedule, notes, out: &out };
+        exercise_and_stop(c, run).await
+    }
+}
+
+/// One run's settings and records, whatever the cluster.
+struct Run<'a> {
+    args: &'a RunArgs,
+    rec: Arc<Recorder>,
+    started: Instant,
+    seed: u64,
+    faults: &'a [Fault],
+    schedule: Schedule,
+    notes: Vec<String>,
+    out: &'a Path,
+}
+
+/// `exercise`, then the cluster is stopped whatever happened: no node process and no compose project outlives
+/// the run.
+async fn exercise_and_stop(mut cluster: impl Backend, run: Run<'_>) -> anyhow::Result<bool> {
+    let res = exercise(&mut cluster, run).await;
+    cluster.shutdown().await;
     res
 }
 
 /// Workload, faults, heal, drain, final reads, convergence, checks and report.
-#[allow(clippy::too_many_arguments)]
-async fn exercise(
-    args: &RunArgs,
-    sut: &mut Sut,
-    rec: Arc<Recorder>,
-    started: Instant,
-    seed: u64,
-    faults: &[Fault],
-    schedule: Schedule,
-    mut notes: Vec<String>,
-    out: &Path,
-) -> anyhow::Result<bool> {
+async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> {
+    let Run { args, rec, started, seed, faults, schedule, mut notes, out } = run;
     let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
-    let addrs = sut.addrs();
+    let addrs = sut.client_addrs();
     let token = sut.token();
     let wl = Arc::new(WorkloadConfig {
         queue: "jepsen".into(),
@@ -609,7 +531,7 @@ async fn exercise(
     if faults.is_empty() {
         tokio::time::sleep_until(until).await;
     } else {
-        sut.faults(faults, until, &schedule, rec.clone(), seed).await;
+        Nemesis::new(sut, rec.clone(), StdRng::seed_from_u64(seed)).run(faults, until, &schedule).await;
     }
     rec.record(Op::Mark { what: "faults_end".into() });
     producers_stop.cancel();
@@ -617,7 +539,8 @@ async fn exercise(
         let _ = tokio::time::timeout(Duration::from_secs(40), j).await;
     }
     eprintln!("[{:>7.1}s] healing", rec.now() as f64 / 1000.0);
-    let healed = sut.heal(rec.clone(), seed).await;
+    // Healing draws nothing at random.
+    let healed = Nemesis::new(sut, rec.clone(), StdRng::seed_from_u64(seed)).heal().await;
     rec.record(Op::Mark { what: "healed".into() });
     if let Err(e) = &healed {
         notes.push(format!("heal: {e:#}"));
@@ -665,7 +588,7 @@ async fn exercise(
     let deadline = Instant::now() + Duration::from_secs(30);
     let digests: BTreeMap<u64, pb::DigestResponse> = loop {
         let d = sut.digests().await;
-        let ups = sut.up_count();
+        let ups = sut.up_ids().len();
         let mut it = d.values();
         let agree = it.next().is_some_and(|f| it.all(|x| x.applied_index == f.applied_index && x.digest == f.digest));
         if (agree && d.len() == ups) || Instant::now() >= deadline {
@@ -680,7 +603,7 @@ async fn exercise(
     let _ = monitor.await;
     rec.record(Op::Mark { what: "done".into() });
     rec.flush()?;
-    let external = sut.external();
+    let external = sut.external_connections();
     sut.shutdown().await;
 
     let analysis = checker::check(&rec.events());
@@ -699,12 +622,8 @@ async fn exercise(
     let text = report::text(&summary);
     std::fs::write(out.join("report.txt"), &text)?;
     print!("{text}");
-    if let Sut::Procs(cluster) = sut {
-        if summary.analysis.valid && !args.keep_data {
-            for n in &cluster.nodes {
-                let _ = std::fs::remove_dir_all(n.data_dir());
-            }
-        }
+    if summary.analysis.valid && !args.keep_data {
+        sut.discard_data();
     }
     Ok(summary.analysis.valid)
 }

@@ -3,8 +3,11 @@
 //! sequence of choices (what happens in the cluster meanwhile does not repeat exactly: it runs in real time).
 //!
 //! Every fault records a `start` and a `stop` event (and `note`s for what it saw), so the checkers know the
-//! fault windows. `heal` undoes everything at the end: lifts network rules, resumes paused nodes, restarts
+//! fault windows. `heal` undoes everything at the end: lifts network faults, resumes paused nodes, restarts
 //! stopped ones, removes nodes that cannot start and fills their positions with new nodes.
+//!
+//! One nemesis for every cluster: it drives the `Backend` trait (node processes or containers), which only
+//! knows how to make each fault happen; the schedule, the targets and the records are the same.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::cluster::{Cluster, NodeState};
+use crate::backend::{leader_of, Admins, Backend, Mechanism, NodeState};
 use crate::history::{FaultPhase, Op, Recorder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
@@ -100,14 +103,48 @@ pub struct Schedule {
     pub hold_ms: (u64, u64),
 }
 
-pub struct Nemesis<'a> {
-    pub c: &'a mut Cluster,
+pub struct Nemesis<'a, B: Backend> {
+    pub c: &'a mut B,
     rec: Arc<Recorder>,
     rng: StdRng,
 }
 
-impl<'a> Nemesis<'a> {
-    pub fn new(c: &'a mut Cluster, rec: Arc<Recorder>, rng: StdRng) -> Nemesis<'a> {
+/// How often the other nodes are asked who leads while a leader stops.
+const HANDOVER_POLL: Duration = Duration::from_millis(20);
+/// How long they are watched for a next leader after a leader's SIGTERM.
+const HANDOVER_WATCH: Duration = Duration::from_secs(30);
+
+/// What the other nodes said while a leader stopped, measured from its SIGTERM: the last time one still named
+/// it, and who led next and when.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Handover {
+    last_named_old: Duration,
+    next: Option<(u64, Duration)>,
+}
+
+/// Asks `others` who leads every `HANDOVER_POLL` until one names a node other than `old` (or `HANDOVER_WATCH`).
+async fn watch_handover(admins: Admins, others: Vec<u64>, old: u64, since: Instant) -> Handover {
+    let mut h = Handover::default();
+    while since.elapsed() < HANDOVER_WATCH {
+        let asked = since.elapsed();
+        let st = admins.statuses(&others).await;
+        for s in st.values().filter(|s| s.has_leader) {
+            if s.leader_id == old {
+                h.last_named_old = h.last_named_old.max(asked);
+            } else {
+                // The leader as its own status says, if it answered; else as a follower names it.
+                let next = leader_of(&st).map(|l| l.node_id).filter(|l| *l != old).unwrap_or(s.leader_id);
+                h.next = Some((next, since.elapsed()));
+                return h;
+            }
+        }
+        tokio::time::sleep(HANDOVER_POLL).await;
+    }
+    h
+}
+
+impl<'a, B: Backend> Nemesis<'a, B> {
+    pub fn new(c: &'a mut B, rec: Arc<Recorder>, rng: StdRng) -> Nemesis<'a, B> {
         Nemesis { c, rec, rng }
     }
 
@@ -130,6 +167,14 @@ impl<'a> Nemesis<'a> {
         self.rec.record(Op::Nemesis { fault: fault.name().into(), phase, detail, node });
     }
 
+    fn failed(&self, f: Fault, what: &str, e: anyhow::Error) {
+        self.event(f, FaultPhase::Note, format!("{what} failed: {e:#}"));
+    }
+
+    fn how(&self, m: Mechanism) -> &'static str {
+        self.c.mechanism(m)
+    }
+
     fn between(&mut self, (lo, hi): (u64, u64)) -> Duration {
         Duration::from_millis(if hi > lo { self.rng.random_range(lo..=hi) } else { lo })
     }
@@ -144,9 +189,9 @@ impl<'a> Nemesis<'a> {
             }
             let f = *faults.choose(&mut self.rng).expect("at least one fault");
             let hold = self.between(s.hold_ms);
-            self.reap(f);
+            self.reap(f).await;
             self.step(f, hold).await;
-            self.reap(f);
+            self.reap(f).await;
             // The next fault starts from a cluster with a leader (or after a bounded wait for one).
             if self.c.wait_leader(Duration::from_secs(15)).await.is_err() {
                 self.event(f, FaultPhase::Note, "no leader 15 s after the fault stopped");
@@ -154,24 +199,20 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    async fn leader(&self) -> Option<u64> {
-        self.c.leader().await.map(|(l, _)| l)
-    }
-
     /// A running node; the leader with probability `leader_share` when one is known.
     async fn pick(&mut self, leader_share: f64) -> Option<u64> {
         let ups = self.c.up_ids();
         if self.rng.random_bool(leader_share) {
-            if let Some(l) = self.leader().await {
+            if let Some(l) = self.c.leader().await {
                 return Some(l);
             }
         }
         ups.choose(&mut self.rng).copied()
     }
 
-    /// Notes every node that exited without the harness stopping it (a crash, or a signal from outside).
-    fn reap(&mut self, fault: Fault) {
-        for (id, status) in self.c.reap() {
+    /// Notes every node that stopped without the harness stopping it (a crash, or a signal from outside).
+    async fn reap(&mut self, fault: Fault) {
+        for (id, status) in self.c.reap().await {
             self.event_on(fault, FaultPhase::Note, format!("node {id} {EXITED} ({status})"), Some(id));
         }
     }
@@ -184,9 +225,9 @@ impl<'a> Nemesis<'a> {
 
     /// Like `pick`, among nodes whose files were never corrupted (those stay until the convergence check).
     async fn pick_uncorrupted(&mut self, leader_share: f64) -> Option<u64> {
-        let ok: Vec<u64> = self.c.up_ids().into_iter().filter(|id| !self.c.node(*id).corrupted).collect();
+        let ok: Vec<u64> = self.c.up_ids().into_iter().filter(|id| !self.c.corrupted(*id)).collect();
         if self.rng.random_bool(leader_share) {
-            if let Some(l) = self.leader().await.filter(|l| ok.contains(l)) {
+            if let Some(l) = self.c.leader().await.filter(|l| ok.contains(l)) {
                 return Some(l);
             }
         }
@@ -194,21 +235,68 @@ impl<'a> Nemesis<'a> {
     }
 
     async fn restart(&mut self, fault: Fault, id: u64) {
-        match self.c.restart(id).await {
-            Ok(()) => {}
-            Err(e) => {
-                self.refused(fault, id, e);
-            }
+        if let Err(e) = self.c.restart(id).await {
+            self.refused(fault, id, e);
         }
     }
 
+    /// SIGTERM; when `id` leads, the other nodes are watched meanwhile for the next leader and the time without
+    /// one is recorded (`Op::Handover`). Returns how the node ended.
+    async fn terminate(&mut self, f: Fault, id: u64) -> String {
+        let leader = self.c.leader().await;
+        if leader != Some(id) {
+            return self.c.terminate(id).await;
+        }
+        let others: Vec<u64> = self.c.up_ids().into_iter().filter(|x| *x != id).collect();
+        let admins = self.c.admins().clone();
+        let since = Instant::now();
+        let (how, h) = tokio::join!(
+            async {
+                let how = self.c.terminate(id).await;
+                (how, since.elapsed())
+            },
+            watch_handover(admins, others, id, since)
+        );
+        let ((how, exit), ms) = (how, |d: Duration| d.as_millis() as u64);
+        let leaderless = h.next.map(|(_, at)| at.saturating_sub(h.last_named_old));
+        let detail = match h.next {
+            Some((next, at)) => format!(
+                "leader {id} after {}: {how} in {} ms; node {next} led {} ms after the signal, leaderless at most {} ms",
+                self.how(Mechanism::Terminate),
+                ms(exit),
+                ms(at),
+                leaderless.map(ms).unwrap_or(0)
+            ),
+            None => format!(
+                "leader {id} after {}: {how} in {} ms; no other node led within {HANDOVER_WATCH:?}",
+                self.how(Mechanism::Terminate),
+                ms(exit)
+            ),
+        };
+        self.event_on(f, FaultPhase::Note, detail, Some(id));
+        self.rec.record(Op::Handover {
+            node: id,
+            exit_ms: ms(exit),
+            next: h.next.map(|(n, _)| n),
+            led_ms: h.next.map(|(_, at)| ms(at)),
+            leaderless_ms: leaderless.map(ms),
+        });
+        how
+    }
+
     pub async fn step(&mut self, f: Fault, hold: Duration) {
+        // Refused before the run; kept out here too, so that a fault never half happens.
+        if !self.c.faults().contains(&f) {
+            return self.event(f, FaultPhase::Note, "skipped: not available with this cluster");
+        }
         match f {
             Fault::Kill | Fault::KillLeader => {
                 let share = if f == Fault::KillLeader { 1.0 } else { 0.0 };
                 let Some(id) = self.pick(share).await else { return };
-                self.event(f, FaultPhase::Start, format!("kill -9 node {id}"));
-                self.c.kill9(id).await;
+                self.event(f, FaultPhase::Start, format!("{} node {id}", self.how(Mechanism::Kill)));
+                if let Err(e) = self.c.kill(id).await {
+                    return self.failed(f, self.how(Mechanism::Kill), e);
+                }
                 tokio::time::sleep(hold).await;
                 self.restart(f, id).await;
                 self.event(f, FaultPhase::Stop, format!("node {id} restarted"));
@@ -218,9 +306,11 @@ impl<'a> Nemesis<'a> {
                 ups.shuffle(&mut self.rng);
                 let k = (self.c.member_ids().len() - 1) / 2;
                 let victims: Vec<u64> = ups.into_iter().take(k.max(1)).collect();
-                self.event(f, FaultPhase::Start, format!("kill -9 nodes {victims:?}"));
+                self.event(f, FaultPhase::Start, format!("{} nodes {victims:?}", self.how(Mechanism::Kill)));
                 for id in &victims {
-                    self.c.kill9(*id).await;
+                    if let Err(e) = self.c.kill(*id).await {
+                        self.failed(f, self.how(Mechanism::Kill), e);
+                    }
                 }
                 tokio::time::sleep(hold).await;
                 for id in &victims {
@@ -230,61 +320,64 @@ impl<'a> Nemesis<'a> {
             }
             Fault::Pause => {
                 let Some(id) = self.pick(0.5).await else { return };
-                self.event(f, FaultPhase::Start, format!("SIGSTOP node {id}"));
-                self.c.signal(id, "STOP");
+                self.event(f, FaultPhase::Start, format!("{} node {id}", self.how(Mechanism::Pause)));
+                if let Err(e) = self.c.pause(id, true).await {
+                    return self.failed(f, self.how(Mechanism::Pause), e);
+                }
                 tokio::time::sleep(hold).await;
-                self.c.signal(id, "CONT");
-                self.event(f, FaultPhase::Stop, format!("SIGCONT node {id}"));
+                if let Err(e) = self.c.pause(id, false).await {
+                    self.failed(f, self.how(Mechanism::Resume), e);
+                }
+                self.event(f, FaultPhase::Stop, format!("{} node {id}", self.how(Mechanism::Resume)));
             }
-            Fault::PartitionLeader => {
-                let Some(l) = self.leader().await else { return };
-                let others: Vec<u64> = self.c.member_ids().into_iter().filter(|x| *x != l).collect();
-                self.event(f, FaultPhase::Start, format!("isolate leader {l} from {others:?}"));
-                self.c.net.update(|r| {
-                    for o in &others {
-                        r.blocked.insert((l, *o));
-                        r.blocked.insert((*o, l));
-                    }
-                });
+            Fault::PartitionLeader | Fault::PartitionSplit => {
+                let minority: Vec<u64> = if f == Fault::PartitionLeader {
+                    let Some(l) = self.c.leader().await else { return };
+                    vec![l]
+                } else {
+                    let mut ids = self.c.member_ids();
+                    ids.shuffle(&mut self.rng);
+                    let k = self.rng.random_range(1..=((ids.len() - 1) / 2).max(1));
+                    ids.into_iter().take(k).collect()
+                };
+                let majority: Vec<u64> = self.c.member_ids().into_iter().filter(|x| !minority.contains(x)).collect();
+                let what = if f == Fault::PartitionLeader {
+                    format!("isolate leader {} from {majority:?}", minority[0])
+                } else {
+                    format!("split {minority:?} | {majority:?}")
+                };
+                self.event(f, FaultPhase::Start, format!("{what}{}", self.how(Mechanism::Partition)));
+                if let Err(e) = self.c.partition(&minority, &majority).await {
+                    self.failed(f, "partition", e);
+                }
                 tokio::time::sleep(hold).await;
-                self.c.net.heal();
-                self.event(f, FaultPhase::Stop, "healed");
-            }
-            Fault::PartitionSplit => {
-                let mut ids = self.c.member_ids();
-                ids.shuffle(&mut self.rng);
-                let k = self.rng.random_range(1..=((ids.len() - 1) / 2).max(1));
-                let (minority, majority) = ids.split_at(k);
-                let (minority, majority) = (minority.to_vec(), majority.to_vec());
-                self.event(f, FaultPhase::Start, format!("split {minority:?} | {majority:?}"));
-                self.c.net.update(|r| {
-                    for a in &minority {
-                        for b in &majority {
-                            r.blocked.insert((*a, *b));
-                            r.blocked.insert((*b, *a));
-                        }
-                    }
-                });
-                tokio::time::sleep(hold).await;
-                self.c.net.heal();
+                if let Err(e) = self.c.heal_network().await {
+                    self.failed(f, "healing the partition", e);
+                }
                 self.event(f, FaultPhase::Stop, "healed");
             }
             Fault::PartitionOneWay => {
+                let Some(net) = self.c.relays() else {
+                    return self.event(f, FaultPhase::Note, "skipped: needs the relays of node processes");
+                };
                 let Some(a) = self.pick(0.5).await else { return };
                 let others: Vec<u64> = self.c.member_ids().into_iter().filter(|x| *x != a).collect();
                 let deaf = self.rng.random_bool(0.5);
                 let what = if deaf { "cannot hear" } else { "cannot send to" };
                 self.event(f, FaultPhase::Start, format!("node {a} {what} {others:?}"));
-                self.c.net.update(|r| {
+                net.update(|r| {
                     for o in &others {
                         r.blocked.insert(if deaf { (*o, a) } else { (a, *o) });
                     }
                 });
                 tokio::time::sleep(hold).await;
-                self.c.net.heal();
+                net.heal();
                 self.event(f, FaultPhase::Stop, "healed");
             }
             Fault::Delay => {
+                let Some(net) = self.c.relays() else {
+                    return self.event(f, FaultPhase::Note, "skipped: needs the relays of node processes");
+                };
                 // Mostly latency the cluster works through; one time in five more than openraft's append
                 // timeout (the heartbeat interval, 100 ms) allows for a round trip, which stalls replication.
                 let ms = if self.rng.random_bool(0.8) {
@@ -303,12 +396,12 @@ impl<'a> Nemesis<'a> {
                     for a in &ids {
                         for b in &ids {
                             if a < b {
-                                self.c.net.reset(*a, *b);
+                                net.reset(*a, *b);
                             }
                         }
                     }
                 }
-                self.c.net.update(|r| {
+                net.update(|r| {
                     for a in &ids {
                         for b in &ids {
                             if a != b {
@@ -318,7 +411,7 @@ impl<'a> Nemesis<'a> {
                     }
                 });
                 tokio::time::sleep(hold).await;
-                self.c.net.heal();
+                net.heal();
                 self.event(f, FaultPhase::Stop, "healed");
             }
             Fault::Transfers => {
@@ -326,7 +419,7 @@ impl<'a> Nemesis<'a> {
                 self.event(f, FaultPhase::Start, format!("{n} leadership transfers"));
                 let mut done = Vec::new();
                 for _ in 0..n {
-                    let leader = self.leader().await;
+                    let leader = self.c.leader().await;
                     let targets: Vec<u64> = self.c.up_ids().into_iter().filter(|x| Some(*x) != leader).collect();
                     let ups = self.c.up_ids();
                     let (Some(to), Some(via)) =
@@ -345,14 +438,22 @@ impl<'a> Nemesis<'a> {
             }
             Fault::RollingRestart => {
                 let ids = self.c.member_ids();
-                self.event(f, FaultPhase::Start, format!("SIGTERM and restart {ids:?} in turn"));
+                self.event(
+                    f,
+                    FaultPhase::Start,
+                    format!("{} and restart {ids:?} in turn", self.how(Mechanism::Terminate)),
+                );
                 for id in ids {
-                    if self.c.node(id).state == NodeState::Broken {
+                    if self.c.state(id) == NodeState::Broken {
                         continue;
                     }
-                    let how = self.c.terminate(id).await;
+                    let how = self.terminate(f, id).await;
                     if how != "exit status: 0" {
-                        self.event(f, FaultPhase::Note, format!("node {id} after SIGTERM: {how}"));
+                        self.event(
+                            f,
+                            FaultPhase::Note,
+                            format!("node {id} after {}: {how}", self.how(Mechanism::Terminate)),
+                        );
                     }
                     self.restart(f, id).await;
                     if let Err(e) = self.c.wait_caught_up(Duration::from_secs(30)).await {
@@ -364,23 +465,24 @@ impl<'a> Nemesis<'a> {
             Fault::CrashAll => {
                 let ids: Vec<u64> = self
                     .c
-                    .nodes
-                    .iter()
-                    .filter(|n| matches!(n.state, NodeState::Running | NodeState::Paused))
-                    .map(|n| n.id)
+                    .node_ids()
+                    .into_iter()
+                    .filter(|id| matches!(self.c.state(*id), NodeState::Running | NodeState::Paused))
                     .collect();
-                self.event(f, FaultPhase::Start, format!("kill -9 every node {ids:?}"));
+                self.event(f, FaultPhase::Start, format!("{} every node {ids:?}", self.how(Mechanism::Kill)));
                 for id in &ids {
-                    self.c.kill9(*id).await;
+                    if let Err(e) = self.c.kill(*id).await {
+                        self.failed(f, self.how(Mechanism::Kill), e);
+                    }
                 }
                 tokio::time::sleep(self.between((500, 3000))).await;
                 for id in &ids {
-                    if let Err(e) = self.c.spawn(*id) {
-                        self.event(f, FaultPhase::Note, format!("node {id}: {e}"));
+                    if let Err(e) = self.c.start(*id).await {
+                        self.event(f, FaultPhase::Note, format!("node {id}: {e:#}"));
                     }
                 }
                 for id in &ids {
-                    if let Err(e) = self.c.wait_serving(*id, crate::cluster::START_WAIT).await {
+                    if let Err(e) = self.c.wait_serving(*id, crate::backend::START_WAIT).await {
                         self.refused(f, *id, e);
                     }
                 }
@@ -389,7 +491,7 @@ impl<'a> Nemesis<'a> {
             Fault::Membership => {
                 // A member that cannot run is the one an operator replaces first (removing another while it
                 // is down would leave the new configuration without a majority).
-                let broken = self.c.nodes.iter().find(|n| n.state == NodeState::Broken).map(|n| n.id);
+                let broken = self.c.node_ids().into_iter().find(|id| self.c.state(*id) == NodeState::Broken);
                 let victim = match broken {
                     Some(b) => b,
                     None => match self.pick_uncorrupted(0.3).await {
@@ -403,7 +505,7 @@ impl<'a> Nemesis<'a> {
                 self.event(f, FaultPhase::Stop, format!("members now {:?}", self.c.member_ids()));
             }
             Fault::ClockSkew => {
-                if self.c.faketime.is_none() {
+                if !self.c.can_skew() {
                     self.event(f, FaultPhase::Note, "skipped: libfaketime is not installed (apt-get install faketime)");
                     return;
                 }
@@ -412,9 +514,11 @@ impl<'a> Nemesis<'a> {
                 let offset = if self.rng.random_bool(0.5) { format!("+{secs}s") } else { format!("-{secs}s") };
                 self.event(f, FaultPhase::Start, format!("restart node {id} with its clock {offset}, make it lead"));
                 self.c.terminate(id).await;
-                self.c.set_skew(id, Some(offset));
+                if let Err(e) = self.c.set_skew(id, Some(offset)) {
+                    self.failed(f, "clock skew", e);
+                }
                 self.restart(f, id).await;
-                if self.c.node(id).state == NodeState::Running {
+                if self.c.state(id) == NodeState::Running {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     if let Some(via) = self.c.up_ids().first().copied() {
                         match self.c.transfer(via, id).await {
@@ -425,8 +529,10 @@ impl<'a> Nemesis<'a> {
                 }
                 tokio::time::sleep(hold).await;
                 self.c.terminate(id).await;
-                self.c.set_skew(id, None);
-                if self.c.node(id).state != NodeState::Broken {
+                if let Err(e) = self.c.set_skew(id, None) {
+                    self.failed(f, "clock skew", e);
+                }
+                if self.c.state(id) != NodeState::Broken {
                     self.restart(f, id).await;
                 }
                 self.event(f, FaultPhase::Stop, format!("node {id} restarted with the true clock"));
@@ -442,11 +548,13 @@ impl<'a> Nemesis<'a> {
                     FaultPhase::Start,
                     format!(
                         "stop node {id} ({}), corrupt a redb file, restart",
-                        if kill { "kill -9" } else { "SIGTERM" }
+                        self.how(if kill { Mechanism::Kill } else { Mechanism::Terminate })
                     ),
                 );
                 if kill {
-                    self.c.kill9(id).await;
+                    if let Err(e) = self.c.kill(id).await {
+                        self.failed(f, self.how(Mechanism::Kill), e);
+                    }
                 } else {
                     self.c.terminate(id).await;
                 }
@@ -497,49 +605,53 @@ impl<'a> Nemesis<'a> {
         if !removed {
             return;
         }
-        self.c.kill9(victim).await;
-        let slot = self.c.node(victim).slot;
+        if let Err(e) = self.c.kill(victim).await {
+            self.failed(f, self.how(Mechanism::Kill), e);
+        }
+        let Some(position) = self.c.position(victim) else { return };
         let via = self.c.up_ids().into_iter().next().unwrap_or(via);
-        match self.c.add_new_node(via, slot).await {
+        match self.c.add_node(via, position).await {
             Ok(new) => self.event(f, FaultPhase::Note, format!("node {new} added in place of {victim}")),
             Err(e) => self.event(f, FaultPhase::Note, format!("adding a node in place of {victim} failed: {e}")),
         }
     }
 
-    /// Undoes every fault: network rules, pauses, skewed clocks, stopped nodes, broken nodes, empty positions.
+    /// Undoes every fault: network faults, pauses, skewed clocks, stopped nodes, broken nodes, empty positions.
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         let f = Fault::Kill; // notes only; the fault name is irrelevant here
-        self.reap(f);
-        self.c.net.heal();
-        let ids: Vec<u64> = self.c.nodes.iter().map(|n| n.id).collect();
+        self.reap(f).await;
+        if let Err(e) = self.c.heal_network().await {
+            self.event(f, FaultPhase::Note, format!("heal: {e:#}"));
+        }
+        let ids = self.c.node_ids();
         for id in &ids {
-            let (state, skewed) = (self.c.node(*id).state, self.c.node(*id).skew.is_some());
-            if state == NodeState::Paused {
-                self.c.signal(*id, "CONT");
+            if self.c.state(*id) == NodeState::Paused {
+                if let Err(e) = self.c.pause(*id, false).await {
+                    self.event(f, FaultPhase::Note, format!("heal: node {id}: {e:#}"));
+                }
             }
-            if skewed {
+            if self.c.skewed(*id) {
                 self.c.terminate(*id).await;
-                self.c.set_skew(*id, None);
+                if let Err(e) = self.c.set_skew(*id, None) {
+                    self.event(f, FaultPhase::Note, format!("heal: node {id}: {e:#}"));
+                }
             }
-            if self.c.node(*id).state == NodeState::Down {
+            if self.c.state(*id) == NodeState::Down {
                 self.restart(f, *id).await;
             }
         }
         for id in &ids {
-            if self.c.node(*id).state == NodeState::Broken {
+            if self.c.state(*id) == NodeState::Broken {
                 if let Some(via) = self.c.up_ids().first().copied() {
                     self.replace(f, via, *id).await;
                 }
             }
         }
-        for slot in 0..self.c.slots.len() {
-            let held = self.c.nodes.iter().any(|n| n.slot == slot && n.member());
-            if !held {
-                if let Some(via) = self.c.up_ids().first().copied() {
-                    match self.c.add_new_node(via, slot).await {
-                        Ok(new) => self.event(f, FaultPhase::Note, format!("heal: node {new} fills position {slot}")),
-                        Err(e) => self.event(f, FaultPhase::Note, format!("heal: position {slot} stays empty: {e}")),
-                    }
+        for position in self.c.empty_positions() {
+            if let Some(via) = self.c.up_ids().first().copied() {
+                match self.c.add_node(via, position).await {
+                    Ok(new) => self.event(f, FaultPhase::Note, format!("heal: node {new} fills position {position}")),
+                    Err(e) => self.event(f, FaultPhase::Note, format!("heal: position {position} stays empty: {e}")),
                 }
             }
         }

@@ -143,6 +143,17 @@ pub fn text(s: &Summary) -> String {
             fa.longest_claim_gap_ms
         );
     }
+    if av.leader_stops > 0 {
+        let _ = writeln!(
+            o,
+            "  leaders stopped by SIGTERM: {}, {} without a successor; next leader after at most {} ms, \
+             leaderless at most {} ms",
+            av.leader_stops,
+            av.leader_stops_without_successor,
+            av.longest_leader_stop_to_next_leader_ms,
+            av.longest_leaderless_after_leader_stop_ms
+        );
+    }
     let _ = writeln!(o, "\n== {}", if a.valid { "VALID: no violation" } else { "INVALID" });
     for v in &a.violations {
         let _ = writeln!(o, "  violation: {v}");

@@ -496,7 +496,7 @@ mod tests {
         assert!(new_task(&cfg, "t", req("emails.send"), 1).is_ok());
         for bad in ["", "-x", "a b", "é", &"q".repeat(200)] {
             let e = new_task(&cfg, "t", req(bad), 1).expect_err(bad);
-            assert_eq!(e.reason(), "INVALID_ARGUMENT");
+            assert_eq!(e.reason(), raftq_proto::reason::Reason::InvalidArgument);
         }
         let mut r = req("q");
         r.priority = 10;
@@ -557,7 +557,7 @@ mod tests {
         }
 
         fn check_refused(e: &ApiError) {
-            assert!(!e.reason().is_empty());
+            assert_eq!(e.reason(), raftq_proto::reason::Reason::InvalidArgument);
             assert!(!e.to_string().is_empty());
         }
 

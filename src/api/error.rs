@@ -1,101 +1,242 @@
-//! The one mapping from API errors to the wire. Every status carries a stable reason, both as the prefix of its
-//! message and in the `x-raftq-reason` metadata; a not-leader answer also names the leader's address.
+//! The API layer's errors and the one mapping from them to the wire.
+//!
+//! Every error has a stable [`Reason`] (the vocabulary shared with the SDK, in `raftq-proto`); the reason decides
+//! the gRPC code and the HTTP status, in two exhaustive tables side by side ([`grpc_code`], [`http_status`]).
+//! A gRPC status carries the reason both as the prefix of its message and in the `x-raftq-reason` metadata; a
+//! REST error is `{"error": {"code": REASON, "message": ...}}`. A not-leader answer also names the leader's
+//! address (`x-raftq-leader`), an overload answer its retry hint (`x-raftq-retry-after-ms`, REST `Retry-After`).
 
+use axum::http::StatusCode;
+use raftq_proto::reason::{header, Reason};
 use tonic::{Code, Status};
 
+use crate::auth::AuthError;
+use crate::leader::proposer::ProposeError;
 use crate::queue::Rejected;
-use crate::raft::proposer::ProposeError;
+use crate::raft::errors::RaftFailure;
 
-pub const REASON_HEADER: &str = "x-raftq-reason";
-pub const LEADER_HEADER: &str = "x-raftq-leader";
-
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
     InvalidArgument(String),
+    /// The state machine refused the command.
     #[error("{0}")]
     Rejected(Rejected),
-    #[error("task not found")]
-    NotFound,
+    /// Something was not found: a task, a schedule, a node, a route (see [`not_found`]).
+    #[error("{0}")]
+    NotFound(String),
+    /// This node does not lead; nothing was applied.
     #[error("this node is not the leader")]
     NotLeader { leader_addr: Option<String> },
     /// A write whose outcome is not known: it may have been applied.
     #[error("outcome unknown: {0}")]
     Unknown(String),
+    /// The node cannot serve now; nothing was applied.
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
-    /// No valid credentials: the reason says what is wrong with the token.
+    /// No acceptable token, or a token that does not allow this.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// A membership change that could not be made safely now; nothing was changed.
+    #[error("{0}")]
+    MembershipUnsafe(String),
+    /// Over the tenant's rate: nothing was applied; try again after `retry_after_ms`.
     #[error("{message}")]
-    Unauthenticated { reason: &'static str, message: String },
-    /// Valid credentials that do not allow this: a missing scope or a queue outside the token's patterns.
+    RateLimited { message: String, retry_after_ms: u64 },
+    /// The tenant has as many streams open on this node as it may.
     #[error("{message}")]
-    PermissionDenied { reason: &'static str, message: String },
-    /// The request cannot be served in the cluster's present state (a membership change that could not commit).
-    #[error("{message}")]
-    Precondition { reason: &'static str, message: String },
-    /// A limit was reached: nothing was applied; try again after `retry_after_ms`.
-    #[error("{message}")]
-    ResourceExhausted { reason: &'static str, message: String, retry_after_ms: u64 },
+    TooManyStreams { message: String, retry_after_ms: u64 },
+    /// REST: the path is served, not with this method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The leader's refusal of a request this node forwarded to it, passed on as the leader gave it.
+    #[error("{}", .0.message)]
+    Leader(Box<LeaderAnswer>),
 }
 
-/// Every reason code of authentication, authorisation and limits, so a forwarded status maps back to its error.
-pub const AUTH_REASONS: [&str; 10] = [
-    "TOKEN_MISSING",
-    "TOKEN_INVALID",
-    "TOKEN_EXPIRED",
-    "TOKEN_NOT_YET_VALID",
-    "TOKEN_WRONG_ISSUER",
-    "TOKEN_WRONG_AUDIENCE",
-    "TOKEN_UNKNOWN_KEY",
-    "TOKEN_BAD_SIGNATURE",
-    "SCOPE_REQUIRED",
-    "QUEUE_NOT_ALLOWED",
-];
-pub const LIMIT_REASONS: [&str; 2] = ["RATE_LIMITED", "TOO_MANY_STREAMS"];
-/// Metadata (and REST `Retry-After`) telling an overloaded client when to try again.
-pub const RETRY_AFTER_HEADER: &str = "x-raftq-retry-after-ms";
+/// A refusal as the leader sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderAnswer {
+    pub reason: Reason,
+    /// Without the reason prefix.
+    pub message: String,
+    pub leader_addr: Option<String>,
+    pub retry_after_ms: Option<u64>,
+}
 
 impl ApiError {
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            ApiError::InvalidArgument(_) => "INVALID_ARGUMENT",
-            ApiError::Rejected(r) => r.reason(),
-            ApiError::NotFound => "NOT_FOUND",
-            ApiError::NotLeader { .. } => "NOT_LEADER",
-            ApiError::Unknown(_) => "UNKNOWN_OUTCOME",
-            ApiError::Unavailable(_) => "UNAVAILABLE",
-            ApiError::Internal(_) => "INTERNAL",
-            ApiError::Unauthenticated { reason, .. }
-            | ApiError::Precondition { reason, .. }
-            | ApiError::PermissionDenied { reason, .. }
-            | ApiError::ResourceExhausted { reason, .. } => reason,
+            ApiError::InvalidArgument(_) => Reason::InvalidArgument,
+            ApiError::Rejected(r) => match r {
+                Rejected::NotFound => Reason::NotFound,
+                Rejected::LeaseLost => Reason::LeaseLost,
+                Rejected::NotInProgress => Reason::NotInProgress,
+                Rejected::NotClaimable => Reason::NotClaimable,
+                Rejected::AlreadyEnded => Reason::AlreadyEnded,
+                Rejected::IdExists => Reason::AlreadyExists,
+            },
+            ApiError::NotFound(_) => Reason::NotFound,
+            ApiError::NotLeader { .. } => Reason::NotLeader,
+            ApiError::Unknown(_) => Reason::UnknownOutcome,
+            ApiError::Unavailable(_) => Reason::Unavailable,
+            ApiError::Internal(_) => Reason::Internal,
+            ApiError::Auth(a) => match a {
+                AuthError::Missing => Reason::TokenMissing,
+                AuthError::Invalid(_) => Reason::TokenInvalid,
+                AuthError::Expired => Reason::TokenExpired,
+                AuthError::NotYetValid => Reason::TokenNotYetValid,
+                AuthError::WrongIssuer(_) => Reason::TokenWrongIssuer,
+                AuthError::WrongAudience(_) => Reason::TokenWrongAudience,
+                AuthError::UnknownKey(_) => Reason::TokenUnknownKey,
+                AuthError::BadSignature(_) => Reason::TokenBadSignature,
+                AuthError::ScopeRequired(_) => Reason::ScopeRequired,
+                AuthError::QueueNotAllowed(_) => Reason::QueueNotAllowed,
+            },
+            ApiError::MembershipUnsafe(_) => Reason::MembershipUnsafe,
+            ApiError::RateLimited { .. } => Reason::RateLimited,
+            ApiError::TooManyStreams { .. } => Reason::TooManyStreams,
+            ApiError::MethodNotAllowed(_) => Reason::MethodNotAllowed,
+            ApiError::Leader(a) => a.reason,
         }
     }
 
-    fn code(&self) -> Code {
+    /// The leader's address on a not-leader answer, when known.
+    pub fn leader_addr(&self) -> Option<&str> {
         match self {
-            ApiError::InvalidArgument(_) => Code::InvalidArgument,
-            ApiError::Rejected(Rejected::NotFound) | ApiError::NotFound => Code::NotFound,
-            ApiError::Rejected(Rejected::LeaseLost)
-            | ApiError::Rejected(Rejected::NotInProgress)
-            | ApiError::Rejected(Rejected::NotClaimable)
-            | ApiError::Rejected(Rejected::AlreadyEnded) => Code::FailedPrecondition,
-            ApiError::Rejected(Rejected::IdExists) => Code::AlreadyExists,
-            ApiError::NotLeader { .. } | ApiError::Unavailable(_) => Code::Unavailable,
-            ApiError::Unknown(_) => Code::DeadlineExceeded,
-            ApiError::Internal(_) => Code::Internal,
-            ApiError::Unauthenticated { .. } => Code::Unauthenticated,
-            ApiError::Precondition { .. } => Code::FailedPrecondition,
-            ApiError::PermissionDenied { .. } => Code::PermissionDenied,
-            ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            ApiError::NotLeader { leader_addr } => leader_addr.as_deref(),
+            ApiError::Leader(a) => a.leader_addr.as_deref(),
+            _ => None,
         }
+    }
+
+    /// When to try again, for an overload answer.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ApiError::RateLimited { retry_after_ms, .. } | ApiError::TooManyStreams { retry_after_ms, .. } => {
+                Some(*retry_after_ms)
+            }
+            ApiError::Leader(a) => a.retry_after_ms,
+            _ => None,
+        }
+    }
+
+    pub fn grpc_code(&self) -> Code {
+        grpc_code(self.reason())
+    }
+
+    pub fn http_status(&self) -> StatusCode {
+        http_status(self.reason())
+    }
+
+    /// The refusal a status from another raftq node stands for; `None` when it carries no raftq reason (the
+    /// transport or the framework answered, not raftq: whether the request was handled is unknown).
+    pub fn from_status(s: &Status) -> Option<ApiError> {
+        let md = s.metadata();
+        let code = md.get(header::REASON).and_then(|v| v.to_str().ok())?;
+        let text = |name: &str| md.get(name).and_then(|v| v.to_str().ok());
+        Some(ApiError::leader_answer(
+            code,
+            s.message(),
+            text(header::LEADER).map(String::from),
+            text(header::RETRY_AFTER_MS).and_then(|v| v.parse().ok()),
+        ))
+    }
+
+    /// A per-item or stream error of another raftq node (`code`, `message`).
+    pub fn leader_answer(
+        code: &str,
+        message: &str,
+        leader_addr: Option<String>,
+        retry_after_ms: Option<u64>,
+    ) -> ApiError {
+        let message = message.strip_prefix(code).and_then(|m| m.strip_prefix(": ")).unwrap_or(message);
+        match Reason::parse(code) {
+            Some(reason) => ApiError::Leader(Box::new(LeaderAnswer {
+                reason,
+                message: message.to_string(),
+                leader_addr: leader_addr.filter(|a| !a.is_empty()),
+                retry_after_ms,
+            })),
+            // Nodes of one version share the vocabulary: an unknown reason is a fault, reported with its code.
+            None => ApiError::Internal(format!("the leader answered an unknown reason {code:?}: {message}")),
+        }
+    }
+}
+
+/// The gRPC code of every reason.
+pub fn grpc_code(r: Reason) -> Code {
+    match r {
+        Reason::InvalidArgument => Code::InvalidArgument,
+        Reason::NotFound => Code::NotFound,
+        Reason::AlreadyExists => Code::AlreadyExists,
+        Reason::LeaseLost => Code::FailedPrecondition,
+        Reason::NotInProgress => Code::FailedPrecondition,
+        Reason::NotClaimable => Code::FailedPrecondition,
+        Reason::AlreadyEnded => Code::FailedPrecondition,
+        Reason::MembershipUnsafe => Code::FailedPrecondition,
+        Reason::NotLeader => Code::Unavailable,
+        Reason::Unavailable => Code::Unavailable,
+        Reason::UnknownOutcome => Code::DeadlineExceeded,
+        Reason::Internal => Code::Internal,
+        Reason::TokenMissing => Code::Unauthenticated,
+        Reason::TokenInvalid => Code::Unauthenticated,
+        Reason::TokenExpired => Code::Unauthenticated,
+        Reason::TokenNotYetValid => Code::Unauthenticated,
+        Reason::TokenWrongIssuer => Code::Unauthenticated,
+        Reason::TokenWrongAudience => Code::Unauthenticated,
+        Reason::TokenUnknownKey => Code::Unauthenticated,
+        Reason::TokenBadSignature => Code::Unauthenticated,
+        Reason::ClusterAuth => Code::Unauthenticated,
+        Reason::ScopeRequired => Code::PermissionDenied,
+        Reason::QueueNotAllowed => Code::PermissionDenied,
+        Reason::RateLimited => Code::ResourceExhausted,
+        Reason::TooManyStreams => Code::ResourceExhausted,
+        Reason::MethodNotAllowed => Code::Unimplemented,
+    }
+}
+
+/// The HTTP status of every reason (REST).
+pub fn http_status(r: Reason) -> StatusCode {
+    match r {
+        Reason::InvalidArgument => StatusCode::BAD_REQUEST,
+        Reason::NotFound => StatusCode::NOT_FOUND,
+        Reason::AlreadyExists => StatusCode::CONFLICT,
+        Reason::LeaseLost => StatusCode::CONFLICT,
+        Reason::NotInProgress => StatusCode::CONFLICT,
+        Reason::NotClaimable => StatusCode::CONFLICT,
+        Reason::AlreadyEnded => StatusCode::CONFLICT,
+        Reason::MembershipUnsafe => StatusCode::CONFLICT,
+        Reason::NotLeader => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Reason::UnknownOutcome => StatusCode::GATEWAY_TIMEOUT,
+        Reason::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        Reason::TokenMissing => StatusCode::UNAUTHORIZED,
+        Reason::TokenInvalid => StatusCode::UNAUTHORIZED,
+        Reason::TokenExpired => StatusCode::UNAUTHORIZED,
+        Reason::TokenNotYetValid => StatusCode::UNAUTHORIZED,
+        Reason::TokenWrongIssuer => StatusCode::UNAUTHORIZED,
+        Reason::TokenWrongAudience => StatusCode::UNAUTHORIZED,
+        Reason::TokenUnknownKey => StatusCode::UNAUTHORIZED,
+        Reason::TokenBadSignature => StatusCode::UNAUTHORIZED,
+        Reason::ClusterAuth => StatusCode::UNAUTHORIZED,
+        Reason::ScopeRequired => StatusCode::FORBIDDEN,
+        Reason::QueueNotAllowed => StatusCode::FORBIDDEN,
+        Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        Reason::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
+        Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
     }
 }
 
 pub fn invalid(msg: impl Into<String>) -> ApiError {
     ApiError::InvalidArgument(msg.into())
+}
+
+/// `NOT_FOUND`: "task not found", "schedule not found"...
+pub fn not_found(what: &str) -> ApiError {
+    ApiError::NotFound(format!("{what} not found"))
 }
 
 impl From<Rejected> for ApiError {
@@ -115,69 +256,39 @@ impl From<ProposeError> for ApiError {
     }
 }
 
-impl ApiError {
-    /// The error a forwarded request's status stands for. A status without a reason never reached raftq's
-    /// handlers (a transport failure): for a write its outcome is unknown.
-    pub fn from_status(s: &Status) -> ApiError {
-        let reason = s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let msg = s.message().to_string();
-        match reason {
-            "INVALID_ARGUMENT" => ApiError::InvalidArgument(msg),
-            "NOT_FOUND" => ApiError::NotFound,
-            "LEASE_LOST" => ApiError::Rejected(Rejected::LeaseLost),
-            "NOT_IN_PROGRESS" => ApiError::Rejected(Rejected::NotInProgress),
-            "NOT_CLAIMABLE" => ApiError::Rejected(Rejected::NotClaimable),
-            "ALREADY_ENDED" => ApiError::Rejected(Rejected::AlreadyEnded),
-            "ALREADY_EXISTS" => ApiError::Rejected(Rejected::IdExists),
-            "NOT_LEADER" => ApiError::NotLeader {
-                leader_addr: s.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok()).map(String::from),
-            },
-            "UNAVAILABLE" => ApiError::Unavailable(msg),
-            "INTERNAL" => ApiError::Internal(msg),
-            r if AUTH_REASONS.contains(&r) || LIMIT_REASONS.contains(&r) => {
-                let reason = AUTH_REASONS.iter().chain(LIMIT_REASONS.iter()).find(|x| **x == r).copied().unwrap_or("");
-                let message = msg.split_once(": ").map(|(_, m)| m.to_string()).unwrap_or(msg);
-                match s.code() {
-                    Code::Unauthenticated => ApiError::Unauthenticated { reason, message },
-                    Code::PermissionDenied => ApiError::PermissionDenied { reason, message },
-                    _ => ApiError::ResourceExhausted {
-                        reason,
-                        message,
-                        retry_after_ms: s
-                            .metadata()
-                            .get(RETRY_AFTER_HEADER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(1000),
-                    },
-                }
-            }
-            _ => ApiError::Unknown(format!("the leader did not answer: {msg}")),
+impl From<RaftFailure> for ApiError {
+    fn from(e: RaftFailure) -> Self {
+        match e {
+            RaftFailure::NotLeader { leader_addr, .. } => ApiError::NotLeader { leader_addr },
+            RaftFailure::Unknown(m) => ApiError::Unknown(m),
+            RaftFailure::MembershipUnsafe(m) => ApiError::MembershipUnsafe(m),
+            RaftFailure::NoQuorum(m) => ApiError::Unavailable(format!("no quorum: {m}")),
+            RaftFailure::ShuttingDown => ApiError::Unavailable("shutting down".into()),
+            // Another node can serve: this one's Raft has stopped.
+            RaftFailure::Fatal(m) => ApiError::Unavailable(format!("raft stopped: {m}")),
         }
-    }
-
-    /// Whether a failed write surely did not happen, so sending it again cannot apply it twice.
-    pub fn surely_not_applied(&self) -> bool {
-        matches!(self, ApiError::NotLeader { .. } | ApiError::Unavailable(_))
     }
 }
 
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         let reason = e.reason();
-        let mut status = Status::new(e.code(), format!("{reason}: {e}"));
+        let mut status = Status::new(grpc_code(reason), format!("{reason}: {e}"));
         let md = status.metadata_mut();
-        md.insert(REASON_HEADER, reason.parse().expect("reason codes are ascii"));
-        if let ApiError::ResourceExhausted { retry_after_ms, .. } = &e {
-            md.insert(RETRY_AFTER_HEADER, retry_after_ms.to_string().parse().expect("digits"));
+        md.insert(header::REASON, reason.as_str().parse().expect("reason codes are ascii"));
+        if let Some(ms) = e.retry_after_ms() {
+            md.insert(header::RETRY_AFTER_MS, ms.to_string().parse().expect("digits"));
         }
-        if let ApiError::NotLeader { leader_addr: Some(addr) } = &e {
-            if let Ok(v) = addr.parse() {
-                md.insert(LEADER_HEADER, v);
-            }
+        if let Some(addr) = e.leader_addr().and_then(|a| a.parse().ok()) {
+            md.insert(header::LEADER, addr);
         }
         status
     }
+}
+
+/// A gRPC answer: the result, or the error's status.
+pub fn reply<R>(r: Result<R, ApiError>) -> Result<tonic::Response<R>, Status> {
+    r.map(tonic::Response::new).map_err(Status::from)
 }
 
 /// The valid items of a batch, to be proposed together: items fail one by one.
@@ -202,4 +313,46 @@ pub fn merge_items<T, R, E: Into<ApiError>>(
             },
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_travels_to_another_node_and_back_unchanged() {
+        let cases = [
+            ApiError::NotLeader { leader_addr: Some("10.0.0.2:9091".into()) },
+            ApiError::Rejected(Rejected::LeaseLost),
+            ApiError::Auth(AuthError::ScopeRequired(crate::auth::Scope::Admin)),
+            ApiError::RateLimited { message: "slow down".into(), retry_after_ms: 250 },
+            ApiError::MembershipUnsafe("node 3 is down".into()),
+            not_found("task"),
+        ];
+        for e in cases {
+            let (reason, message, leader, retry) =
+                (e.reason(), e.to_string(), e.leader_addr().map(String::from), e.retry_after_ms());
+            let status = Status::from(e);
+            assert_eq!(status.code(), grpc_code(reason));
+            assert_eq!(status.message(), format!("{reason}: {message}"));
+            let back = ApiError::from_status(&status).expect("a raftq status");
+            assert_eq!(
+                (back.reason(), back.to_string(), back.leader_addr().map(String::from), back.retry_after_ms()),
+                (reason, message, leader, retry)
+            );
+            assert_eq!(back.http_status(), http_status(reason));
+        }
+        assert!(ApiError::from_status(&Status::unavailable("tcp connect error")).is_none());
+    }
+
+    #[test]
+    fn every_reason_has_a_client_or_server_error_status() {
+        for r in Reason::ALL {
+            let s = http_status(r);
+            assert!(s.is_client_error() || s.is_server_error(), "{r}: {s}");
+            assert_ne!(grpc_code(r), Code::Ok, "{r}");
+            // Retry-safe answers are the 503s: nothing was applied.
+            assert_eq!(s == StatusCode::SERVICE_UNAVAILABLE, matches!(r, Reason::NotLeader | Reason::Unavailable));
+        }
+    }
 }

@@ -1,32 +1,108 @@
-//! Followers serve clients: a request that needs the leader is forwarded to it and answered as if sent there.
+//! The one leader-routing path. Every request that needs the leader (unary gRPC and REST calls, the requests of
+//! worker and producer streams, admin calls) goes through [`Forwarder::call`]: it serves the request here when
+//! this node leads, else forwards it to the leader, and classifies what came back:
 //!
-//! Clients that prefer redirects send `x-raftq-redirect: 1` and get `NOT_LEADER` with the leader's address.
-//! A forwarded request carries `x-raftq-forwarded: 1` and is never forwarded again (a node that has lost the
-//! leadership meanwhile answers `NOT_LEADER`, and the first node routes again). While no leader is known (right
-//! after an election) requests wait with backoff, up to a bound.
+//! - an answer (a result, or a refusal by raftq's rules) is passed on as it is;
+//! - nothing applied (`NOT_LEADER`: leadership moved, the leader could not be reached, no leader is known; or
+//!   the leader's `UNAVAILABLE`): routed again with backoff until the call's deadline, then answered as it is
+//!   (`NOT_LEADER` carries the leader's address when one is known, none when no leader is);
+//! - an unknown outcome (the forwarded call may have reached the leader and no answer came: the connection broke,
+//!   or the leader stopped leading while the call was in flight): sent again only for calls that are safe to
+//!   repeat ([`Kind`]); a write answers `UNKNOWN_OUTCOME`.
+//!
+//! Clients that prefer redirects send `x-raftq-redirect: 1` and get `NOT_LEADER` with the leader's address. A
+//! forwarded request carries `x-raftq-forwarded: 1` and is served where it arrives, never forwarded again (a node
+//! that has lost the leadership meanwhile answers `NOT_LEADER`, and the node that forwarded it routes again).
+//! A read with `x-raftq-read: stale` is served from this node's replica.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use openraft::type_config::async_runtime::watch::WatchReceiver;
+use raftq_proto::reason::{header, Reason};
+use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use super::error::ApiError;
-use crate::raft::types::{NodeId, Raft};
+use crate::raft::types::NodeId;
+use crate::storage::Raft;
 
-pub const FORWARDED_HEADER: &str = "x-raftq-forwarded";
-pub const REDIRECT_HEADER: &str = "x-raftq-redirect";
-/// `x-raftq-read: stale` serves a read from this node's replica without asking the leader.
-pub const READ_HEADER: &str = "x-raftq-read";
+/// How long a client request is routed (no leader known, the leader unreachable, leadership moving) before
+/// it is answered `NOT_LEADER`: a few election timeouts, enough for a failover to finish.
+pub const LEADER_WAIT: Duration = Duration::from_secs(5);
+/// How long a write forwarded to a leader that has stopped leading may still take to be answered. A live old
+/// leader answers its pending writes as soon as it steps down (`NOT_LEADER`, or the outcome); one that does not
+/// answer within this is paused or cut off, and the write's outcome is unknown.
+const STEPPED_DOWN_GRACE: Duration = Duration::from_secs(1);
+/// Backoff between routing attempts: short first (a transfer takes ~50 ms), capped so a failover is noticed
+/// within a heartbeat or two.
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const MAX_PAUSE: Duration = Duration::from_millis(200);
 
-/// How long a request waits for a leader to be known before it fails with `UNAVAILABLE`.
-const LEADER_WAIT: Duration = Duration::from_secs(5);
+/// What repeating a call can do, which decides what happens when its outcome is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A read: sent again on an unknown outcome; `x-raftq-read: stale` serves it here.
+    Read,
+    /// A write that is safe to repeat, sent again on an unknown outcome: an ack names its fencing token and
+    /// outcome (a repeat is answered as applied), a claim's lost tasks come back when their leases expire, a
+    /// pause sets a state. A call to a leader that stops leading meanwhile is abandoned and sent again at once.
+    Repeatable,
+    /// A write that could apply twice: sent again only when surely nothing was applied; once it may have reached
+    /// the leader, a failure is `UNKNOWN_OUTCOME`.
+    Write,
+    /// A leadership transfer: a write whose success is the leader changing, so never abandoned for that.
+    Transfer,
+}
 
-pub enum Route {
-    Local,
-    Leader(Channel),
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Here when this node leads, else on the leader.
+    Route,
+    /// Here, whoever leads: a forwarded request, or a stale read.
+    Here,
+    /// Here when this node leads, else `NOT_LEADER` with the leader's address.
+    Redirect,
+}
+
+/// How one call is routed, and until when.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    kind: Kind,
+    mode: Mode,
+    deadline: Instant,
+}
+
+impl Plan {
+    /// A client's request: its metadata says whether to forward, redirect or read locally; routed for up to
+    /// [`LEADER_WAIT`].
+    pub fn of<T>(req: &Request<T>, kind: Kind) -> Plan {
+        let mode = if flag(req, header::FORWARDED) || (kind == Kind::Read && stale_read(req)) {
+            Mode::Here
+        } else if flag(req, header::REDIRECT) {
+            Mode::Redirect
+        } else {
+            Mode::Route
+        };
+        Plan { kind, mode, deadline: Instant::now() + LEADER_WAIT }
+    }
+
+    /// A request made on a stream's behalf, routed until `deadline`.
+    pub fn until(kind: Kind, deadline: Instant) -> Plan {
+        Plan { kind, mode: Mode::Route, deadline }
+    }
+}
+
+/// What one attempt came to.
+enum Outcome<R> {
+    /// Passed on as it is.
+    Answer(Result<R, ApiError>),
+    /// Nothing was applied: route again (until the deadline, then answer this).
+    Retry(ApiError),
+    /// The call may have been applied (an `UNKNOWN_OUTCOME` error).
+    Unknown(ApiError),
 }
 
 pub struct Forwarder {
@@ -40,116 +116,178 @@ fn flag<T>(req: &Request<T>, name: &str) -> bool {
     req.metadata().get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v == "1" || v == "true")
 }
 
+/// Whether a read asks to be served from this node's replica (`x-raftq-read: stale`).
 pub fn stale_read<T>(req: &Request<T>) -> bool {
-    req.metadata().get(READ_HEADER).and_then(|v| v.to_str().ok()).is_some_and(|v| v == "stale")
+    req.metadata().get(header::READ).and_then(|v| v.to_str().ok()).is_some_and(|v| v == "stale")
+}
+
+/// A copy of a request: message, metadata (the caller's token) and extensions (the authenticated caller).
+fn copy<T: Clone>(req: &Request<T>) -> Request<T> {
+    Request::from_parts(req.metadata().clone(), req.extensions().clone(), req.get_ref().clone())
 }
 
 /// The same request, marked as forwarded, with the caller's metadata (its token) kept.
 pub fn forwarded<T>(req: Request<T>) -> Request<T> {
     let (mut md, _, msg) = req.into_parts();
-    md.insert(FORWARDED_HEADER, "1".parse().expect("ascii"));
+    md.insert(header::FORWARDED, "1".parse().expect("ascii"));
     Request::from_parts(md, Default::default(), msg)
 }
 
-fn copy_request<T: Clone>(req: &Request<T>) -> Request<T> {
-    let mut r = Request::new(req.get_ref().clone());
-    *r.metadata_mut() = req.metadata().clone();
-    r
+/// True when the status says the connection to the leader could not be made: the request was never sent.
+fn never_sent(status: &Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    while let Some(e) = source {
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
-fn status_reason(s: &Status) -> &str {
-    s.metadata().get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("")
+/// Whether the leader's refusal means nothing was applied and another leader may serve: `NOT_LEADER`, and
+/// `UNAVAILABLE` (it is shutting down, or has no quorum) except for a transfer, whose `UNAVAILABLE` says the target
+/// did not take over in time (a second transfer is not what was asked).
+fn route_again(kind: Kind, e: &ApiError) -> bool {
+    match e.reason() {
+        Reason::NotLeader => true,
+        Reason::Unavailable => kind != Kind::Transfer,
+        _ => false,
+    }
+}
+
+/// This node's own answer: routed again only when it no longer leads. Its `UNAVAILABLE` (shutting down) is
+/// answered at once, so a node going down does not hold requests; the client tries another node.
+fn local_outcome<R>(r: Result<R, ApiError>) -> Outcome<R> {
+    match r {
+        Err(e) if e.reason() == Reason::NotLeader => Outcome::Retry(e),
+        Err(e @ ApiError::Unknown(_)) => Outcome::Unknown(e),
+        r => Outcome::Answer(r),
+    }
+}
+
+fn remote_outcome<R>(kind: Kind, r: Result<R, Status>) -> Outcome<R> {
+    let s = match r {
+        Ok(v) => return Outcome::Answer(Ok(v)),
+        Err(s) => s,
+    };
+    match ApiError::from_status(&s) {
+        Some(e) if route_again(kind, &e) => Outcome::Retry(e),
+        Some(e) if e.reason() == Reason::UnknownOutcome => Outcome::Unknown(e),
+        Some(e) => Outcome::Answer(Err(e)),
+        // No raftq reason: the transport answered, not the leader.
+        None if never_sent(&s) => Outcome::Retry(ApiError::NotLeader { leader_addr: None }),
+        None => Outcome::Unknown(ApiError::Unknown(format!("the leader did not answer: {}", s.message()))),
+    }
 }
 
 impl Forwarder {
-    /// Serves a request here when this node leads (or a stale read was asked for), else forwards it to the
-    /// leader over `remote`; a local `NOT_LEADER` (leadership moved meanwhile) is routed once more.
-    pub async fn serve<T, R, LF, RF, RFut>(
-        &self,
-        req: Request<T>,
-        local: impl FnOnce(Request<T>) -> LF,
-        remote: RF,
-    ) -> Result<Response<R>, Status>
-    where
-        T: Clone + Send + 'static,
-        LF: std::future::Future<Output = Result<Response<R>, Status>>,
-        RF: Fn(Channel, Request<T>) -> RFut,
-        RFut: std::future::Future<Output = Result<Response<R>, Status>>,
-    {
-        if stale_read(&req) {
-            return local(req).await;
-        }
-        if let Route::Leader(ch) = self.route(&req).await? {
-            return remote(ch, forwarded(req)).await;
-        }
-        let retry = (!flag(&req, FORWARDED_HEADER)).then(|| copy_request(&req));
-        let r = local(req).await;
-        match (r, retry) {
-            (Err(s), Some(again)) if status_reason(&s) == "NOT_LEADER" => match self.leader_route().await? {
-                Route::Leader(ch) => remote(ch, forwarded(again)).await,
-                Route::Local => Err(s),
-            },
-            (r, _) => r,
-        }
-    }
-
     pub fn new(raft: Raft, node_id: NodeId, tls: Option<std::sync::Arc<crate::tls::Tls>>) -> Forwarder {
         Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()) }
     }
 
-    /// Where a client request goes.
-    pub async fn route<T>(&self, req: &Request<T>) -> Result<Route, ApiError> {
-        if flag(req, FORWARDED_HEADER) {
-            return Ok(Route::Local);
+    /// Serves a call per `plan`: `local` runs it on this node, `remote` sends it to the leader over a channel.
+    /// Each is called again for each attempt.
+    pub async fn call<R, L, LF, M, MF>(&self, plan: Plan, mut local: L, mut remote: M) -> Result<R, ApiError>
+    where
+        L: FnMut() -> LF,
+        LF: Future<Output = Result<R, ApiError>>,
+        M: FnMut(Channel) -> MF,
+        MF: Future<Output = Result<R, Status>>,
+    {
+        match plan.mode {
+            Mode::Here => return local().await,
+            Mode::Redirect => {
+                let (leader, addr) = self.leader();
+                return if leader == Some(self.node_id) {
+                    local().await
+                } else {
+                    Err(ApiError::NotLeader { leader_addr: addr })
+                };
+            }
+            Mode::Route => {}
         }
-        if flag(req, REDIRECT_HEADER) {
-            let (leader, addr) = self.leader();
-            return match leader {
-                Some(l) if l == self.node_id => Ok(Route::Local),
-                _ => Err(ApiError::NotLeader { leader_addr: addr }),
+        let mut pause = FIRST_PAUSE;
+        // A repeatable write sent again after an unknown outcome may have been applied by then: if it then runs
+        // out of time, its answer is that unknown outcome, not a "nothing applied".
+        let mut maybe_applied = None;
+        loop {
+            let outcome = match self.leader() {
+                (Some(l), _) if l == self.node_id => local_outcome(local().await),
+                (Some(l), Some(addr)) => match self.channel(&addr) {
+                    Ok(ch) => self.forward(l, plan.kind, remote(ch)).await,
+                    Err(e) => Outcome::Answer(Err(e)),
+                },
+                // No leader known (an election), or one this node has no address for yet.
+                _ => Outcome::Retry(ApiError::NotLeader { leader_addr: None }),
             };
+            let again = match outcome {
+                Outcome::Answer(r) => return r,
+                Outcome::Retry(e) => e,
+                Outcome::Unknown(e) if plan.kind == Kind::Read => e,
+                Outcome::Unknown(e) if plan.kind == Kind::Repeatable => {
+                    maybe_applied = Some(e.clone());
+                    e
+                }
+                Outcome::Unknown(e) => return Err(e),
+            };
+            if Instant::now() + pause >= plan.deadline {
+                return Err(maybe_applied.unwrap_or(again));
+            }
+            tracing::debug!(error = %again, "routing the call again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
         }
-        self.leader_route().await
     }
 
-    /// This node when it leads, else a channel to the leader, waiting with backoff while no leader is known.
-    pub async fn leader_route(&self) -> Result<Route, ApiError> {
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            match self.leader() {
-                (Some(l), _) if l == self.node_id => return Ok(Route::Local),
-                (Some(_), Some(addr)) => return Ok(Route::Leader(self.channel(&addr)?)),
-                _ => {}
+    /// A unary request, served here or on the leader as its metadata asks.
+    pub async fn unary<T, R, L, LF, M, MF>(
+        &self,
+        req: Request<T>,
+        kind: Kind,
+        local: L,
+        remote: M,
+    ) -> Result<R, ApiError>
+    where
+        T: Clone,
+        L: Fn(Request<T>) -> LF,
+        LF: Future<Output = Result<R, ApiError>>,
+        M: Fn(Channel, Request<T>) -> MF,
+        MF: Future<Output = Result<Response<R>, Status>>,
+    {
+        let plan = Plan::of(&req, kind);
+        let remote = |ch| {
+            let call = remote(ch, forwarded(copy(&req)));
+            async move { call.await.map(Response::into_inner) }
+        };
+        self.call(plan, || local(copy(&req)), remote).await
+    }
+
+    /// One forwarded attempt. A call to a leader that stops leading meanwhile is abandoned (a paused or cut-off
+    /// old leader keeps the connection open and may never answer): a repeatable one at once, a write after a
+    /// grace, a transfer never.
+    async fn forward<R>(&self, to: NodeId, kind: Kind, call: impl Future<Output = Result<R, Status>>) -> Outcome<R> {
+        let stepped_down = async {
+            match kind {
+                Kind::Transfer => std::future::pending().await,
+                Kind::Read | Kind::Repeatable => crate::raft::control::leader_changed(&self.raft, Some(to)).await,
+                Kind::Write => {
+                    crate::raft::control::leader_changed(&self.raft, Some(to)).await;
+                    tokio::time::sleep(STEPPED_DOWN_GRACE).await;
+                }
             }
-            if tokio::time::Instant::now() + pause > deadline {
-                return Err(ApiError::Unavailable("no leader is known".into()));
+        };
+        tokio::select! {
+            r = call => remote_outcome(kind, r),
+            _ = stepped_down => {
+                Outcome::Unknown(ApiError::Unknown(format!("node {to} stopped leading while the call was in flight")))
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
         }
     }
 
     /// The leader's id and public address, as this node knows them.
     pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
-        let m = crate::raft::metrics(&self.raft);
-        let addr = m.current_leader.and_then(|l| m.membership_config.get_node(&l).map(|n| n.api_addr.clone()));
-        (m.current_leader, addr)
-    }
-
-    /// Resolves once this node sees a leader other than `from` (or none). A call forwarded to `from` may then
-    /// never be answered (a paused or cut-off old leader keeps the connection open), so the caller routes it
-    /// again instead of waiting for the old leader to come back.
-    pub async fn leader_moved(&self, from: Option<NodeId>) {
-        let mut rx = self.raft.metrics();
-        loop {
-            if rx.borrow_watched().current_leader != from {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        crate::raft::control::leader(&self.raft)
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, ApiError> {
@@ -169,5 +307,67 @@ impl Forwarder {
             .connect_lazy();
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Rejected;
+
+    fn what<R>(o: Outcome<R>) -> (&'static str, Option<Reason>) {
+        match o {
+            Outcome::Answer(Ok(_)) => ("answer", None),
+            Outcome::Answer(Err(e)) => ("answer", Some(e.reason())),
+            Outcome::Retry(e) => ("retry", Some(e.reason())),
+            Outcome::Unknown(e) => ("unknown", Some(e.reason())),
+        }
+    }
+
+    #[test]
+    fn the_leaders_answers_are_classified_by_what_they_say_was_applied() {
+        let status = |e: ApiError| Err::<(), _>(Status::from(e));
+        let cases = [
+            (Kind::Write, Ok(()), ("answer", None)),
+            (Kind::Write, status(ApiError::Rejected(Rejected::LeaseLost)), ("answer", Some(Reason::LeaseLost))),
+            (Kind::Write, status(ApiError::NotLeader { leader_addr: None }), ("retry", Some(Reason::NotLeader))),
+            (Kind::Write, status(ApiError::Unavailable("x".into())), ("retry", Some(Reason::Unavailable))),
+            (Kind::Transfer, status(ApiError::Unavailable("x".into())), ("answer", Some(Reason::Unavailable))),
+            (Kind::Write, status(ApiError::Unknown("x".into())), ("unknown", Some(Reason::UnknownOutcome))),
+            // No reason: the transport answered. Nothing was sent when the connection could not be made.
+            (Kind::Write, Err(Status::unknown("transport error")), ("unknown", Some(Reason::UnknownOutcome))),
+            (
+                Kind::Write,
+                Err(Status::from_error(Box::new(tonic::ConnectError("connection refused".into())))),
+                ("retry", Some(Reason::NotLeader)),
+            ),
+        ];
+        for (kind, r, want) in cases {
+            let shown = format!("{kind:?} {r:?}");
+            assert_eq!(what(remote_outcome(kind, r)), want, "{shown}");
+        }
+        // This node's own NOT_LEADER is routed again; its UNAVAILABLE (shutting down) and UNKNOWN_OUTCOME are not
+        // taken for "nothing applied".
+        assert_eq!(what(local_outcome::<()>(Err(ApiError::NotLeader { leader_addr: None }))).0, "retry");
+        assert_eq!(what(local_outcome::<()>(Err(ApiError::Unavailable("down".into())))).0, "answer");
+        assert_eq!(what(local_outcome::<()>(Err(ApiError::Unknown("timeout".into())))).0, "unknown");
+    }
+
+    #[test]
+    fn metadata_chooses_forwarding_redirect_or_here() {
+        let with = |name: &str, v: &str| {
+            let mut r = Request::new(());
+            r.metadata_mut().insert(
+                tonic::metadata::MetadataKey::from_bytes(name.as_bytes()).expect("key"),
+                v.parse().expect("ascii"),
+            );
+            r
+        };
+        assert_eq!(Plan::of(&Request::new(()), Kind::Write).mode, Mode::Route);
+        assert_eq!(Plan::of(&with(header::FORWARDED, "1"), Kind::Write).mode, Mode::Here);
+        assert_eq!(Plan::of(&with(header::REDIRECT, "1"), Kind::Write).mode, Mode::Redirect);
+        assert_eq!(Plan::of(&with(header::READ, "stale"), Kind::Read).mode, Mode::Here);
+        // A stale read header does not make a write local.
+        assert_eq!(Plan::of(&with(header::READ, "stale"), Kind::Write).mode, Mode::Route);
     }
 }

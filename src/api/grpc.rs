@@ -1,32 +1,38 @@
-//! The public gRPC task service.
+//! The public gRPC task service: each operation checks its request and runs it here (`*_local`), and is routed
+//! to the leader by `forward.rs`. The routed operations are what both gRPC (the `TaskService` impl at the end)
+//! and REST (`rest.rs`) call.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use raftq_proto::v1 as pb;
+use raftq_proto::v1::task_service_client::TaskServiceClient;
 use raftq_proto::v1::task_service_server::TaskService;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+use tracing::instrument;
 
 use super::convert;
-use super::error::{invalid, merge_items, valid_items, ApiError};
-use super::forward::{stale_read, Forwarder};
+use super::error::{invalid, merge_items, not_found, reply, valid_items, ApiError};
+use super::forward::{stale_read, Forwarder, Kind};
 use super::limits::Limits;
+use crate::auth::AuthError;
+use crate::leader::dispatcher::Dispatcher;
+use crate::leader::proposer::{wall_clock_ms, Proposer};
 use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
-use crate::raft::dispatcher::Dispatcher;
-use crate::raft::proposer::{wall_clock_ms, Proposer};
-use raftq_proto::v1::task_service_client::TaskServiceClient;
-use tonic::transport::Channel;
 
 pub use crate::auth::Caller;
 use crate::auth::{Authenticator, Scope};
 
-/// The bearer token of a request (`authorization: Bearer <jwt>`), or "".
+/// The bearer token of a request (`authorization: Bearer <jwt>`, the scheme in any case as RFC 7235 has it; a
+/// bare token is taken as it is), or "".
 pub fn bearer<T>(req: &Request<T>) -> String {
-    req.metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).unwrap_or(v).trim().to_string())
-        .unwrap_or_default()
+    let Some(v) = req.metadata().get("authorization").and_then(|v| v.to_str().ok()) else { return String::new() };
+    let v = v.trim();
+    match v.split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim().to_string(),
+        _ => v.to_string(),
+    }
 }
 
 /// Authenticates a request once, where it enters (the gRPC interceptor, REST): the caller rides in its
@@ -44,17 +50,14 @@ pub fn authenticate_request<T>(auth: &Authenticator, req: &mut Request<T>) -> Re
 /// The interceptor of the public gRPC services that take a bearer token with every call.
 pub fn interceptor(auth: Arc<Authenticator>) -> impl tonic::service::Interceptor + Clone {
     move |mut req: Request<()>| {
-        authenticate_request(&auth, &mut req)?;
+        authenticate_request(&auth, &mut req).map_err(Status::from)?;
         Ok(req)
     }
 }
 
 /// Who sends a unary request: authenticated on the way in, or `UNAUTHENTICATED`.
 pub fn caller<T>(req: &Request<T>) -> Result<Caller, ApiError> {
-    req.extensions().get::<Caller>().cloned().ok_or_else(|| ApiError::Unauthenticated {
-        reason: "TOKEN_MISSING",
-        message: "a bearer token is required (authorization: Bearer <jwt>)".into(),
-    })
+    req.extensions().get::<Caller>().cloned().ok_or(ApiError::Auth(AuthError::Missing))
 }
 
 /// The caller, if it holds `scope`.
@@ -125,7 +128,7 @@ impl TaskApi {
             return Ok(());
         }
         match self.proposer.read_task(id, true).await.map_err(ApiError::from)? {
-            Some(t) if t.tenant == who.tenant => who.check_queue(&t.queue),
+            Some(t) if t.tenant == who.tenant => Ok(who.check_queue(&t.queue)?),
             _ => Ok(()),
         }
     }
@@ -156,7 +159,7 @@ fn ids(v: Vec<TaskId>) -> pb::DeadLetterIds {
 }
 
 impl TaskApi {
-    async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
+    async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Result<pb::EnqueueResponse, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         who.check_queue(&req.get_ref().queue)?;
         let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
@@ -164,15 +167,18 @@ impl TaskApi {
         self.limits.enqueue(&who.tenant, 1)?;
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
-        Ok(Response::new(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate }))
+        Ok(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate })
     }
 
-    async fn enqueue_batch_local(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
+    async fn enqueue_batch_local(
+        &self,
+        req: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<pb::EnqueueBatchResponse, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let cfg = &self.proposer.cfg;
         let pb::EnqueueBatchRequest { items } = req.into_inner();
         if items.is_empty() || items.len() > cfg.max_batch_items {
-            return Err(invalid(format!("a batch holds 1 to {} items", cfg.max_batch_items)).into());
+            return Err(invalid(format!("a batch holds 1 to {} items", cfg.max_batch_items)));
         }
         let now = wall_clock_ms();
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
@@ -181,22 +187,22 @@ impl TaskApi {
         self.limits.enqueue(&who.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?;
         let results = merge_items(checked, applied).into_iter().map(enqueue_result).collect();
-        Ok(Response::new(pb::EnqueueBatchResponse { results }))
+        Ok(pb::EnqueueBatchResponse { results })
     }
 
-    async fn get_task_local(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
+    async fn get_task_local(&self, req: Request<pb::GetTaskRequest>) -> Result<pb::Task, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let id = convert::parse_id(&req.get_ref().id)?;
         match self.proposer.read_task(&id, !stale_read(&req)).await.map_err(ApiError::from)? {
             Some(t) if t.tenant == who.tenant => {
                 who.check_queue(&t.queue)?;
-                Ok(Response::new(convert::task(t)))
+                Ok(convert::task(t))
             }
-            _ => Err(ApiError::NotFound.into()),
+            _ => Err(not_found("task")),
         }
     }
 
-    async fn get_result_local(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
+    async fn get_result_local(&self, req: Request<pb::GetResultRequest>) -> Result<pb::TaskResult, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::GetResultRequest { id, wait_ms } = req.into_inner();
@@ -205,27 +211,27 @@ impl TaskApi {
         match self.proposer.wait_result(&id, self.wait(wait_ms), linearize).await.map_err(ApiError::from)? {
             Some(t) if t.tenant == who.tenant => {
                 who.check_queue(&t.queue)?;
-                Ok(Response::new(convert::result(t)))
+                Ok(convert::result(t))
             }
-            _ => Err(ApiError::NotFound.into()),
+            _ => Err(not_found("task")),
         }
     }
 
-    async fn cancel_local(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
+    async fn cancel_local(&self, req: Request<pb::CancelRequest>) -> Result<pb::CancelResponse, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let task_id = convert::parse_id(&req.get_ref().id)?;
         self.check_task_queue(&who, &task_id).await?;
         match self.proposer.write(Command::Cancel { tenant: who.tenant, task_id }).await.map_err(ApiError::from)? {
-            SmResponse::Cancelled(Ok(s)) => Ok(Response::new(pb::CancelResponse { state: convert::state(s) as i32 })),
-            SmResponse::Cancelled(Err(r)) => Err(ApiError::from(r).into()),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::Cancelled(Ok(s)) => Ok(pb::CancelResponse { state: convert::state(s) as i32 }),
+            SmResponse::Cancelled(Err(r)) => Err(ApiError::from(r)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
     async fn list_dead_letters_local(
         &self,
         req: Request<pb::ListDeadLettersRequest>,
-    ) -> Res<pb::ListDeadLettersResponse> {
+    ) -> Result<pb::ListDeadLettersResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::ListDeadLettersRequest { queue, limit } = req.into_inner();
@@ -240,48 +246,51 @@ impl TaskApi {
             .shared
             .dead_letters(&who.tenant, &queue, limit)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
-        Ok(Response::new(pb::ListDeadLettersResponse { tasks: tasks.into_iter().map(convert::task).collect() }))
+        Ok(pb::ListDeadLettersResponse { tasks: tasks.into_iter().map(convert::task).collect() })
     }
 
-    async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+    async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Result<pb::DeadLetterIds, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
         let by_id = matches!(select, DlqSelector::Ids(_));
         match self.proposer.write(Command::Redrive { tenant, queue, select }).await.map_err(ApiError::from)? {
             // Ids of which none is a dead letter of this tenant's queue (another tenant's task, say): not found.
-            SmResponse::Redriven(v) if by_id && v.is_empty() => Err(ApiError::NotFound.into()),
-            SmResponse::Redriven(v) => Ok(Response::new(ids(v))),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::Redriven(v) if by_id && v.is_empty() => Err(not_found("task")),
+            SmResponse::Redriven(v) => Ok(ids(v)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
-    async fn purge_dead_letters_local(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
+    async fn purge_dead_letters_local(
+        &self,
+        req: Request<pb::DeadLetterSelection>,
+    ) -> Result<pb::DeadLetterIds, ApiError> {
         let who = caller_with(&req, Scope::Admin)?;
         let (tenant, queue, select) = self.selection(&who, req.into_inner())?;
         let by_id = matches!(select, DlqSelector::Ids(_));
         match self.proposer.write(Command::PurgeDeadLetters { tenant, queue, select }).await.map_err(ApiError::from)? {
-            SmResponse::Purged(v) if by_id && v.is_empty() => Err(ApiError::NotFound.into()),
-            SmResponse::Purged(v) => Ok(Response::new(ids(v))),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::Purged(v) if by_id && v.is_empty() => Err(not_found("task")),
+            SmResponse::Purged(v) => Ok(ids(v)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
-    async fn claim_local(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
+    async fn claim_local(&self, req: Request<pb::ClaimRequest>) -> Result<pb::ClaimResponse, ApiError> {
         let who = caller_with(&req, Scope::Work)?;
         let cfg = &self.proposer.cfg;
         let pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms } = req.into_inner();
         if worker_id.is_empty() || worker_id.len() > 256 {
-            return Err(invalid("worker_id must be 1 to 256 characters").into());
+            return Err(invalid("worker_id must be 1 to 256 characters"));
         }
         if queues.is_empty() || queues.len() > 64 {
-            return Err(invalid("claim names 1 to 64 queues").into());
+            return Err(invalid("claim names 1 to 64 queues"));
         }
         for q in &queues {
             convert::validate_queue(cfg, q)?;
             who.check_queue(q)?;
         }
         if count == 0 || count as usize > cfg.max_batch_items {
-            return Err(invalid(format!("count must be 1 to {}", cfg.max_batch_items)).into());
+            return Err(invalid(format!("count must be 1 to {}", cfg.max_batch_items)));
         }
         let lease = convert::lease_ms(cfg, lease_ms)?;
         let granted = self.limits.claim(&who.tenant, count as usize)?;
@@ -291,10 +300,10 @@ impl TaskApi {
             ApiError::from(e)
         })?;
         self.limits.unclaimed(&who.tenant, granted - tasks.len());
-        Ok(Response::new(pb::ClaimResponse { tasks: tasks.into_iter().map(convert::task).collect() }))
+        Ok(pb::ClaimResponse { tasks: tasks.into_iter().map(convert::task).collect() })
     }
 
-    async fn ack_local(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
+    async fn ack_local(&self, req: Request<pb::AckRequest>) -> Result<pb::AckResponse, ApiError> {
         let who = caller_with(&req, Scope::Work)?;
         let pb::AckRequest { task_id, token, action } = req.into_inner();
         let task_id = convert::parse_id(&task_id)?;
@@ -310,19 +319,19 @@ impl TaskApi {
         } else {
             vec![]
         };
-        Ok(Response::new(pb::AckResponse {
+        Ok(pb::AckResponse {
             state: convert::state(r.state) as i32,
             at_ms: r.at.min(i64::MAX as u64) as i64,
             follow_up_ids,
-        }))
+        })
     }
 
-    async fn ack_batch_local(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
+    async fn ack_batch_local(&self, req: Request<pb::AckBatchRequest>) -> Result<pb::AckBatchResponse, ApiError> {
         let who = caller_with(&req, Scope::Work)?;
         let cfg = &self.proposer.cfg;
         let pb::AckBatchRequest { items } = req.into_inner();
         if items.is_empty() || items.len() > cfg.max_batch_items {
-            return Err(invalid(format!("a batch holds 1 to {} acks", cfg.max_batch_items)).into());
+            return Err(invalid(format!("a batch holds 1 to {} acks", cfg.max_batch_items)));
         }
         let now = wall_clock_ms();
         let checked: Vec<Result<AckItem, ApiError>> = items
@@ -335,10 +344,10 @@ impl TaskApi {
             .collect();
         let applied = self.proposer.ack(valid_items(&checked)).await.map_err(ApiError::from)?;
         let results = merge_items(checked, applied).into_iter().map(ack_result).collect();
-        Ok(Response::new(pb::AckBatchResponse { results }))
+        Ok(pb::AckBatchResponse { results })
     }
 
-    async fn queue_stats_local(&self, req: Request<pb::QueueStatsRequest>) -> Res<pb::QueueStatsResponse> {
+    async fn queue_stats_local(&self, req: Request<pb::QueueStatsRequest>) -> Result<pb::QueueStatsResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::QueueStatsRequest { queues } = req.into_inner();
@@ -366,25 +375,103 @@ impl TaskApi {
                 queue: qk.queue,
             })
             .collect();
-        Ok(Response::new(pb::QueueStatsResponse { queues }))
+        Ok(pb::QueueStatsResponse { queues })
+    }
+}
+
+/// The client of this service on the leader.
+fn tasks_on(ch: Channel) -> TaskServiceClient<Channel> {
+    TaskServiceClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20)
+}
+
+/// The operations of the task service, each routed to the leader: what gRPC (the `TaskService` impl below) and
+/// REST call. A routed operation has the name of its RPC; the trait's methods call these (inherent methods are
+/// found before trait methods of the same name).
+///
+/// Each has a span (`#[instrument]`) at debug level: one per request, so free unless asked for
+/// (`RAFTQ_LOG=info,raftq::api=debug`); the streams' spans are per stream, at info level.
+impl TaskApi {
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn enqueue(&self, req: Request<pb::EnqueueRequest>) -> Result<pb::EnqueueResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).enqueue(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.enqueue_local(r), remote).await
     }
 
-    /// Serves a request here or on the leader (see `Forwarder::serve`).
-    async fn routed<T, R, LF, RF, RFut>(
+    #[instrument(level = "debug", skip_all, fields(items = req.get_ref().items.len()))]
+    pub async fn enqueue_batch(
         &self,
-        req: Request<T>,
-        local: impl FnOnce(Request<T>) -> LF,
-        remote: RF,
-    ) -> Res<R>
-    where
-        T: Clone + Send + 'static,
-        LF: std::future::Future<Output = Res<R>>,
-        RF: Fn(TaskServiceClient<Channel>, Request<T>) -> RFut,
-        RFut: std::future::Future<Output = Res<R>>,
-    {
-        let client =
-            |ch| TaskServiceClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
-        self.fwd.serve(req, local, |ch, r| remote(client(ch), r)).await
+        req: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<pb::EnqueueBatchResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).enqueue_batch(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.enqueue_batch_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(task_id = %req.get_ref().id))]
+    pub async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Result<pb::Task, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).get_task(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.get_task_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(task_id = %req.get_ref().id, wait_ms = req.get_ref().wait_ms))]
+    pub async fn get_result(&self, req: Request<pb::GetResultRequest>) -> Result<pb::TaskResult, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).get_result(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.get_result_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(task_id = %req.get_ref().id))]
+    pub async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<pb::CancelResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).cancel(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.cancel_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn list_dead_letters(
+        &self,
+        req: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<pb::ListDeadLettersResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).list_dead_letters(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_dead_letters_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn redrive(&self, req: Request<pb::DeadLetterSelection>) -> Result<pb::DeadLetterIds, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).redrive(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.redrive_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn purge_dead_letters(
+        &self,
+        req: Request<pb::DeadLetterSelection>,
+    ) -> Result<pb::DeadLetterIds, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).purge_dead_letters(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.purge_dead_letters_local(r), remote).await
+    }
+
+    /// Tasks a lost answer had claimed come back when their leases expire: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(worker_id = %req.get_ref().worker_id, count = req.get_ref().count))]
+    pub async fn claim(&self, req: Request<pb::ClaimRequest>) -> Result<pb::ClaimResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).claim(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.claim_local(r), remote).await
+    }
+
+    /// An ack repeated with the same token and outcome is answered as applied: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(task_id = %req.get_ref().task_id))]
+    pub async fn ack(&self, req: Request<pb::AckRequest>) -> Result<pb::AckResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).ack(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.ack_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(items = req.get_ref().items.len()))]
+    pub async fn ack_batch(&self, req: Request<pb::AckBatchRequest>) -> Result<pb::AckBatchResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).ack_batch(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.ack_batch_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all)]
+    pub async fn queue_stats(&self, req: Request<pb::QueueStatsRequest>) -> Result<pb::QueueStatsResponse, ApiError> {
+        let remote = |ch, r| async move { tasks_on(ch).queue_stats(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.queue_stats_local(r), remote).await
     }
 }
 
@@ -401,54 +488,54 @@ pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResul
     }
 }
 
+/// gRPC: each method is the routed operation of the same name above.
 #[tonic::async_trait]
 impl TaskService for TaskApi {
     async fn enqueue(&self, req: Request<pb::EnqueueRequest>) -> Res<pb::EnqueueResponse> {
-        self.routed(req, |r| self.enqueue_local(r), |mut c, r| async move { c.enqueue(r).await }).await
+        reply(TaskApi::enqueue(self, req).await)
     }
 
     async fn enqueue_batch(&self, req: Request<pb::EnqueueBatchRequest>) -> Res<pb::EnqueueBatchResponse> {
-        self.routed(req, |r| self.enqueue_batch_local(r), |mut c, r| async move { c.enqueue_batch(r).await }).await
+        reply(TaskApi::enqueue_batch(self, req).await)
     }
 
     async fn get_task(&self, req: Request<pb::GetTaskRequest>) -> Res<pb::Task> {
-        self.routed(req, |r| self.get_task_local(r), |mut c, r| async move { c.get_task(r).await }).await
+        reply(TaskApi::get_task(self, req).await)
     }
 
     async fn get_result(&self, req: Request<pb::GetResultRequest>) -> Res<pb::TaskResult> {
-        self.routed(req, |r| self.get_result_local(r), |mut c, r| async move { c.get_result(r).await }).await
+        reply(TaskApi::get_result(self, req).await)
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Res<pb::CancelResponse> {
-        self.routed(req, |r| self.cancel_local(r), |mut c, r| async move { c.cancel(r).await }).await
+        reply(TaskApi::cancel(self, req).await)
     }
 
     async fn list_dead_letters(&self, req: Request<pb::ListDeadLettersRequest>) -> Res<pb::ListDeadLettersResponse> {
-        self.routed(req, |r| self.list_dead_letters_local(r), |mut c, r| async move { c.list_dead_letters(r).await })
-            .await
+        reply(TaskApi::list_dead_letters(self, req).await)
     }
 
     async fn redrive(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
-        self.routed(req, |r| self.redrive_local(r), |mut c, r| async move { c.redrive(r).await }).await
+        reply(TaskApi::redrive(self, req).await)
     }
 
     async fn purge_dead_letters(&self, req: Request<pb::DeadLetterSelection>) -> Res<pb::DeadLetterIds> {
-        self.routed(req, |r| self.purge_dead_letters_local(r), |mut c, r| async move { c.purge_dead_letters(r).await })
-            .await
+        reply(TaskApi::purge_dead_letters(self, req).await)
     }
 
     async fn claim(&self, req: Request<pb::ClaimRequest>) -> Res<pb::ClaimResponse> {
-        self.routed(req, |r| self.claim_local(r), |mut c, r| async move { c.claim(r).await }).await
+        reply(TaskApi::claim(self, req).await)
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Res<pb::AckResponse> {
-        self.routed(req, |r| self.ack_local(r), |mut c, r| async move { c.ack(r).await }).await
+        reply(TaskApi::ack(self, req).await)
     }
 
     async fn ack_batch(&self, req: Request<pb::AckBatchRequest>) -> Res<pb::AckBatchResponse> {
-        self.routed(req, |r| self.ack_batch_local(r), |mut c, r| async move { c.ack_batch(r).await }).await
+        reply(TaskApi::ack_batch(self, req).await)
     }
+
     async fn queue_stats(&self, req: Request<pb::QueueStatsRequest>) -> Res<pb::QueueStatsResponse> {
-        self.routed(req, |r| self.queue_stats_local(r), |mut c, r| async move { c.queue_stats(r).await }).await
+        reply(TaskApi::queue_stats(self, req).await)
     }
 }

@@ -10,7 +10,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::raft::proposer::Proposer;
+use crate::leader::proposer::Proposer;
+use crate::raft::control::RaftStatus;
 use crate::storage::log_store::LogStats;
 
 /// How far applied may lag behind committed for the node to count as ready.
@@ -24,6 +25,7 @@ pub fn router(proposer: Arc<Proposer>, log: Arc<LogStats>, rest: super::rest::Re
         .route("/metrics", get(metrics))
         .with_state((proposer, log))
         .merge(super::rest::routes(rest))
+        .method_not_allowed_fallback(super::rest::method_not_allowed)
 }
 
 /// Prometheus text exposition: task events and latencies, queue depths, Raft state, the log's fsyncs.
@@ -60,40 +62,23 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
         &[(String::new(), pending)],
     );
 
-    let m = crate::raft::metrics(&p.raft);
-    let idx = |l: &Option<crate::raft::types::LogId>| l.as_ref().map(|l| l.index).unwrap_or(0) as f64;
-    gauge(&mut out, "raftq_raft_term", "Current Raft term.", &[(String::new(), m.current_term as f64)]);
+    let m = crate::raft::control::status(&p.raft);
+    gauge(&mut out, "raftq_raft_term", "Current Raft term.", &[(String::new(), m.term as f64)]);
     gauge(
         &mut out,
         "raftq_raft_leader_id",
         "The leader this node knows (0: none).",
-        &[(String::new(), m.current_leader.unwrap_or(0) as f64)],
+        &[(String::new(), m.leader.unwrap_or(0) as f64)],
     );
-    gauge(
-        &mut out,
-        "raftq_raft_is_leader",
-        "1 on the leader.",
-        &[(String::new(), (m.current_leader == Some(m.id)) as u8 as f64)],
-    );
-    gauge(
-        &mut out,
-        "raftq_raft_last_log_index",
-        "Last log index.",
-        &[(String::new(), m.last_log_index.unwrap_or(0) as f64)],
-    );
-    gauge(&mut out, "raftq_raft_committed_index", "Committed index.", &[(String::new(), idx(&m.local_committed))]);
-    gauge(&mut out, "raftq_raft_applied_index", "Applied index.", &[(String::new(), idx(&m.last_applied))]);
-    let last = m.last_log_index.unwrap_or(0);
+    gauge(&mut out, "raftq_raft_is_leader", "1 on the leader.", &[(String::new(), m.leading() as u8 as f64)]);
+    gauge(&mut out, "raftq_raft_last_log_index", "Last log index.", &[(String::new(), m.last_log_index as f64)]);
+    gauge(&mut out, "raftq_raft_committed_index", "Committed index.", &[(String::new(), m.committed_index as f64)]);
+    gauge(&mut out, "raftq_raft_applied_index", "Applied index.", &[(String::new(), m.applied_index as f64)]);
     let lag: Vec<(String, f64)> = m
         .replication
-        .as_ref()
-        .map(|r| {
-            r.iter()
-                .filter(|(id, _)| **id != m.id)
-                .map(|(id, matched)| (format!("peer=\"{id}\""), last.saturating_sub(idx(matched) as u64) as f64))
-                .collect()
-        })
-        .unwrap_or_default();
+        .iter()
+        .map(|(id, matched)| (format!("peer=\"{id}\""), m.last_log_index.saturating_sub(*matched) as f64))
+        .collect();
     gauge(&mut out, "raftq_raft_replication_lag_entries", "Entries each follower is behind (on the leader).", &lag);
 
     log.fsync_latency.render(&mut out, t::FSYNC_SECONDS, "Raft log fsync latency.");
@@ -116,23 +101,25 @@ async fn healthz() -> Json<serde_json::Value> {
 
 /// Ready: the node knows a leader and has applied what it knows to be committed (within a bound). The same rule
 /// answers `/readyz` and the gRPC health service.
-pub fn is_ready(m: &openraft::RaftMetrics<crate::raft::types::TypeConfig>) -> bool {
-    let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
-    let committed = m.local_committed.as_ref().map(|l| l.index).unwrap_or(0);
-    m.current_leader.is_some() && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES
+pub fn is_ready(m: &RaftStatus) -> bool {
+    m.leader.is_some() && m.committed_index.saturating_sub(m.applied_index) <= READY_MAX_LAG_ENTRIES
+}
+
+/// Whether the node is ready now (see [`is_ready`]).
+pub fn node_ready(raft: &crate::storage::Raft) -> bool {
+    is_ready(&crate::raft::control::status(raft))
 }
 
 async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {
-    let m = crate::raft::metrics(&p.raft);
-    let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
+    let m = crate::raft::control::status(&p.raft);
     let ready = is_ready(&m);
     let body = json!({
         "ready": ready,
-        "node_id": m.id,
-        "leader": m.current_leader,
-        "term": m.current_term,
+        "node_id": m.node_id,
+        "leader": m.leader,
+        "term": m.term,
         "last_log_index": m.last_log_index,
-        "applied_index": applied,
+        "applied_index": m.applied_index,
     });
     let code = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(body))

@@ -10,18 +10,19 @@ use raftq_proto::v1::jobs_client::JobsClient;
 use raftq_proto::v1::jobs_server::Jobs;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+use tracing::instrument;
 
 use super::convert;
-use super::error::{invalid, ApiError};
-use super::forward::{stale_read, Forwarder};
+use super::error::{invalid, not_found, reply, ApiError};
+use super::forward::{stale_read, Forwarder, Kind};
 use super::grpc::caller_with;
 use crate::auth::Scope;
+use crate::leader::dispatcher::Dispatcher;
+use crate::leader::proposer::wall_clock_ms;
+use crate::leader::proposer::Proposer;
 use crate::queue::{
     self, Command, MissedPolicy, Response as SmResponse, Schedule, ScheduleSpec, TaskFilter, TaskId, TaskState,
 };
-use crate::raft::dispatcher::Dispatcher;
-use crate::raft::proposer::wall_clock_ms;
-use crate::raft::proposer::Proposer;
 
 /// Largest page a listing returns.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -82,39 +83,42 @@ fn bound(ms: i64, name: &str) -> Result<Option<u64>, ApiError> {
 }
 
 impl JobsApi {
-    async fn set_paused(&self, tenant: String, queue: String, paused: bool) -> Res<pb::QueuePauseState> {
+    async fn set_paused(&self, tenant: String, queue: String, paused: bool) -> Result<pb::QueuePauseState, ApiError> {
         convert::validate_queue(&self.proposer.cfg, &queue)?;
         let cmd = Command::SetQueuePaused { tenant, queue: queue.clone(), paused };
         match self.proposer.write(cmd).await.map_err(ApiError::from)? {
-            SmResponse::QueuePaused(p) => Ok(Response::new(pb::QueuePauseState { queue, paused: p })),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::QueuePaused(p) => Ok(pb::QueuePauseState { queue, paused: p }),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
-    async fn pause_local(&self, req: Request<pb::PauseQueueRequest>) -> Res<pb::QueuePauseState> {
+    async fn pause_local(&self, req: Request<pb::PauseQueueRequest>) -> Result<pb::QueuePauseState, ApiError> {
         let who = caller_with(&req, Scope::Admin)?;
         let pb::PauseQueueRequest { queue } = req.into_inner();
         who.check_queue(&queue)?;
         self.set_paused(who.tenant, queue, true).await
     }
 
-    async fn resume_local(&self, req: Request<pb::ResumeQueueRequest>) -> Res<pb::QueuePauseState> {
+    async fn resume_local(&self, req: Request<pb::ResumeQueueRequest>) -> Result<pb::QueuePauseState, ApiError> {
         let who = caller_with(&req, Scope::Admin)?;
         let pb::ResumeQueueRequest { queue } = req.into_inner();
         who.check_queue(&queue)?;
         self.set_paused(who.tenant, queue, false).await
     }
 
-    async fn list_paused_local(&self, req: Request<pb::ListPausedQueuesRequest>) -> Res<pb::ListPausedQueuesResponse> {
+    async fn list_paused_local(
+        &self,
+        req: Request<pb::ListPausedQueuesRequest>,
+    ) -> Result<pb::ListPausedQueuesResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         if !stale_read(&req) {
             self.proposer.linearize().await.map_err(ApiError::from)?;
         }
         let pb::ListPausedQueuesRequest {} = req.into_inner();
-        Ok(Response::new(pb::ListPausedQueuesResponse { queues: self.proposer.shared.paused_queues(&who.tenant) }))
+        Ok(pb::ListPausedQueuesResponse { queues: self.proposer.shared.paused_queues(&who.tenant) })
     }
 
-    async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
+    async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::ListTasksRequest { queue, state, created_from_ms, created_to_ms, page_size, page_token } =
@@ -123,7 +127,7 @@ impl JobsApi {
             convert::validate_queue(&self.proposer.cfg, &queue)?;
             who.check_queue(&queue)?;
         } else if who.limited_to_queues() {
-            return Err(invalid("a token limited to some queues lists one queue at a time: give queue").into());
+            return Err(invalid("a token limited to some queues lists one queue at a time: give queue"));
         }
         let filter = TaskFilter {
             queue: (!queue.is_empty()).then_some(queue),
@@ -132,7 +136,7 @@ impl JobsApi {
             created_to: bound(created_to_ms, "created_to_ms")?,
         };
         if page_size > MAX_PAGE_SIZE {
-            return Err(invalid(format!("page_size must be at most {MAX_PAGE_SIZE}")).into());
+            return Err(invalid(format!("page_size must be at most {MAX_PAGE_SIZE}")));
         }
         let limit = if page_size == 0 { 100 } else { page_size } as usize;
         let after = if page_token.is_empty() {
@@ -152,13 +156,13 @@ impl JobsApi {
             (true, Some(t)) => t.id.to_string(),
             _ => String::new(),
         };
-        Ok(Response::new(pb::ListTasksResponse {
-            tasks: tasks.into_iter().map(convert::task).collect(),
-            next_page_token,
-        }))
+        Ok(pb::ListTasksResponse { tasks: tasks.into_iter().map(convert::task).collect(), next_page_token })
     }
 
-    async fn capacity_local(&self, req: Request<pb::QueueCapacityRequest>) -> Res<pb::QueueCapacityResponse> {
+    async fn capacity_local(
+        &self,
+        req: Request<pb::QueueCapacityRequest>,
+    ) -> Result<pb::QueueCapacityResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         let linearize = !stale_read(&req);
         let pb::QueueCapacityRequest { queues } = req.into_inner();
@@ -209,15 +213,15 @@ impl JobsApi {
                 }
             })
             .collect();
-        Ok(Response::new(pb::QueueCapacityResponse { queues: out }))
+        Ok(pb::QueueCapacityResponse { queues: out })
     }
 
-    async fn create_schedule_local(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
+    async fn create_schedule_local(&self, req: Request<pb::CreateScheduleRequest>) -> Result<pb::Schedule, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let cfg = &self.proposer.cfg;
         let pb::CreateScheduleRequest { name, task, cron, time_zone, interval_ms, missed_policy } = req.into_inner();
         if name.is_empty() || name.len() > 128 {
-            return Err(invalid("name must be 1 to 128 characters").into());
+            return Err(invalid("name must be 1 to 128 characters"));
         }
         let task = task.ok_or_else(|| invalid("a schedule needs its task"))?;
         if !task.idempotency_key.is_empty()
@@ -227,7 +231,7 @@ impl JobsApi {
             || task.run_at_ms > 0
             || task.deadline_in_ms > 0
         {
-            return Err(invalid("a schedule's task takes no keys, dependencies, delay or deadline").into());
+            return Err(invalid("a schedule's task takes no keys, dependencies, delay or deadline"));
         }
         let spec = match (cron.is_empty(), interval_ms) {
             (false, 0) => {
@@ -236,15 +240,13 @@ impl JobsApi {
                 ScheduleSpec::Cron { expr: cron, tz }
             }
             (true, ms) if ms >= MIN_INTERVAL_MS => ScheduleSpec::Interval { every_ms: ms },
-            (true, _) => {
-                return Err(invalid(format!("give a cron expression or interval_ms >= {MIN_INTERVAL_MS}")).into())
-            }
-            (false, _) => return Err(invalid("give a cron expression or an interval, not both").into()),
+            (true, _) => return Err(invalid(format!("give a cron expression or interval_ms >= {MIN_INTERVAL_MS}"))),
+            (false, _) => return Err(invalid("give a cron expression or an interval, not both")),
         };
         let missed = match pb::MissedPolicy::try_from(missed_policy) {
             Ok(pb::MissedPolicy::Skip) => MissedPolicy::Skip,
             Ok(pb::MissedPolicy::RunOnce) => MissedPolicy::RunOnce,
-            Err(_) => return Err(invalid(format!("unknown missed_policy {missed_policy}")).into()),
+            Err(_) => return Err(invalid(format!("unknown missed_policy {missed_policy}"))),
         };
         let now = wall_clock_ms();
         who.check_queue(&task.queue)?;
@@ -266,108 +268,180 @@ impl JobsApi {
         self.schedule_write(Command::CreateSchedule(Box::new(sch))).await
     }
 
-    async fn schedule_write(&self, cmd: Command) -> Res<pb::Schedule> {
+    async fn schedule_write(&self, cmd: Command) -> Result<pb::Schedule, ApiError> {
         match self.proposer.write(cmd).await.map_err(ApiError::from)? {
-            SmResponse::Schedule(Ok(Some(s))) => Ok(Response::new(schedule_pb(&s))),
-            SmResponse::Schedule(Ok(None)) => Err(ApiError::NotFound.into()),
-            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::Schedule(Ok(Some(s))) => Ok(schedule_pb(&s)),
+            SmResponse::Schedule(Ok(None)) => Err(not_found("schedule")),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
-    async fn update_schedule(&self, tenant: String, id: &str, paused: bool, delete: bool) -> Result<Command, Status> {
+    async fn update_schedule(&self, tenant: String, id: &str, paused: bool, delete: bool) -> Result<Command, ApiError> {
         let id: TaskId = convert::parse_id(id)?;
         Ok(Command::UpdateSchedule { tenant, id, paused, delete })
     }
 
-    async fn pause_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+    async fn pause_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Result<pb::Schedule, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let cmd = self.update_schedule(who.tenant, &req.get_ref().id, true, false).await?;
         self.schedule_write(cmd).await
     }
 
-    async fn resume_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
+    async fn resume_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Result<pb::Schedule, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, false).await?;
         self.schedule_write(cmd).await
     }
 
-    async fn delete_schedule_local(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
+    async fn delete_schedule_local(
+        &self,
+        req: Request<pb::ScheduleRef>,
+    ) -> Result<pb::DeleteScheduleResponse, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         let cmd = self.update_schedule(who.tenant, &req.get_ref().id, false, true).await?;
         match self.proposer.write(cmd).await.map_err(ApiError::from)? {
-            SmResponse::Schedule(Ok(_)) => Ok(Response::new(pb::DeleteScheduleResponse {})),
-            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r).into()),
-            other => Err(ApiError::Internal(format!("unexpected response {other:?}")).into()),
+            SmResponse::Schedule(Ok(_)) => Ok(pb::DeleteScheduleResponse {}),
+            SmResponse::Schedule(Err(r)) => Err(ApiError::from(r)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         }
     }
 
-    async fn list_schedules_local(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
+    async fn list_schedules_local(
+        &self,
+        req: Request<pb::ListSchedulesRequest>,
+    ) -> Result<pb::ListSchedulesResponse, ApiError> {
         let who = caller_with(&req, Scope::Read)?;
         if !stale_read(&req) {
             self.proposer.linearize().await.map_err(ApiError::from)?;
         }
         let mut all = self.proposer.shared.schedules(Some(&who.tenant));
         all.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
-        Ok(Response::new(pb::ListSchedulesResponse { schedules: all.iter().map(schedule_pb).collect() }))
-    }
-
-    /// Serves a request here or on the leader (see `Forwarder::serve`).
-    async fn routed<T, R, LF, RF, RFut>(
-        &self,
-        req: Request<T>,
-        local: impl FnOnce(Request<T>) -> LF,
-        remote: RF,
-    ) -> Res<R>
-    where
-        T: Clone + Send + 'static,
-        LF: std::future::Future<Output = Res<R>>,
-        RF: Fn(JobsClient<Channel>, Request<T>) -> RFut,
-        RFut: std::future::Future<Output = Res<R>>,
-    {
-        self.fwd.serve(req, local, |ch, r| remote(JobsClient::new(ch).max_decoding_message_size(64 << 20), r)).await
+        Ok(pb::ListSchedulesResponse { schedules: all.iter().map(schedule_pb).collect() })
     }
 }
 
+/// The client of this service on the leader.
+fn jobs_on(ch: Channel) -> JobsClient<Channel> {
+    JobsClient::new(ch).max_decoding_message_size(64 << 20)
+}
+
+/// The operations of the Jobs service, each routed to the leader: what gRPC (the `Jobs` impl below) and REST
+/// call. A routed operation has the name of its RPC (inherent methods are found before the trait's).
+impl JobsApi {
+    /// Pausing sets a state: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn pause_queue(&self, req: Request<pb::PauseQueueRequest>) -> Result<pb::QueuePauseState, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).pause_queue(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.pause_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn resume_queue(&self, req: Request<pb::ResumeQueueRequest>) -> Result<pb::QueuePauseState, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).resume_queue(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.resume_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all)]
+    pub async fn list_paused_queues(
+        &self,
+        req: Request<pb::ListPausedQueuesRequest>,
+    ) -> Result<pb::ListPausedQueuesResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_paused_queues(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_paused_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, page_size = req.get_ref().page_size))]
+    pub async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_tasks(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_tasks_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queues = req.get_ref().queues.len()))]
+    pub async fn queue_capacity(
+        &self,
+        req: Request<pb::QueueCapacityRequest>,
+    ) -> Result<pb::QueueCapacityResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).queue_capacity(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.capacity_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(name = %req.get_ref().name))]
+    pub async fn create_schedule(&self, req: Request<pb::CreateScheduleRequest>) -> Result<pb::Schedule, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).create_schedule(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.create_schedule_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all)]
+    pub async fn list_schedules(
+        &self,
+        req: Request<pb::ListSchedulesRequest>,
+    ) -> Result<pb::ListSchedulesResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_schedules(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_schedules_local(r), remote).await
+    }
+
+    /// Pausing and resuming set a state: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(schedule_id = %req.get_ref().id))]
+    pub async fn pause_schedule(&self, req: Request<pb::ScheduleRef>) -> Result<pb::Schedule, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).pause_schedule(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.pause_schedule_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(schedule_id = %req.get_ref().id))]
+    pub async fn resume_schedule(&self, req: Request<pb::ScheduleRef>) -> Result<pb::Schedule, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).resume_schedule(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.resume_schedule_local(r), remote).await
+    }
+
+    /// A repeated delete would answer NOT_FOUND for a delete that happened: a write.
+    #[instrument(level = "debug", skip_all, fields(schedule_id = %req.get_ref().id))]
+    pub async fn delete_schedule(&self, req: Request<pb::ScheduleRef>) -> Result<pb::DeleteScheduleResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).delete_schedule(r).await };
+        self.fwd.unary(req, Kind::Write, |r| self.delete_schedule_local(r), remote).await
+    }
+}
+
+/// gRPC: each method is the routed operation of the same name above.
 #[tonic::async_trait]
 impl Jobs for JobsApi {
     async fn pause_queue(&self, req: Request<pb::PauseQueueRequest>) -> Res<pb::QueuePauseState> {
-        self.routed(req, |r| self.pause_local(r), |mut c, r| async move { c.pause_queue(r).await }).await
+        reply(JobsApi::pause_queue(self, req).await)
     }
 
     async fn resume_queue(&self, req: Request<pb::ResumeQueueRequest>) -> Res<pb::QueuePauseState> {
-        self.routed(req, |r| self.resume_local(r), |mut c, r| async move { c.resume_queue(r).await }).await
+        reply(JobsApi::resume_queue(self, req).await)
     }
 
     async fn list_paused_queues(&self, req: Request<pb::ListPausedQueuesRequest>) -> Res<pb::ListPausedQueuesResponse> {
-        self.routed(req, |r| self.list_paused_local(r), |mut c, r| async move { c.list_paused_queues(r).await }).await
+        reply(JobsApi::list_paused_queues(self, req).await)
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {
-        self.routed(req, |r| self.list_tasks_local(r), |mut c, r| async move { c.list_tasks(r).await }).await
+        reply(JobsApi::list_tasks(self, req).await)
     }
 
     async fn queue_capacity(&self, req: Request<pb::QueueCapacityRequest>) -> Res<pb::QueueCapacityResponse> {
-        self.routed(req, |r| self.capacity_local(r), |mut c, r| async move { c.queue_capacity(r).await }).await
+        reply(JobsApi::queue_capacity(self, req).await)
     }
 
     async fn create_schedule(&self, req: Request<pb::CreateScheduleRequest>) -> Res<pb::Schedule> {
-        self.routed(req, |r| self.create_schedule_local(r), |mut c, r| async move { c.create_schedule(r).await }).await
+        reply(JobsApi::create_schedule(self, req).await)
     }
 
     async fn list_schedules(&self, req: Request<pb::ListSchedulesRequest>) -> Res<pb::ListSchedulesResponse> {
-        self.routed(req, |r| self.list_schedules_local(r), |mut c, r| async move { c.list_schedules(r).await }).await
+        reply(JobsApi::list_schedules(self, req).await)
     }
 
     async fn pause_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
-        self.routed(req, |r| self.pause_schedule_local(r), |mut c, r| async move { c.pause_schedule(r).await }).await
+        reply(JobsApi::pause_schedule(self, req).await)
     }
 
     async fn resume_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::Schedule> {
-        self.routed(req, |r| self.resume_schedule_local(r), |mut c, r| async move { c.resume_schedule(r).await }).await
+        reply(JobsApi::resume_schedule(self, req).await)
     }
 
     async fn delete_schedule(&self, req: Request<pb::ScheduleRef>) -> Res<pb::DeleteScheduleResponse> {
-        self.routed(req, |r| self.delete_schedule_local(r), |mut c, r| async move { c.delete_schedule(r).await }).await
+        reply(JobsApi::delete_schedule(self, req).await)
     }
 }

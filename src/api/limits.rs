@@ -45,8 +45,7 @@ impl Buckets {
         b.at = now;
         if b.tokens < min as f64 {
             let retry_after_ms = (((min as f64 - b.tokens) / self.per_s) * 1000.0).ceil().max(1.0) as u64;
-            return Err(ApiError::ResourceExhausted {
-                reason: "RATE_LIMITED",
+            return Err(ApiError::RateLimited {
                 message: format!(
                     "tenant '{tenant}' is over its rate of {} {} per second; retry in {retry_after_ms} ms",
                     self.per_s, self.what
@@ -130,8 +129,7 @@ impl Limits {
         let mut m = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         let n = m.entry(tenant.to_string()).or_insert(0);
         if *n >= self.max_streams {
-            return Err(ApiError::ResourceExhausted {
-                reason: "TOO_MANY_STREAMS",
+            return Err(ApiError::TooManyStreams {
                 message: format!("tenant '{tenant}' already holds {} streams on this node", self.max_streams),
                 retry_after_ms: 1000,
             });
@@ -143,6 +141,8 @@ impl Limits {
 
 #[cfg(test)]
 mod tests {
+    use raftq_proto::reason::Reason;
+
     use super::*;
 
     fn cfg(rate: f64, burst: u64) -> Config {
@@ -161,14 +161,14 @@ mod tests {
         let l = Limits::new(&cfg(10.0, 20));
         l.enqueue("a", 15).unwrap();
         let e = l.enqueue("a", 10).unwrap_err();
-        assert_eq!(e.reason(), "RATE_LIMITED");
+        assert_eq!(e.reason(), Reason::RateLimited);
         match e {
-            ApiError::ResourceExhausted { retry_after_ms, .. } => assert!((400..=600).contains(&retry_after_ms)),
+            ApiError::RateLimited { retry_after_ms, .. } => assert!((400..=600).contains(&retry_after_ms)),
             other => panic!("{other:?}"),
         }
         // Another tenant has its own bucket; a request over the burst can never pass.
         l.enqueue("b", 20).unwrap();
-        assert_eq!(l.enqueue("b", 21).unwrap_err().reason(), "INVALID_ARGUMENT");
+        assert_eq!(l.enqueue("b", 21).unwrap_err().reason(), Reason::InvalidArgument);
     }
 
     #[test]
@@ -176,7 +176,7 @@ mod tests {
         let l = Limits::new(&cfg(1.0, 5));
         assert_eq!(l.claim("a", 3).unwrap(), 3);
         assert_eq!(l.claim("a", 3).unwrap(), 2);
-        assert_eq!(l.claim("a", 1).unwrap_err().reason(), "RATE_LIMITED");
+        assert_eq!(l.claim("a", 1).unwrap_err().reason(), Reason::RateLimited);
         l.unclaimed("a", 2);
         assert_eq!(l.claim("a", 5).unwrap(), 2);
     }
@@ -193,7 +193,7 @@ mod tests {
         let l = Arc::new(Limits::new(&cfg(0.0, 1)));
         let a1 = l.open_stream("a").unwrap();
         let _a2 = l.open_stream("a").unwrap();
-        assert_eq!(l.open_stream("a").err().unwrap().reason(), "TOO_MANY_STREAMS");
+        assert_eq!(l.open_stream("a").err().unwrap().reason(), Reason::TooManyStreams);
         let _b = l.open_stream("b").unwrap();
         drop(a1);
         l.open_stream("a").unwrap();

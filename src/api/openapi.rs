@@ -103,7 +103,7 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
             "createSchedule",
             "A recurring task, by cron (with time zone) or interval",
             Some("Schedule"),
-            (200, Some("ScheduleInfo")),
+            (201, Some("ScheduleInfo")),
         ),
         ("get", "/v1/schedules") => op("listSchedules", "The tenant's schedules", None, (200, Some("ScheduleList"))),
         ("delete", "/v1/schedules/{id}") => op("deleteSchedule", "Delete a schedule", None, (200, Some("Deleted"))),
@@ -180,7 +180,17 @@ pub fn schemas() -> Map<String, Value> {
         (
             "Error",
             object(
-                &[("error", object(&[("code", string()), ("message", string())], &["code", "message"]))],
+                &[(
+                    "error",
+                    object(
+                        &[
+                            ("code", json!({"type": "string", "description": "The stable reason code"})),
+                            ("message", string()),
+                            ("retry_after_ms", json!({"type": "integer", "description": "With 429: when to retry"})),
+                        ],
+                        &["code", "message"],
+                    ),
+                )],
                 &["error"],
             ),
         ),
@@ -512,11 +522,25 @@ pub fn document() -> Value {
         };
         let error = json!({"description": "Error, with a stable reason code",
             "content": {"application/json": {"schema": reference("Error")}}});
+        let mut responses = Map::new();
+        responses.insert(o.ok.0.to_string(), ok_body);
+        for (status, description) in error_statuses(method, path, &o) {
+            let mut e = error.clone();
+            e["description"] = json!(description);
+            responses.insert(status.to_string(), e);
+        }
+        if path == "/readyz" {
+            responses.insert(
+                "503".into(),
+                json!({"description": "Not ready", "content": {"application/json": {"schema": reference("Ready")}}}),
+            );
+        }
+        responses.insert("default".into(), error);
         let mut operation = json!({
             "operationId": o.id,
             "summary": o.summary,
             "parameters": params,
-            "responses": {o.ok.0.to_string(): ok_body, "default": error},
+            "responses": responses,
         });
         match scope_of(o.id) {
             // Served without a token.
@@ -550,6 +574,48 @@ pub fn document() -> Value {
                 "description": "A JWT with `tid` (tenant) and scopes (enqueue, work, read, admin); see the README."}},
         },
     })
+}
+
+/// The error statuses an operation answers, each with the `Error` body (`error.rs` maps every reason to one
+/// status). An integration test drives every operation and checks that each status it answers is declared.
+fn error_statuses(method: &str, path: &str, o: &Operation) -> Vec<(u16, &'static str)> {
+    if scope_of(o.id).is_none() {
+        return vec![];
+    }
+    let mut v = vec![
+        (400, "INVALID_ARGUMENT: a parameter, the query string or the body is not acceptable"),
+        (401, "TOKEN_*: no token, or one that is not acceptable"),
+        (403, "SCOPE_REQUIRED, QUEUE_NOT_ALLOWED: the token does not allow this"),
+    ];
+    if path.contains('{') {
+        v.push((404, "NOT_FOUND: no such task, schedule or queue (another tenant's are not found either)"));
+    }
+    let conflicts = matches!(
+        o.id,
+        "cancel"
+            | "complete"
+            | "fail"
+            | "nack"
+            | "abandon"
+            | "heartbeat"
+            | "exception"
+            | "createSchedule"
+            | "pauseSchedule"
+            | "resumeSchedule"
+            | "deleteSchedule"
+    );
+    if conflicts {
+        v.push((409, "LEASE_LOST, NOT_IN_PROGRESS, ALREADY_ENDED, ...: the task's state refuses this"));
+    }
+    if method == "post" && matches!(o.id, "enqueue" | "enqueueBatch" | "claim") {
+        v.push((429, "RATE_LIMITED: over the tenant's rate; nothing was applied; see Retry-After"));
+    }
+    v.extend([
+        (500, "INTERNAL"),
+        (503, "NOT_LEADER, UNAVAILABLE: nothing was applied; try again (x-raftq-leader names the leader)"),
+        (504, "UNKNOWN_OUTCOME: a write that may or may not have been applied"),
+    ]);
+    v
 }
 
 /// The scope an operation needs (as the service checks it), or None for the public ones.

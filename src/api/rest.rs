@@ -1,26 +1,29 @@
 //! REST/JSON under `/v1`, on the HTTP port.
 //!
-//! Every route calls the same service code as gRPC (in process), so validation, forwarding to the leader,
-//! read consistency and error reasons are identical: a REST error is `{"error": {"code": REASON, "message": ...}}`
-//! with the HTTP status matching the gRPC code. The headers `authorization`, `x-raftq-redirect` and
+//! Every route calls the same service operations as gRPC (in process), so validation, forwarding to the leader,
+//! read consistency and error reasons are identical: every non-2xx answer, including a query string or body that
+//! does not parse, an unknown route (404) and a wrong method (405), is `{"error": {"code": REASON, "message":
+//! ...}}` with the HTTP status of its reason (`error.rs`). The headers `authorization`, `x-raftq-redirect` and
 //! `x-raftq-read` mean what they mean on gRPC. Payloads and results are bytes: JSON carries them as UTF-8 text
 //! (`payload`) or base64 (`payload_base64`); tasks come back with both (`payload` is null when not UTF-8).
 //! Fencing tokens are decimal strings (a JSON number cannot hold every u64); numbers are accepted too.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use base64::Engine;
+use raftq_proto::reason::header;
 use raftq_proto::v1 as pb;
-use raftq_proto::v1::admin_server::Admin;
-use raftq_proto::v1::task_service_server::TaskService;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::AdminApi;
+use super::error::{invalid, ApiError};
 use super::grpc::TaskApi;
 
 #[derive(Clone)]
@@ -42,6 +45,7 @@ macro_rules! rest_routes {
                 $(.route($path, axum::routing::$method($handler)))*
                 .with_state(rest)
                 .fallback(no_route)
+                .method_not_allowed_fallback(method_not_allowed)
         }
     };
 }
@@ -82,66 +86,75 @@ rest_routes! {
 pub const NO_ROUTE: &str = "no such route";
 
 async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> RestError {
-    let message = format!("{NO_ROUTE}: {method} {}", uri.path());
-    RestError(StatusCode::NOT_FOUND, json!({"error": {"code": "NOT_FOUND", "message": message}}), None, None)
+    RestError(ApiError::NotFound(format!("{NO_ROUTE}: {method} {}", uri.path())))
+}
+
+/// The 405 of a path served with other methods (axum adds the `Allow` header).
+pub async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> RestError {
+    RestError(ApiError::MethodNotAllowed(format!("{} is not served with {method}", uri.path())))
 }
 
 async fn openapi() -> Json<Value> {
     Json(super::openapi::document())
 }
 
-/// A REST error: the gRPC status's reason and message, with the matching HTTP status.
-/// The third field is the leader's address (for NOT_LEADER), the fourth the retry hint in ms (for 429).
-pub struct RestError(StatusCode, Value, Option<String>, Option<u64>);
+/// A REST error: `{"error": {"code": REASON, "message": ..., "retry_after_ms"?: ...}}` with the HTTP status of
+/// its reason, the leader's address in `x-raftq-leader` (NOT_LEADER) and `Retry-After` (overload).
+pub struct RestError(pub ApiError);
 
 impl RestError {
     fn bad(msg: impl Into<String>) -> RestError {
-        RestError(
-            StatusCode::BAD_REQUEST,
-            json!({"error": {"code": "INVALID_ARGUMENT", "message": msg.into()}}),
-            None,
-            None,
-        )
+        RestError(invalid(msg))
     }
 }
 
-impl From<tonic::Status> for RestError {
-    fn from(s: tonic::Status) -> RestError {
-        use tonic::Code;
-        let http = match s.code() {
-            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-            Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
-            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Code::PermissionDenied => StatusCode::FORBIDDEN,
-            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        let md = s.metadata();
-        let reason = md.get(super::error::REASON_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("INTERNAL");
-        let leader = md.get(super::error::LEADER_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
-        let message = s.message().split_once(": ").map(|(_, m)| m).unwrap_or(s.message()).to_string();
-        let retry = md.get(super::error::RETRY_AFTER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        let mut body = json!({"error": {"code": reason, "message": message}});
-        if let Some(ms) = retry {
-            body["error"]["retry_after_ms"] = json!(ms);
-        }
-        RestError(http, body, leader, retry)
+impl From<ApiError> for RestError {
+    fn from(e: ApiError) -> RestError {
+        RestError(e)
     }
 }
 
 impl IntoResponse for RestError {
     fn into_response(self) -> Response {
-        let mut r = (self.0, Json(self.1)).into_response();
-        if let Some(l) = self.2.and_then(|l| l.parse().ok()) {
-            r.headers_mut().insert(super::error::LEADER_HEADER, l);
+        let e = self.0;
+        let mut body = json!({"error": {"code": e.reason().as_str(), "message": e.to_string()}});
+        if let Some(ms) = e.retry_after_ms() {
+            body["error"]["retry_after_ms"] = json!(ms);
         }
-        if let Some(ms) = self.3 {
+        let mut r = (e.http_status(), Json(body)).into_response();
+        if let Some(l) = e.leader_addr().and_then(|l| l.parse().ok()) {
+            r.headers_mut().insert(header::LEADER, l);
+        }
+        if let Some(ms) = e.retry_after_ms() {
             r.headers_mut().insert(axum::http::header::RETRY_AFTER, ms.div_ceil(1000).max(1).into());
         }
         r
+    }
+}
+
+/// Query parameters, with a JSON error (not axum's text) when they do not parse.
+struct Query<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = RestError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(q)) => Ok(Query(q)),
+            Err(e) => Err(RestError::bad(e.body_text())),
+        }
+    }
+}
+
+/// A path parameter, with a JSON error when it does not decode.
+struct Path<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = RestError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(p)) => Ok(Path(p)),
+            Err(e) => Err(RestError::bad(e.body_text())),
+        }
     }
 }
 
@@ -151,12 +164,12 @@ type Res = Result<Response, RestError>;
 /// authenticated as the gRPC interceptor does it.
 fn request<T>(rest: &Rest, headers: &HeaderMap, msg: T) -> Result<tonic::Request<T>, RestError> {
     let mut r = tonic::Request::new(msg);
-    for name in ["authorization", super::forward::REDIRECT_HEADER, super::forward::READ_HEADER] {
+    for name in ["authorization", header::REDIRECT, header::READ] {
         if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
             r.metadata_mut().insert(name, v);
         }
     }
-    super::grpc::authenticate_request(&rest.tasks.auth, &mut r).map_err(tonic::Status::from)?;
+    super::grpc::authenticate_request(&rest.tasks.auth, &mut r)?;
     Ok(r)
 }
 
@@ -306,7 +319,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
 }
 
 async fn enqueue(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<NewTaskBody>) -> Res {
-    let resp = r.tasks.enqueue(request(&r, &headers, body.into_pb()?)?).await?.into_inner();
+    let resp = r.tasks.enqueue(request(&r, &headers, body.into_pb()?)?).await?;
     Ok((StatusCode::CREATED, Json(json!({"task_id": resp.task_id, "duplicate": resp.duplicate}))).into_response())
 }
 
@@ -318,7 +331,7 @@ struct BatchBody {
 
 async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<BatchBody>) -> Res {
     let items = body.items.into_iter().map(NewTaskBody::into_pb).collect::<Result<Vec<_>, _>>()?;
-    let resp = r.tasks.enqueue_batch(request(&r, &headers, pb::EnqueueBatchRequest { items })?).await?.into_inner();
+    let resp = r.tasks.enqueue_batch(request(&r, &headers, pb::EnqueueBatchRequest { items })?).await?;
     let results: Vec<Value> = resp
         .results
         .into_iter()
@@ -332,7 +345,7 @@ async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Bo
 }
 
 async fn get_task(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    let t = r.tasks.get_task(request(&r, &headers, pb::GetTaskRequest { id })?).await?.into_inner();
+    let t = r.tasks.get_task(request(&r, &headers, pb::GetTaskRequest { id })?).await?;
     ok(task_json(&t))
 }
 
@@ -348,8 +361,7 @@ async fn get_result(
     Path(id): Path<String>,
     Query(q): Query<WaitQuery>,
 ) -> Res {
-    let t =
-        r.tasks.get_result(request(&r, &headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })?).await?.into_inner();
+    let t = r.tasks.get_result(request(&r, &headers, pb::GetResultRequest { id, wait_ms: q.wait_ms })?).await?;
     let (result, result_base64) = bytes_json(&t.result);
     ok(json!({
         "id": t.id, "state": state_name(t.state), "done": t.done, "result": result, "result_base64": result_base64,
@@ -358,7 +370,7 @@ async fn get_result(
 }
 
 async fn cancel(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    let c = r.tasks.cancel(request(&r, &headers, pb::CancelRequest { id })?).await?.into_inner();
+    let c = r.tasks.cancel(request(&r, &headers, pb::CancelRequest { id })?).await?;
     ok(json!({"state": state_name(c.state)}))
 }
 
@@ -445,7 +457,7 @@ async fn ack(r: Rest, headers: HeaderMap, id: String, kind: AckKind, b: AckBody)
         }),
     };
     let req = pb::AckRequest { task_id: id, token: b.token.value()?, action: Some(action) };
-    let a = r.tasks.ack(request(&r, &headers, req)?).await?.into_inner();
+    let a = r.tasks.ack(request(&r, &headers, req)?).await?;
     ok(json!({"state": state_name(a.state), "at_ms": a.at_ms, "follow_up_ids": a.follow_up_ids}))
 }
 
@@ -469,12 +481,12 @@ fn one() -> u32 {
 async fn claim(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ClaimBody>) -> Res {
     let ClaimBody { worker_id, queues, count, lease_ms, wait_ms } = b;
     let req = pb::ClaimRequest { worker_id, queues, count, lease_ms, wait_ms };
-    let c = r.tasks.claim(request(&r, &headers, req)?).await?.into_inner();
+    let c = r.tasks.claim(request(&r, &headers, req)?).await?;
     ok(json!({"tasks": c.tasks.iter().map(task_json).collect::<Vec<_>>()}))
 }
 
 async fn queues(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    let s = r.tasks.queue_stats(request(&r, &headers, pb::QueueStatsRequest { queues: vec![] })?).await?.into_inner();
+    let s = r.tasks.queue_stats(request(&r, &headers, pb::QueueStatsRequest { queues: vec![] })?).await?;
     let v: Vec<Value> = s
         .queues
         .iter()
@@ -500,7 +512,7 @@ async fn dead_letters(
     Query(q): Query<LimitQuery>,
 ) -> Res {
     let req = pb::ListDeadLettersRequest { queue, limit: q.limit };
-    let d = r.tasks.list_dead_letters(request(&r, &headers, req)?).await?.into_inner();
+    let d = r.tasks.list_dead_letters(request(&r, &headers, req)?).await?;
     ok(json!({"tasks": d.tasks.iter().map(task_json).collect::<Vec<_>>()}))
 }
 
@@ -520,18 +532,18 @@ async fn redrive(
     Body(b): Body<SelectBody>,
 ) -> Res {
     let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
-    let d = r.tasks.redrive(request(&r, &headers, sel)?).await?.into_inner();
+    let d = r.tasks.redrive(request(&r, &headers, sel)?).await?;
     ok(json!({"redriven": d.ids}))
 }
 
 async fn purge(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>, Body(b): Body<SelectBody>) -> Res {
     let sel = pb::DeadLetterSelection { queue, ids: b.ids, all: b.all };
-    let d = r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?.into_inner();
+    let d = r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?;
     ok(json!({"purged": d.ids}))
 }
 
 async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    let s = r.admin.status(request(&r, &headers, pb::NodeStatusRequest {})?).await?.into_inner();
+    let s = r.admin.status(request(&r, &headers, pb::NodeStatusRequest {})?).await?;
     ok(json!({
         "node_id": s.node_id, "role": s.role, "term": s.term, "leader_id": s.has_leader.then_some(s.leader_id),
         "last_log_index": s.last_log_index, "applied_index": s.applied_index, "committed_index": s.committed_index,
@@ -552,19 +564,17 @@ struct TransferBody {
 
 async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<TransferBody>) -> Res {
     let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
-    let t = r.admin.transfer_leader(request(&r, &headers, req)?).await?.into_inner();
+    let t = r.admin.transfer_leader(request(&r, &headers, req)?).await?;
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
 }
 
 async fn pause_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
-    let p = r.jobs.pause_queue(request(&r, &headers, pb::PauseQueueRequest { queue })?).await?.into_inner();
+    let p = r.jobs.pause_queue(request(&r, &headers, pb::PauseQueueRequest { queue })?).await?;
     ok(json!({"queue": p.queue, "paused": p.paused}))
 }
 
 async fn resume_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
-    let p = r.jobs.resume_queue(request(&r, &headers, pb::ResumeQueueRequest { queue })?).await?.into_inner();
+    let p = r.jobs.resume_queue(request(&r, &headers, pb::ResumeQueueRequest { queue })?).await?;
     ok(json!({"queue": p.queue, "paused": p.paused}))
 }
 
@@ -585,23 +595,16 @@ fn capacity_json(c: &pb::QueueCapacity) -> Value {
 }
 
 async fn queue_capacity(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let c = r.jobs.queue_capacity(request(&r, &headers, pb::QueueCapacityRequest { queues: vec![queue] })?).await?;
-    match c.into_inner().queues.first() {
+    match c.queues.first() {
         Some(q) => ok(capacity_json(q)),
-        None => Err(RestError(
-            StatusCode::NOT_FOUND,
-            json!({"error": {"code": "NOT_FOUND", "message": "no such queue"}}),
-            None,
-            None,
-        )),
+        None => Err(RestError(super::error::not_found("queue"))),
     }
 }
 
 async fn capacity(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let c = r.jobs.queue_capacity(request(&r, &headers, pb::QueueCapacityRequest { queues: vec![] })?).await?;
-    ok(json!({"queues": c.into_inner().queues.iter().map(capacity_json).collect::<Vec<_>>()}))
+    ok(json!({"queues": c.queues.iter().map(capacity_json).collect::<Vec<_>>()}))
 }
 
 #[derive(Deserialize)]
@@ -621,7 +624,6 @@ struct ListQuery {
 
 /// `GET /v1/tasks?queue=&state=&created_from_ms=&created_to_ms=&page_size=&page_token=`
 async fn list_tasks(State(r): State<Rest>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let state = match q.state.as_deref() {
         None | Some("") => pb::TaskState::Unspecified,
         Some(s) => pb::TaskState::from_str_name(&format!("TASK_STATE_{}", s.to_ascii_uppercase()))
@@ -635,7 +637,7 @@ async fn list_tasks(State(r): State<Rest>, headers: HeaderMap, Query(q): Query<L
         page_size: q.page_size,
         page_token: q.page_token.unwrap_or_default(),
     };
-    let l = r.jobs.list_tasks(request(&r, &headers, req)?).await?.into_inner();
+    let l = r.jobs.list_tasks(request(&r, &headers, req)?).await?;
     let next = (!l.next_page_token.is_empty()).then_some(l.next_page_token);
     ok(json!({"tasks": l.tasks.iter().map(task_json).collect::<Vec<_>>(), "next_page_token": next}))
 }
@@ -665,7 +667,6 @@ struct ScheduleBody {
 }
 
 async fn create_schedule(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<ScheduleBody>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let missed_policy = match b.missed_policy.as_deref() {
         None | Some("skip") => pb::MissedPolicy::Skip,
         Some("run_once") => pb::MissedPolicy::RunOnce,
@@ -679,30 +680,26 @@ async fn create_schedule(State(r): State<Rest>, headers: HeaderMap, Body(b): Bod
         interval_ms: b.interval_ms,
         missed_policy,
     };
-    let s = r.jobs.create_schedule(request(&r, &headers, req)?).await?.into_inner();
+    let s = r.jobs.create_schedule(request(&r, &headers, req)?).await?;
     Ok((StatusCode::CREATED, Json(schedule_json(&s))).into_response())
 }
 
 async fn list_schedules(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
-    let l = r.jobs.list_schedules(request(&r, &headers, pb::ListSchedulesRequest {})?).await?.into_inner();
+    let l = r.jobs.list_schedules(request(&r, &headers, pb::ListSchedulesRequest {})?).await?;
     ok(json!({"schedules": l.schedules.iter().map(schedule_json).collect::<Vec<_>>()}))
 }
 
 async fn pause_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let s = r.jobs.pause_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
-    ok(schedule_json(&s.into_inner()))
+    ok(schedule_json(&s))
 }
 
 async fn resume_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     let s = r.jobs.resume_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
-    ok(schedule_json(&s.into_inner()))
+    ok(schedule_json(&s))
 }
 
 async fn delete_schedule(State(r): State<Rest>, headers: HeaderMap, Path(id): Path<String>) -> Res {
-    use raftq_proto::v1::jobs_server::Jobs;
     r.jobs.delete_schedule(request(&r, &headers, pb::ScheduleRef { id })?).await?;
     ok(json!({"deleted": true}))
 }

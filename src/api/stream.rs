@@ -10,24 +10,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use raftq_proto::reason::{header, Reason};
 use raftq_proto::v1 as pb;
 use raftq_proto::v1::producer_stream_server::ProducerStream;
+use raftq_proto::v1::task_service_client::TaskServiceClient;
 use raftq_proto::v1::worker_stream_server::WorkerStream;
 use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::instrument;
 
 use super::convert;
 use super::error::{invalid, merge_items, valid_items, ApiError};
-use super::forward::{Forwarder, Route};
+use super::forward::{Forwarder, Kind, Plan};
 use super::grpc::Caller;
 use super::limits::{Limits, StreamSlot};
-use crate::auth::{Authenticator, Scope};
+use crate::auth::{AuthError, Authenticator, Scope};
+use crate::leader::dispatcher::Dispatcher;
+use crate::leader::proposer::{wall_clock_ms, Proposer};
 use crate::queue::{AckAction, AckItem};
-use crate::raft::dispatcher::Dispatcher;
-use crate::raft::proposer::{wall_clock_ms, Proposer};
-use raftq_proto::v1::task_service_client::TaskServiceClient;
 
 /// How long a new stream may take to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,6 +45,8 @@ pub struct StreamApi {
     pub tasks: tokio_util::task::TaskTracker,
     pub auth: Arc<Authenticator>,
     pub limits: Arc<Limits>,
+    /// The deliveries this node's worker streams hold, told at once when the state machine revokes one.
+    pub leases: Arc<super::revoke::LeaseWatch>,
 }
 
 /// A request to the leader on behalf of a stream's caller, with its token.
@@ -50,19 +55,31 @@ fn authorized<T>(caller: &Caller, msg: T) -> Request<T> {
     if let Ok(v) = format!("Bearer {}", caller.token).parse() {
         r.metadata_mut().insert("authorization", v);
     }
-    r.metadata_mut().insert(super::forward::FORWARDED_HEADER, "1".parse().expect("ascii"));
+    r.metadata_mut().insert(header::FORWARDED, "1".parse().expect("ascii"));
     r
 }
 
-fn error_from_pb(e: &pb::Error) -> ApiError {
-    let mut s = Status::unknown(e.message.clone());
-    if let Ok(v) = e.code.parse() {
-        s.metadata_mut().insert(super::error::REASON_HEADER, v);
+/// Claim slots taken from the tenant's claim rate; those not used are given back when it is dropped, also when
+/// the claim is abandoned (the client left).
+struct Grant<'a> {
+    limits: &'a Limits,
+    tenant: &'a str,
+    granted: usize,
+    used: usize,
+}
+
+impl Drop for Grant<'_> {
+    fn drop(&mut self) {
+        self.limits.unclaimed(self.tenant, self.granted - self.used.min(self.granted));
     }
-    ApiError::from_status(&s)
 }
 
 type Out<T> = mpsc::Sender<Result<T, Status>>;
+
+/// An error as a per-request or per-item refusal carries it.
+fn refusal(e: &ApiError) -> pb::Error {
+    pb::Error { code: e.reason().to_string(), message: e.to_string() }
+}
 
 /// Reads the Hello every stream starts with; anything else first ends the stream.
 async fn hello<T>(
@@ -76,8 +93,8 @@ async fn hello<T>(
         .map_err(|_| Status::from(invalid("HELLO_REQUIRED: no Hello within 10 s")))??
         .ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the stream ended before Hello")))?;
     let h = take(first).ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the first message must be Hello")))?;
-    let caller = api.auth.authenticate(&h.token)?;
-    caller.require(scope)?;
+    let caller = api.auth.authenticate(&h.token).map_err(|e| Status::from(ApiError::from(e)))?;
+    caller.require(scope).map_err(|e| Status::from(ApiError::from(e)))?;
     if h.worker_id.len() > 256 {
         return Err(invalid("worker_id is longer than 256 characters").into());
     }
@@ -87,10 +104,7 @@ async fn hello<T>(
 }
 
 fn stream_error(request_id: u64, e: ApiError) -> pb::ServerEvent {
-    let leader_addr = match &e {
-        ApiError::NotLeader { leader_addr } => leader_addr.clone().unwrap_or_default(),
-        _ => String::new(),
-    };
+    let leader_addr = e.leader_addr().unwrap_or_default().to_string();
     pb::ServerEvent {
         event: Some(pb::server_event::Event::Error(pb::StreamError {
             request_id,
@@ -156,79 +170,59 @@ impl StreamApi {
         Ok(AckItem { task_id, tenant: tenant.to_string(), token, action })
     }
 
-    /// Applies acks here when this node leads, else on the leader, retrying across leader changes until the
-    /// write timeout (an ack repeated with the same token and outcome is answered as applied, so a retry after
-    /// an unknown outcome is safe).
+    /// Applies acks here when this node leads, else on the leader, sent again across leader changes until the
+    /// write timeout (an ack repeated with the same token and outcome is answered as applied, so a retry after an
+    /// unknown outcome is safe).
     async fn apply_acks(
         &self,
         caller: &Caller,
         items: Vec<AckItem>,
     ) -> Result<Vec<Result<pb::AckResponse, ApiError>>, ApiError> {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.proposer.cfg.write_timeout_ms);
-        loop {
-            let attempt = match self.fwd.leader_route().await? {
-                Route::Local => match self.proposer.ack(items.clone()).await {
-                    Ok(v) => Ok(v
-                        .into_iter()
-                        .map(|r| {
-                            r.map(|o| pb::AckResponse {
-                                state: convert::state(o.state) as i32,
-                                at_ms: o.at.min(i64::MAX as u64) as i64,
-                                follow_up_ids: vec![],
-                            })
-                            .map_err(ApiError::from)
+        let deadline = Instant::now() + Duration::from_millis(self.proposer.cfg.write_timeout_ms);
+        let local = || {
+            let items = items.clone();
+            async move {
+                let applied = self.proposer.ack(items).await?;
+                Ok(applied
+                    .into_iter()
+                    .map(|r| {
+                        r.map(|o| pb::AckResponse {
+                            state: convert::state(o.state) as i32,
+                            at_ms: o.at.min(i64::MAX as u64) as i64,
+                            follow_up_ids: vec![],
                         })
-                        .collect()),
-                    Err(e) => Err(ApiError::from(e)),
-                },
-                Route::Leader(ch) => {
-                    let routed_to = self.fwd.leader().0;
-                    let req = authorized(
-                        caller,
-                        pb::AckBatchRequest {
-                            items: items.iter().map(|i| convert::ack_to_pb(i, wall_clock_ms())).collect(),
-                        },
-                    );
-                    let mut c = TaskServiceClient::new(ch);
-                    // A leader change abandons the forwarded call: sent again to the new leader, an ack that was
-                    // applied meanwhile is answered as applied (same token and outcome).
-                    let answer = tokio::select! {
-                        r = c.ack_batch(req) => r,
-                        _ = self.fwd.leader_moved(routed_to) => Err(tonic::Status::unavailable("the leader changed")),
-                    };
-                    match answer {
-                        Ok(r) => Ok(r
-                            .into_inner()
-                            .results
-                            .into_iter()
-                            .map(|r| match r.result {
-                                Some(pb::ack_result::Result::Ok(ok)) => Ok(ok),
-                                Some(pb::ack_result::Result::Error(e)) => Err(error_from_pb(&e)),
-                                None => Err(ApiError::Internal("empty ack result".into())),
-                            })
-                            .collect()),
-                        Err(s) => Err(ApiError::from_status(&s)),
-                    }
-                }
-            };
-            match attempt {
-                Err(
-                    e @ (ApiError::InvalidArgument(_)
-                    | ApiError::Unauthenticated { .. }
-                    | ApiError::PermissionDenied { .. }),
-                ) => return Err(e),
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "acks not applied yet, retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                other => return other,
+                        .map_err(ApiError::from)
+                    })
+                    .collect())
             }
-        }
+        };
+        let remote = |ch| {
+            let batch =
+                pb::AckBatchRequest { items: items.iter().map(|i| convert::ack_to_pb(i, wall_clock_ms())).collect() };
+            let req = authorized(caller, batch);
+            async move {
+                let answer = TaskServiceClient::new(ch).ack_batch(req).await?.into_inner();
+                Ok(answer
+                    .results
+                    .into_iter()
+                    .map(|r| match r.result {
+                        Some(pb::ack_result::Result::Ok(ok)) => Ok(ok),
+                        Some(pb::ack_result::Result::Error(e)) => {
+                            Err(ApiError::leader_answer(&e.code, &e.message, None, None))
+                        }
+                        None => Err(ApiError::Internal("empty ack result".into())),
+                    })
+                    .collect())
+            }
+        };
+        self.fwd.call(Plan::until(Kind::Repeatable, deadline), local, remote).await
     }
 
     async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
         let (ids, checked): (Vec<String>, Vec<Result<AckItem, ApiError>>) = req.items.into_iter().unzip();
         let valid = valid_items(&checked);
+        let marks: Vec<Option<(u64, bool)>> =
+            checked.iter().map(|c| c.as_ref().ok().map(|i| (i.token, i.action.is_heartbeat()))).collect();
         let applied = if valid.is_empty() { Ok(vec![]) } else { self.apply_acks(caller, valid).await };
         let event = match applied {
             Err(e) => stream_error(req.request_id, e),
@@ -238,6 +232,7 @@ impl StreamApi {
                     .zip(ids)
                     .map(|(r, id)| task_ack(req.request_id, &id, r))
                     .collect();
+                self.track_acks(&acks, &marks, out);
                 if req.batch {
                     pb::ServerEvent {
                         event: Some(pb::server_event::Event::AckBatch(pb::AckBatch {
@@ -257,8 +252,21 @@ impl StreamApi {
         let _ = out.send(Ok(event)).await;
     }
 
+    /// An applied lease extension means this stream holds the delivery (again, after a reconnect); an answered
+    /// outcome means it no longer does. `marks` are the items' tokens and whether each is an extension.
+    fn track_acks(&self, acks: &[pb::TaskAck], marks: &[Option<(u64, bool)>], out: &Out<pb::ServerEvent>) {
+        for (ack, mark) in acks.iter().zip(marks) {
+            match mark {
+                Some((token, true)) if ack.applied => self.leases.hold(&ack.task_id, *token, out),
+                Some((token, false)) => self.leases.release(&ack.task_id, *token),
+                _ => {}
+            }
+        }
+    }
+
     /// Claims for a Ready here when this node leads, else on the leader; across leader changes it is sent again
-    /// to the new leader until its hold time ends.
+    /// to the new leader until its hold time ends (tasks a lost answer had claimed come back when their leases
+    /// expire).
     async fn claim(
         &self,
         caller: &Caller,
@@ -266,81 +274,37 @@ impl StreamApi {
         queues: &[String],
         count: usize,
         lease: u64,
-        out: &Out<pb::ServerEvent>,
-    ) -> Option<Result<Vec<pb::Task>, ApiError>> {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.proposer.cfg.ready_hold_ms);
-        loop {
-            let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let attempt = match self.fwd.leader_route().await {
-                Err(e) => Err(e),
-                Ok(Route::Local) => {
-                    let tenant = &caller.tenant;
-                    let granted = match self.limits.claim(tenant, count) {
-                        Ok(n) => n,
-                        // Over the tenant's claim rate: answered now, the worker's Ready comes back later.
-                        Err(e) => return Some(Err(e)),
-                    };
-                    let rx = self.dispatcher.submit(tenant, worker_id, queues, granted, lease, wait);
-                    let r = match rx {
-                        Err(e) => Err(ApiError::from(e)),
-                        Ok(rx) => tokio::select! {
-                            r = rx => match r {
-                                Ok(Ok(tasks)) => Ok(tasks.into_iter().map(convert::task).collect::<Vec<_>>()),
-                                Ok(Err(e)) => Err(ApiError::from(e)),
-                                Err(_) => Err(ApiError::Unavailable("shutting down".into())),
-                            },
-                            // The client left: dropping `rx` withdraws the parked claim.
-                            _ = out.closed() => {
-                                self.limits.unclaimed(tenant, granted);
-                                return None;
-                            }
-                        },
-                    };
-                    self.limits.unclaimed(tenant, granted - r.as_ref().map_or(0, |t| t.len()));
-                    r
-                }
-                Ok(Route::Leader(ch)) => {
-                    let req = authorized(
-                        caller,
-                        pb::ClaimRequest {
-                            worker_id: worker_id.to_string(),
-                            queues: queues.to_vec(),
-                            count: count as u32,
-                            lease_ms: lease,
-                            wait_ms: wait.as_millis() as u64,
-                        },
-                    );
-                    let routed_to = self.fwd.leader().0;
-                    let mut c = TaskServiceClient::new(ch).max_decoding_message_size(64 << 20);
-                    tokio::select! {
-                        r = c.claim(req) => match r {
-                            Ok(r) => Ok(r.into_inner().tasks),
-                            Err(s) => Err(ApiError::from_status(&s)),
-                        },
-                        // The old leader may be paused or cut off: ask the new one (tasks a lost answer had
-                        // claimed come back when their leases expire).
-                        _ = self.fwd.leader_moved(routed_to) => Err(ApiError::NotLeader { leader_addr: None }),
-                        _ = out.closed() => return None,
-                    }
-                }
-            };
-            match attempt {
-                Err(
-                    e @ (ApiError::InvalidArgument(_)
-                    | ApiError::Unauthenticated { .. }
-                    | ApiError::PermissionDenied { .. }
-                    | ApiError::ResourceExhausted { .. }),
-                ) => return Some(Err(e)),
-                // Leadership moved or the leader went away: ask the next leader while the hold lasts. Tasks
-                // a lost answer had claimed come back when their leases expire.
-                Err(e) if tokio::time::Instant::now() + Duration::from_millis(50) < deadline => {
-                    tracing::debug!(error = %e, "claim not served yet, retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(_) => return Some(Ok(vec![])),
-                ok => return Some(ok),
+    ) -> Result<Vec<pb::Task>, ApiError> {
+        let deadline = Instant::now() + Duration::from_millis(self.proposer.cfg.ready_hold_ms);
+        let local = || async move {
+            let tenant = caller.tenant.as_str();
+            // Over the tenant's claim rate: answered now, the worker's Ready comes back later.
+            let granted = self.limits.claim(tenant, count)?;
+            let mut grant = Grant { limits: &self.limits, tenant, granted, used: 0 };
+            let wait = deadline.saturating_duration_since(Instant::now());
+            // Dropping the receiver (the client left) withdraws the parked claim.
+            let rx = self.dispatcher.submit(tenant, worker_id, queues, granted, lease, wait)?;
+            let tasks = rx.await.map_err(|_| ApiError::Unavailable("shutting down".into()))??;
+            grant.used = tasks.len();
+            Ok(tasks.into_iter().map(convert::task).collect())
+        };
+        let remote = |ch| {
+            let req = authorized(
+                caller,
+                pb::ClaimRequest {
+                    worker_id: worker_id.to_string(),
+                    queues: queues.to_vec(),
+                    count: count as u32,
+                    lease_ms: lease,
+                    wait_ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
+                },
+            );
+            async move {
+                let mut c = TaskServiceClient::new(ch).max_decoding_message_size(64 << 20);
+                Ok(c.claim(req).await?.into_inner().tasks)
             }
-        }
+        };
+        self.fwd.call(Plan::until(Kind::Repeatable, deadline), local, remote).await
     }
 
     async fn serve_ready(&self, caller: &Caller, worker_id: &str, r: pb::Ready, out: &Out<pb::ServerEvent>) {
@@ -354,8 +318,8 @@ impl StreamApi {
                 convert::validate_queue(cfg, q)?;
                 caller.check_queue(q)?;
             }
-            if count as usize > cfg.max_batch_items {
-                return Err(invalid(format!("count must be at most {}", cfg.max_batch_items)));
+            if count == 0 || count as usize > cfg.max_batch_items {
+                return Err(invalid(format!("count must be 1 to {}", cfg.max_batch_items)));
             }
             let ms = if lease_ms > 0 { lease_ms } else { u64::from(lease_seconds) * 1000 };
             convert::lease_ms(cfg, ms)
@@ -367,16 +331,34 @@ impl StreamApi {
                 return;
             }
         };
-        let Some(answer) = self.claim(caller, worker_id, &queues, count.max(1) as usize, lease, out).await else {
-            return;
+        let answer = tokio::select! {
+            r = self.claim(caller, worker_id, &queues, count as usize, lease) => r,
+            // The client left: dropping the claim withdraws it and gives its slots back.
+            _ = out.closed() => return,
+        };
+        let held: Vec<(String, u64)> = match &answer {
+            Ok(tasks) => tasks.iter().filter_map(|t| Some((t.id.clone(), t.lease.as_ref()?.token))).collect(),
+            Err(_) => vec![],
         };
         let event = match answer {
             Ok(tasks) => {
                 pb::ServerEvent { event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks })) }
             }
+            // The hold ended with no leader to claim from: an empty batch, and the worker asks again.
+            Err(e) if matches!(e.reason(), Reason::NotLeader | Reason::UnknownOutcome | Reason::Unavailable) => {
+                tracing::debug!(error = %e, "no claim within the hold");
+                pb::ServerEvent {
+                    event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks: vec![] })),
+                }
+            }
             Err(e) => stream_error(request_id, e),
         };
-        let _ = out.send(Ok(event)).await;
+        // Held once the batch is queued on the stream, so a revocation is always sent after the batch.
+        if out.send(Ok(event)).await.is_ok() {
+            for (task_id, token) in held {
+                self.leases.hold(&task_id, token, out);
+            }
+        }
     }
 }
 
@@ -438,13 +420,18 @@ async fn serve_inbound<T: Send + 'static>(
 
 /// The status a stream ends with when its token expires: the client reconnects with a fresh token.
 fn token_expired() -> Status {
-    ApiError::Unauthenticated { reason: "TOKEN_EXPIRED", message: "the stream's token has expired".into() }.into()
+    ApiError::Auth(AuthError::Expired).into()
 }
 
 #[tonic::async_trait]
 impl WorkerStream for StreamApi {
     type StreamStream = ReceiverStream<Result<pb::ServerEvent, Status>>;
 
+    #[instrument(
+        skip_all,
+        name = "worker_stream",
+        fields(worker_id = tracing::field::Empty, tenant = tracing::field::Empty)
+    )]
     async fn stream(&self, req: Request<Streaming<pb::WorkerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = req.into_inner();
         let (caller, worker_id, slot) = hello(self, Scope::Work, &mut inbound, |e: pb::WorkerEvent| match e.event {
@@ -455,7 +442,9 @@ impl WorkerStream for StreamApi {
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
         let ack = pb::HelloAck { worker_id: worker_id.clone(), tenant_id: caller.tenant.clone() };
         let _ = tx.send(Ok(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(ack)) })).await;
-        tracing::debug!(worker_id, tenant = caller.tenant, "worker stream opened");
+        let span = tracing::Span::current();
+        span.record("worker_id", worker_id.as_str()).record("tenant", caller.tenant.as_str());
+        tracing::debug!("worker stream opened");
         let api = Arc::new(self.clone());
         let caller = Arc::new(caller);
         let worker_id: Arc<str> = worker_id.into();
@@ -463,13 +452,19 @@ impl WorkerStream for StreamApi {
         let shutdown = api.shutdown.clone();
         let sessions = self.proposer.shared.metrics.clone();
         sessions.stream_sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (expires, end) = (caller.expires_at_ms, tx.clone());
+        let (expires, end, leases) = (caller.expires_at_ms, tx.clone(), self.leases.clone());
         let session = serve_inbound(inbound, limit, shutdown, expires, move |ev: pb::WorkerEvent| {
             use pb::worker_event::Event;
             let (api, caller, worker_id, out) = (api.clone(), caller.clone(), worker_id.clone(), tx.clone());
             let tenant = caller.tenant.clone();
-            let event = ev.event?;
+            let event = ev.event;
             Some(Box::pin(async move {
+                let Some(event) = event else {
+                    // Nothing to answer with a request id: the error names none (0).
+                    let e = invalid("a WorkerEvent must set one of its events");
+                    let _ = out.send(Ok(stream_error(0, e))).await;
+                    return;
+                };
                 let acks = match event {
                     Event::Ready(r) => {
                         api.serve_ready(&caller, &worker_id, r, &out).await;
@@ -521,6 +516,7 @@ impl WorkerStream for StreamApi {
             if session.await {
                 let _ = end.send(Err(token_expired())).await;
             }
+            leases.forget_stream(&end);
             drop(slot);
             sessions.stream_sessions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
@@ -538,6 +534,11 @@ impl AckItem {
 impl ProducerStream for StreamApi {
     type StreamStream = ReceiverStream<Result<pb::ProducerServerEvent, Status>>;
 
+    #[instrument(
+        skip_all,
+        name = "producer_stream",
+        fields(producer_id = tracing::field::Empty, tenant = tracing::field::Empty)
+    )]
     async fn stream(&self, req: Request<Streaming<pb::ProducerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = req.into_inner();
         let (caller, id, slot) = hello(self, Scope::Enqueue, &mut inbound, |e: pb::ProducerEvent| match e.event {
@@ -546,6 +547,7 @@ impl ProducerStream for StreamApi {
         })
         .await?;
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
+        tracing::Span::current().record("producer_id", id.as_str()).record("tenant", caller.tenant.as_str());
         let ack = pb::HelloAck { worker_id: id, tenant_id: caller.tenant.clone() };
         let _ =
             tx.send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) })).await;
@@ -559,13 +561,18 @@ impl ProducerStream for StreamApi {
         let session = serve_inbound(inbound, limit, shutdown, expires, move |ev: pb::ProducerEvent| {
             use pb::producer_event::Event;
             let (api, caller, out) = (api.clone(), caller.clone(), tx.clone());
-            let (seq, items) = match ev.event? {
-                Event::Hello(_) => (0, vec![]),
-                Event::Create(c) => (c.seq, c.task.into_iter().collect()),
-                Event::CreateBatch(b) => (b.seq, b.tasks),
+            let request = match ev.event {
+                Some(Event::Hello(_)) => Err(invalid("Hello was already received")),
+                Some(Event::Create(c)) => Ok((c.seq, c.task.into_iter().collect())),
+                Some(Event::CreateBatch(b)) => Ok((b.seq, b.tasks)),
+                None => Err(invalid("a ProducerEvent must set one of its events")),
             };
             Some(Box::pin(async move {
-                let ack = api.create(&caller, seq, items).await;
+                let ack = match request {
+                    Ok((seq, items)) => api.create(&caller, seq, items).await,
+                    // Nothing to answer with a sequence number: the refusal names none (0).
+                    Err(e) => pb::CreateAck { seq: 0, results: vec![], error: Some(refusal(&e)) },
+                };
                 let _ = out
                     .send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) }))
                     .await;
@@ -585,37 +592,24 @@ impl ProducerStream for StreamApi {
 impl StreamApi {
     async fn create(&self, caller: &Caller, seq: u64, items: Vec<pb::EnqueueRequest>) -> pb::CreateAck {
         let cfg = &self.proposer.cfg;
-        let whole = |e: ApiError| pb::CreateAck {
-            seq,
-            results: vec![],
-            error: Some(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
-        };
+        let whole = |e: ApiError| pb::CreateAck { seq, results: vec![], error: Some(refusal(&e)) };
         if items.is_empty() || items.len() > cfg.max_batch_items {
             return whole(invalid(format!("a create holds 1 to {} tasks", cfg.max_batch_items)));
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.write_timeout_ms);
-        loop {
-            let attempt = match self.fwd.leader_route().await {
-                Err(e) => Err(e),
-                Ok(Route::Local) => self.create_here(caller, items.clone()).await,
-                Ok(Route::Leader(ch)) => {
-                    let req = authorized(caller, pb::EnqueueBatchRequest { items: items.clone() });
-                    let mut c = TaskServiceClient::new(ch).max_encoding_message_size(64 << 20);
-                    match c.enqueue_batch(req).await {
-                        Ok(r) => Ok(r.into_inner().results),
-                        Err(s) => Err(ApiError::from_status(&s)),
-                    }
-                }
-            };
-            match attempt {
-                Ok(results) => return pb::CreateAck { seq, results, error: None },
-                // Only a write that surely did not happen is sent again; anything else is reported (an unknown
-                // outcome stays unknown: the producer decides, e.g. with an idempotency key).
-                Err(e) if e.surely_not_applied() && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => return whole(e),
+        let deadline = Instant::now() + Duration::from_millis(cfg.write_timeout_ms);
+        let local = || self.create_here(caller, items.clone());
+        let remote = |ch| {
+            let req = authorized(caller, pb::EnqueueBatchRequest { items: items.clone() });
+            async move {
+                let mut c = TaskServiceClient::new(ch).max_encoding_message_size(64 << 20);
+                Ok(c.enqueue_batch(req).await?.into_inner().results)
             }
+        };
+        // A write: sent again only when surely nothing was applied; an unknown outcome stays unknown (the producer
+        // decides, e.g. with an idempotency key).
+        match self.fwd.call(Plan::until(Kind::Write, deadline), local, remote).await {
+            Ok(results) => pb::CreateAck { seq, results, error: None },
+            Err(e) => whole(e),
         }
     }
 

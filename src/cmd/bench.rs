@@ -34,8 +34,9 @@ pub struct BenchArgs {
     /// Nodes to load (repeat, or comma-separated); clients are spread over them. None: an embedded node.
     #[arg(long = "addr", value_delimiter = ',')]
     pub addrs: Vec<String>,
-    /// Bearer token for --addr (the embedded node's token is minted from its own secret).
-    #[arg(long, env = "RAFTQ_TOKEN", hide_env_values = true)]
+    /// Bearer token for --addr (the embedded node's token is minted from its own secret). `--token` is the old
+    /// spelling.
+    #[arg(long = "auth-token", alias = "token", env = "RAFTQ_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub duration: Duration,
@@ -68,8 +69,8 @@ pub struct BenchArgs {
     /// TOML configuration of the embedded node.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = crate::Output::Table)]
-    pub output: crate::Output,
+    #[arg(long, value_enum, default_value_t = super::client::Output::Table)]
+    pub output: super::client::Output,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -145,8 +146,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
         let base = match &a.config {
-            Some(p) => toml::from_str::<Config>(&std::fs::read_to_string(p)?)
-                .with_context(|| format!("parsing {}", p.display()))?,
+            Some(p) => Config::from_file(p)?,
             None => Config::default(),
         };
         let cfg = Config {
@@ -268,7 +268,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         "raft_entries": fsync.map(|f| f.1),
         "enqueues_per_fsync": fsync.map(|f| enqueued as f64 / f.0.max(1) as f64),
     });
-    if a.output == crate::Output::Json {
+    if a.output == super::client::Output::Json {
         println!("{report}");
     } else {
         println!("workload            {}", report["workload"].as_str().unwrap_or(""));

@@ -2,7 +2,7 @@
 //! needed to drain it within a horizon. Pure arithmetic over figures read from the state machine (counts and
 //! completions, in state-machine time) and the leader's count of active workers.
 
-use super::shard::{StateCounts, Throughput};
+use super::{StateCounts, Throughput};
 
 /// The horizons for "workers needed to drain within": 1, 4 and 8 hours.
 pub const DRAIN_HORIZONS_H: [u64; 3] = [1, 4, 8];

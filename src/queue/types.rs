@@ -1,7 +1,7 @@
 //! Domain types of the task state machine: ids, task records, commands and their responses.
 //!
-//! Everything here is serialised with serde (bincode) into the Raft log and into redb, so the shape of these
-//! types is a storage format: add fields at the end of structs, never reorder enum variants.
+//! The serde types here are written into the Raft log and into redb (bincode, see `storage::codec`), so their
+//! shape is a storage format: add fields at the end of structs, never reorder enum variants.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -28,14 +28,14 @@ impl TaskId {
         TaskId(b)
     }
 
-    /// The placement shared by every task of one tenant's idempotency key, so the key and its task live in the
-    /// same shard. FNV-1a: stable across versions and platforms, which `std`'s hasher is not.
     /// The placement shared by every task of one tenant's concurrency key (a namespace apart from idempotency
     /// keys).
     pub fn placement_for_concurrency_key(tenant: &str, key: &str) -> u16 {
         Self::placement_for_key(tenant, &format!("\u{1}concurrency\u{1}{key}"))
     }
 
+    /// The placement shared by every task of one tenant's idempotency key, so the key and its task live in the
+    /// same shard. FNV-1a: stable across versions and platforms, which `std`'s hasher is not.
     pub fn placement_for_key(tenant: &str, key: &str) -> u16 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in tenant.bytes().chain([0u8]).chain(key.bytes()) {
@@ -401,6 +401,30 @@ impl TaskFilter {
     }
 }
 
+/// A queue of one tenant: what the ready index, counts, paused flags and claim wake-ups are keyed by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub tenant: String,
+    pub queue: String,
+}
+
+impl QueueKey {
+    pub fn new(tenant: &str, queue: &str) -> Self {
+        QueueKey { tenant: tenant.to_string(), queue: queue.to_string() }
+    }
+
+    pub fn of(task: &Task) -> Self {
+        QueueKey { tenant: task.tenant.clone(), queue: task.queue.clone() }
+    }
+}
+
+/// An idempotency key: which task it created and until when it is remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub task_id: TaskId,
+    pub expires_at: TimeMs,
+}
+
 /// A task to create, fully decided by the proposer (id, visible time, defaults from config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewTask {
@@ -686,22 +710,6 @@ pub enum Response {
 pub struct DeliveryId {
     pub task_id: TaskId,
     pub seq: u64,
-}
-
-impl DeliveryId {
-    /// The outbox key: the 16-byte task id, then `seq` big-endian (so a task's deliveries sort together).
-    pub fn to_bytes(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        b[..16].copy_from_slice(&self.task_id.0);
-        b[16..].copy_from_slice(&self.seq.to_be_bytes());
-        b
-    }
-
-    pub fn from_bytes(b: &[u8]) -> Option<DeliveryId> {
-        let id: [u8; 16] = b.get(..16)?.try_into().ok()?;
-        let seq: [u8; 8] = b.get(16..24)?.try_into().ok()?;
-        Some(DeliveryId { task_id: TaskId(id), seq: u64::from_be_bytes(seq) })
-    }
 }
 
 impl fmt::Display for DeliveryId {

@@ -3,22 +3,24 @@
 use std::path::PathBuf;
 
 use futures::StreamExt;
+use openraft::storage::RaftStateMachine;
 use raftq_proto::v1::raft_service_server::RaftService;
 use raftq_proto::v1::{RaftMessage, SnapshotChunk};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::types::{NodeId, Raft, Snapshot, SnapshotMeta, Vote};
+use super::types::{NodeId, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
-pub struct RaftServer {
-    pub raft: Raft,
+/// Serves peers' Raft RPCs to the local Raft, whatever its state machine (snapshots arrive as files).
+pub struct RaftServer<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> {
+    pub raft: openraft::Raft<TypeConfig, SM>,
     pub node_id: NodeId,
     /// Where incoming snapshots are spooled before install.
     pub spool_dir: PathBuf,
 }
 
-impl RaftServer {
+impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServer<SM> {
     fn check(&self, from: u64, to: u64) -> Result<(), Status> {
         if to != self.node_id {
             tracing::warn!(from, to, me = self.node_id, "refusing a raft message meant for another node");
@@ -42,7 +44,7 @@ impl RaftServer {
 }
 
 #[tonic::async_trait]
-impl RaftService for RaftServer {
+impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftService for RaftServer<SM> {
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.decode(req.get_ref())?;
         self.reply(&self.raft.vote(rpc).await)

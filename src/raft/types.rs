@@ -1,4 +1,7 @@
 //! The openraft type configuration. Every openraft type the rest of raftq names goes through here.
+//!
+//! Storage implements openraft's storage traits for this configuration (`storage` imports this module, never
+//! the other way round); the Raft handle over raftq's storage is `storage::Raft`.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +31,6 @@ openraft::declare_raft_types!(
         Node = NodeInfo,
 );
 
-pub type Raft = openraft::Raft<TypeConfig, crate::storage::StateMachine>;
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;

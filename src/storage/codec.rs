@@ -1,4 +1,5 @@
-//! Encoding of stored values: bincode over serde, errors mapped to `io::Error` as openraft's storage wants.
+//! Encoding of stored values (log entries, task and other records, snapshot frames): bincode over serde, errors
+//! mapped to `io::Error` as openraft's storage wants. `queue/` defines the types and never chooses an encoding.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -8,6 +9,11 @@ pub fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
     bincode::serialize(v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Encodes into `buf` (appended), reusing its allocation.
+pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, v: &T) -> io::Result<()> {
+    bincode::serialize_into(buf, v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 pub fn decode<T: DeserializeOwned>(b: &[u8]) -> io::Result<T> {
     bincode::deserialize(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
@@ -15,15 +21,6 @@ pub fn decode<T: DeserializeOwned>(b: &[u8]) -> io::Result<T> {
 /// Any redb error as an I/O error: storage errors stop the node, their kind matters less than their message.
 pub fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
-}
-
-/// The idempotency-key table key: tenant, a NUL, the key (tenant names cannot hold NUL).
-pub fn key_bytes(tenant: &str, key: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(tenant.len() + 1 + key.len());
-    v.extend_from_slice(tenant.as_bytes());
-    v.push(0);
-    v.extend_from_slice(key.as_bytes());
-    v
 }
 
 /// Opens (or creates) a redb file. A file still held by a store of this process that is closing (its last

@@ -1,14 +1,19 @@
 //! One shard store: a redb file holding the records of the tasks whose placement maps to it, its idempotency
-//! keys and its `last_applied`, written in the same transaction as the changes.
+//! keys, webhook outbox and shard records, and its meta (`last_applied`). Apply changes the records in memory
+//! (`Layer`, read through `CachedStore`); the flusher writes each layer with the meta it reached in one
+//! transaction, so a file always holds a state some `last_applied` produced.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, Table};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, Table};
 
-use super::codec::{decode, encode, io_err, key_bytes};
+use super::codec::{decode, encode, encode_into, io_err};
 use super::tables::*;
-use crate::queue::{DeliveryId, KeyRecord, RecordKey, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery};
+use crate::queue::{
+    DeliveryId, KeyRecord, QueueKey, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery,
+};
 use crate::raft::types::{LogId, StoredMembership};
 
 /// The durable part of a shard's metadata.
@@ -66,7 +71,7 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         if let Some(qk) = RecordKey::parse_paused(k.value()) {
             core.index_paused(qk);
         }
-        if k.value().first() == Some(&RecordKey::SCHEDULE) {
+        if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value())?);
         }
     }
@@ -80,10 +85,7 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
     for item in keys.iter().map_err(io_err)? {
         let (k, v) = item.map_err(io_err)?;
         let rec: KeyRecord = decode(v.value())?;
-        let raw = k.value();
-        let split = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
-        let tenant = String::from_utf8_lossy(&raw[..split]);
-        let key = String::from_utf8_lossy(raw.get(split + 1..).unwrap_or_default());
+        let (tenant, key) = parse_idempotency_key(k.value());
         core.index_key(&tenant, &key, &rec);
     }
     let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
@@ -97,7 +99,7 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
 pub fn get_delivery(db: &Database, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
     let txn = db.begin_read().map_err(io_err)?;
     let t = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
-    match t.get(id.to_bytes().as_slice()).map_err(io_err)? {
+    match t.get(outbox_key(id).as_slice()).map_err(io_err)? {
         Some(v) => Ok(Some(decode(v.value())?)),
         None => Ok(None),
     }
@@ -106,81 +108,190 @@ pub fn get_delivery(db: &Database, id: &DeliveryId) -> io::Result<Option<Webhook
 pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
     let txn = db.begin_read().map_err(io_err)?;
     let t = txn.open_table(TASKS).map_err(io_err)?;
-    match t.get(id.0.as_slice()).map_err(io_err)? {
+    match t.get(task_key(id)).map_err(io_err)? {
         Some(v) => Ok(Some(decode(v.value())?)),
         None => Ok(None),
     }
 }
 
-/// `TaskStore` over the tables of one open write transaction.
-pub struct RedbTaskStore<'t> {
-    pub tasks: Table<'t, &'static [u8], &'static [u8]>,
-    pub keys: Table<'t, &'static [u8], &'static [u8]>,
-    pub outbox: Table<'t, &'static [u8], &'static [u8]>,
-    pub records: Table<'t, &'static [u8], &'static [u8]>,
+/// Changes applied in memory and not yet written to the shard's file (`None`: removed). Apply writes into the
+/// shard's newest layer; the flusher (`flush.rs`) writes a layer into the file in one transaction.
+#[derive(Default)]
+pub struct Layer {
+    pub tasks: BTreeMap<TaskId, Option<Task>>,
+    pub keys: HashMap<Vec<u8>, Option<KeyRecord>>,
+    pub outbox: HashMap<DeliveryId, Option<WebhookDelivery>>,
+    /// `shard_records` rows by key (schedules and paused queues), encoded.
+    pub records: HashMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
-impl TaskStore for RedbTaskStore<'_> {
+impl Layer {
+    /// Changed records in the layer.
+    pub fn len(&self) -> usize {
+        self.tasks.len() + self.keys.len() + self.outbox.len() + self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes the layer into the tables of a write transaction.
+    pub fn write_to(&self, txn: &redb::WriteTransaction) -> io::Result<()> {
+        let mut tasks = txn.open_table(TASKS).map_err(io_err)?;
+        let mut buf = Vec::new();
+        for (id, t) in &self.tasks {
+            match t {
+                Some(t) => {
+                    buf.clear();
+                    encode_into(&mut buf, t)?;
+                    tasks.insert(task_key(id), buf.as_slice()).map_err(io_err)?;
+                }
+                None => {
+                    tasks.remove(task_key(id)).map_err(io_err)?;
+                }
+            }
+        }
+        let mut keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+        for (k, rec) in &self.keys {
+            match rec {
+                Some(rec) => keys.insert(k.as_slice(), encode(rec)?.as_slice()).map_err(io_err)?,
+                None => keys.remove(k.as_slice()).map_err(io_err)?,
+            };
+        }
+        let mut outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+        for (id, d) in &self.outbox {
+            match d {
+                Some(d) => outbox.insert(outbox_key(id).as_slice(), encode(d)?.as_slice()).map_err(io_err)?,
+                None => outbox.remove(outbox_key(id).as_slice()).map_err(io_err)?,
+            };
+        }
+        let mut records = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+        for (k, v) in &self.records {
+            match v {
+                Some(v) => records.insert(k.as_slice(), v.as_slice()).map_err(io_err)?,
+                None => records.remove(k.as_slice()).map_err(io_err)?,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Read tables of one shard file, opened on a `CachedStore`'s first miss.
+struct ReadTables {
+    tasks: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    keys: ReadOnlyTable<&'static [u8], &'static [u8]>,
+    outbox: ReadOnlyTable<&'static [u8], &'static [u8]>,
+}
+
+/// `TaskStore` for apply: writes go into the shard's newest layer; reads look there, then in the layer being
+/// flushed, then in the file (whose state is older than both layers).
+pub struct CachedStore<'a> {
+    dirty: &'a mut Layer,
+    flushing: Option<&'a Layer>,
+    db: &'a Database,
+    read: Option<ReadTables>,
+}
+
+impl<'a> CachedStore<'a> {
+    pub fn new(dirty: &'a mut Layer, flushing: Option<&'a Layer>, db: &'a Database) -> Self {
+        CachedStore { dirty, flushing, db, read: None }
+    }
+
+    fn file(&mut self) -> io::Result<&ReadTables> {
+        if self.read.is_none() {
+            let txn = self.db.begin_read().map_err(io_err)?;
+            self.read = Some(ReadTables {
+                tasks: txn.open_table(TASKS).map_err(io_err)?,
+                keys: txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?,
+                outbox: txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?,
+            });
+        }
+        Ok(self.read.as_ref().expect("opened above"))
+    }
+}
+
+impl TaskStore for CachedStore<'_> {
     type Error = io::Error;
 
     fn get(&mut self, id: &TaskId) -> io::Result<Option<Task>> {
-        match self.tasks.get(id.0.as_slice()).map_err(io_err)? {
+        // A hit in a layer is the answer, a removal included.
+        if let Some(v) = self.dirty.tasks.get(id).or_else(|| self.flushing.and_then(|f| f.tasks.get(id))) {
+            return Ok(v.clone());
+        }
+        match self.file()?.tasks.get(task_key(id)).map_err(io_err)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put(&mut self, task: &Task) -> io::Result<()> {
-        self.tasks.insert(task.id.0.as_slice(), encode(task)?.as_slice()).map_err(io_err)?;
+        self.dirty.tasks.insert(task.id, Some(task.clone()));
         Ok(())
     }
 
     fn remove(&mut self, id: &TaskId) -> io::Result<()> {
-        self.tasks.remove(id.0.as_slice()).map_err(io_err)?;
+        self.dirty.tasks.insert(*id, None);
         Ok(())
     }
 
     fn get_key(&mut self, tenant: &str, key: &str) -> io::Result<Option<KeyRecord>> {
-        match self.keys.get(key_bytes(tenant, key).as_slice()).map_err(io_err)? {
+        let k = idempotency_key(tenant, key);
+        if let Some(v) = self.dirty.keys.get(&k).or_else(|| self.flushing.and_then(|f| f.keys.get(&k))) {
+            return Ok(*v);
+        }
+        match self.file()?.keys.get(k.as_slice()).map_err(io_err)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> io::Result<()> {
-        self.keys.insert(key_bytes(tenant, key).as_slice(), encode(rec)?.as_slice()).map_err(io_err)?;
+        self.dirty.keys.insert(idempotency_key(tenant, key), Some(*rec));
         Ok(())
     }
 
     fn remove_key(&mut self, tenant: &str, key: &str) -> io::Result<()> {
-        self.keys.remove(key_bytes(tenant, key).as_slice()).map_err(io_err)?;
+        self.dirty.keys.insert(idempotency_key(tenant, key), None);
         Ok(())
     }
 
     fn get_delivery(&mut self, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
-        match self.outbox.get(id.to_bytes().as_slice()).map_err(io_err)? {
+        if let Some(v) = self.dirty.outbox.get(id).or_else(|| self.flushing.and_then(|f| f.outbox.get(id))) {
+            return Ok(v.clone());
+        }
+        match self.file()?.outbox.get(outbox_key(id).as_slice()).map_err(io_err)? {
             Some(v) => Ok(Some(decode(v.value())?)),
             None => Ok(None),
         }
     }
 
     fn put_delivery(&mut self, d: &WebhookDelivery) -> io::Result<()> {
-        self.outbox.insert(d.id.to_bytes().as_slice(), encode(d)?.as_slice()).map_err(io_err)?;
+        self.dirty.outbox.insert(d.id, Some(d.clone()));
         Ok(())
     }
 
     fn remove_delivery(&mut self, id: &DeliveryId) -> io::Result<()> {
-        self.outbox.remove(id.to_bytes().as_slice()).map_err(io_err)?;
+        self.dirty.outbox.insert(*id, None);
         Ok(())
     }
 
-    fn put_record(&mut self, key: &[u8], value: &[u8]) -> io::Result<()> {
-        self.records.insert(key, value).map_err(io_err)?;
+    fn put_schedule(&mut self, s: &Schedule) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::schedule(&s.id), Some(encode(s)?));
         Ok(())
     }
 
-    fn remove_record(&mut self, key: &[u8]) -> io::Result<()> {
-        self.records.remove(key).map_err(io_err)?;
+    fn remove_schedule(&mut self, id: &TaskId) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::schedule(id), None);
+        Ok(())
+    }
+
+    fn put_paused(&mut self, qk: &QueueKey) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::paused(qk), Some(Vec::new()));
+        Ok(())
+    }
+
+    fn remove_paused(&mut self, qk: &QueueKey) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::paused(qk), None);
         Ok(())
     }
 }

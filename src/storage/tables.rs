@@ -1,6 +1,9 @@
-//! Every redb table raftq uses. A table's name string never changes: it is the on-disk format.
+//! Every redb table raftq uses, and the layout of their keys. A table's name string and a key layout never
+//! change: they are the on-disk format.
 
 use redb::TableDefinition;
+
+use crate::queue::{DeliveryId, QueueKey, TaskId};
 
 /// Raft log entries by index, bincode-encoded openraft entries.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -12,7 +15,7 @@ pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
 pub const IDEMPOTENCY_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotency_keys");
 /// Webhook deliveries waiting in one shard's outbox: 24-byte delivery id (task id, seq) -> delivery record.
 pub const WEBHOOK_OUTBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("webhook_outbox");
-/// Shard-level records other than tasks and keys, by a key whose first byte is its kind (`queue::RecordKey`):
+/// Shard-level records other than tasks and keys, by a key whose first byte is its kind (`RecordKey`):
 /// paused queues (held by every shard), ...
 pub const SHARD_RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("shard_records");
 /// Shard metadata: `last_applied`, `membership`, `now`.
@@ -24,3 +27,85 @@ pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";
 pub const META_NOW: &str = "now";
+
+// ---- key layouts ---------------------------------------------------------------------------------------------
+
+/// `TASKS` key: the 16-byte task id.
+pub fn task_key(id: &TaskId) -> &[u8] {
+    id.0.as_slice()
+}
+
+/// `IDEMPOTENCY_KEYS` key: tenant, a NUL, the key (tenant names cannot hold NUL).
+pub fn idempotency_key(tenant: &str, key: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(tenant.len() + 1 + key.len());
+    v.extend_from_slice(tenant.as_bytes());
+    v.push(0);
+    v.extend_from_slice(key.as_bytes());
+    v
+}
+
+/// (tenant, key) of an `IDEMPOTENCY_KEYS` key.
+pub fn parse_idempotency_key(raw: &[u8]) -> (String, String) {
+    let split = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    let tenant = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let key = String::from_utf8_lossy(raw.get(split + 1..).unwrap_or_default()).into_owned();
+    (tenant, key)
+}
+
+/// `WEBHOOK_OUTBOX` key: the 16-byte task id, then the delivery's `seq` big-endian (a task's deliveries sort
+/// together).
+pub fn outbox_key(id: &DeliveryId) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[..16].copy_from_slice(&id.task_id.0);
+    b[16..].copy_from_slice(&id.seq.to_be_bytes());
+    b
+}
+
+/// Keys of `SHARD_RECORDS`. The first byte is the kind; it also says where a snapshot puts the record: `PAUSED`
+/// records are held by every shard, `SCHEDULE` records by the shard of their id.
+pub struct RecordKey;
+
+impl RecordKey {
+    /// `p tenant \0 queue`: a paused queue (empty value).
+    pub const PAUSED: u8 = b'p';
+    /// `s` + 16-byte schedule id: a schedule (bincode `Schedule`), in the shard of its id.
+    pub const SCHEDULE: u8 = b's';
+
+    pub fn schedule(id: &TaskId) -> Vec<u8> {
+        let mut v = vec![Self::SCHEDULE];
+        v.extend_from_slice(&id.0);
+        v
+    }
+
+    pub fn paused(qk: &QueueKey) -> Vec<u8> {
+        let mut v = vec![Self::PAUSED];
+        v.extend_from_slice(qk.tenant.as_bytes());
+        v.push(0);
+        v.extend_from_slice(qk.queue.as_bytes());
+        v
+    }
+
+    /// The one shard that holds a record, or `None` for records every shard holds.
+    pub fn shard_of(key: &[u8], shards: usize) -> Option<usize> {
+        match key.first() {
+            Some(&Self::SCHEDULE) if key.len() == 17 => {
+                let id: [u8; 16] = key[1..17].try_into().expect("16 bytes");
+                Some(TaskId(id).shard(shards))
+            }
+            _ => None,
+        }
+    }
+
+    pub fn is_schedule(key: &[u8]) -> bool {
+        key.first() == Some(&Self::SCHEDULE)
+    }
+
+    pub fn parse_paused(key: &[u8]) -> Option<QueueKey> {
+        let rest = key.strip_prefix(&[Self::PAUSED])?;
+        let split = rest.iter().position(|b| *b == 0)?;
+        Some(QueueKey {
+            tenant: String::from_utf8_lossy(&rest[..split]).into_owned(),
+            queue: String::from_utf8_lossy(&rest[split + 1..]).into_owned(),
+        })
+    }
+}

@@ -247,3 +247,105 @@ async fn log_store_reopens_with_entries_vote_and_purge() {
     assert_eq!(got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), vec![4, 5, 6, 7, 8]);
     assert_eq!(log.read_vote().await.expect("vote"), Some(openraft::impls::Vote::new(7, 1)));
 }
+
+/// Entries past the in-memory tail are read back from the file; a truncation inside the tail and the entries
+/// appended over it (a new term) read back the same before and after a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_reads_span_the_file_and_the_cached_tail_across_truncation_and_reopen() {
+    use openraft::RaftLogReader;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("raft-log.redb");
+    let total = super::log_store::CACHE_ENTRIES as u64 + 5_000;
+    let tick = |i: u64| Request { time_ms: i, seed: i, command: Command::Tick };
+    let append = |log: &mut LogStore, entries: Vec<Entry>| {
+        let mut log = log.clone();
+        async move {
+            let (tx, rx) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
+            log.append(entries, openraft::storage::IOFlushed::signal(tx)).await.expect("append");
+            rx.await.expect("flushed").expect("flush ok");
+        }
+    };
+    let indexes = |v: &[Entry]| v.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
+    let want: Vec<(u64, u64)> = (1..=total - 10).map(|i| (1, i)).chain((total - 9..=total).map(|i| (2, i))).collect();
+    {
+        let mut log = LogStore::open(&path).expect("open");
+        for chunk in (1..=total).collect::<Vec<_>>().chunks(1000) {
+            append(&mut log, chunk.iter().map(|i| entry(*i, tick(*i))).collect()).await;
+        }
+        // The writer has written everything it was given, so the oldest entries left the cache.
+        let all = log.try_get_log_entries(1..=total).await.expect("read all");
+        assert_eq!(all.len() as u64, total);
+        assert!(all
+            .iter()
+            .zip(1..)
+            .all(|(e, i)| e.log_id.index == i && e.payload == openraft::EntryPayload::Normal(tick(i))));
+        // A conflict in the tail: the last 10 entries are replaced by a new term's.
+        log.truncate_after(Some(log_id(1, total - 10))).await.expect("truncate");
+        assert_eq!(log.try_get_log_entries(total - 12..).await.expect("read").len(), 3, "nothing past the truncation");
+        let new: Vec<Entry> = (total - 9..=total)
+            .map(|i| Entry { log_id: log_id(2, i), payload: openraft::EntryPayload::Normal(tick(i)) })
+            .collect();
+        append(&mut log, new).await;
+        assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
+        assert_eq!(log.get_log_state().await.expect("state").last_log_id, Some(log_id(2, total)));
+    }
+    let mut log = LogStore::open(&path).expect("reopen");
+    assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
+    assert_eq!(log.get_log_state().await.expect("state").last_log_id, Some(log_id(2, total)));
+}
+
+/// Reads see applied changes before the flusher writes them (from the layers) and after (from the files), the
+/// same; a reopen after the state machine is dropped finds them in the files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_see_unflushed_changes_and_a_reopen_finds_them_written() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut sm = populated(dir.path(), 3).await;
+    sm.shared.digest().expect("digest writes every layer");
+    // More changes, read at once: still in memory (the flusher runs every 200 ms).
+    let more: Vec<NewTask> = (40..60).map(|i| new_task(i, None)).collect();
+    apply(
+        &mut sm,
+        vec![
+            entry(8, Request { time_ms: 1_400, seed: 8, command: Command::Enqueue(more) }),
+            entry(9, Request { time_ms: 1_400, seed: 9, command: cancel(7) }),
+            entry(
+                10,
+                Request {
+                    time_ms: 1_400,
+                    seed: 10,
+                    command: Command::PurgeDeadLetters {
+                        tenant: "t".into(),
+                        queue: "q".into(),
+                        select: DlqSelector::All,
+                    },
+                },
+            ),
+        ],
+    )
+    .await;
+    let filter = TaskFilter::default();
+    let listed = |sm: &StateMachine| {
+        let (tasks, more) = sm.shared.list_tasks("t", &filter, None, 1_000).expect("list");
+        assert!(!more);
+        tasks
+    };
+    let before = listed(&sm);
+    // 60 enqueued, less the 7 that repeated an idempotency key already taken in their shard (see `populated`).
+    assert_eq!(before.len(), 53);
+    assert_eq!(before.iter().find(|t| t.id == TaskId::new(1_000, 7, 7)).map(|t| t.state), Some(TaskState::Cancelled));
+    assert!(before.windows(2).all(|w| w[0].id < w[1].id), "in id order");
+    let paged: Vec<TaskId> = {
+        let (first, more) = sm.shared.list_tasks("t", &filter, None, 25).expect("page 1");
+        assert!(more);
+        let (second, _) = sm.shared.list_tasks("t", &filter, first.last().map(|t| t.id), 1_000).expect("page 2");
+        first.iter().chain(&second).map(|t| t.id).collect()
+    };
+    assert_eq!(paged, before.iter().map(|t| t.id).collect::<Vec<_>>(), "pages join without gap or repeat");
+    let (applied, digest, tasks) = sm.shared.digest().expect("digest");
+    assert_eq!(listed(&sm), before, "the same once written");
+    assert_eq!(tasks, 53);
+    drop(sm);
+    let sm = StateMachine::open(dir.path(), 3).expect("reopen");
+    assert_eq!(listed(&sm), before);
+    assert_eq!(sm.shared.digest().expect("digest"), (applied, digest, tasks));
+}

@@ -415,23 +415,51 @@ async fn queue_stats_count_tasks_by_state() {
     assert_eq!(names, vec!["other", "stats"]);
 }
 
+/// Symbols whose files reflection is asked for: a raftq service and the health service.
+const SYMBOLS: [&str; 2] = ["raftq.v1.Jobs", "grpc.health.v1.Health"];
+
+/// Asks reflection (`v1` or `v1alpha`, the same messages in two packages) for its list of services (sorted) and
+/// for the file of each of [`SYMBOLS`]: whether one came back.
+macro_rules! reflect {
+    ($version:ident, $ch:expr) => {{
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        let ask = |m| ServerReflectionRequest { host: String::new(), message_request: Some(m) };
+        let mut reqs = vec![ask(MessageRequest::ListServices(String::new()))];
+        reqs.extend(SYMBOLS.iter().map(|s| ask(MessageRequest::FileContainingSymbol(s.to_string()))));
+        let mut stream = ServerReflectionClient::new($ch.clone())
+            .server_reflection_info(futures::stream::iter(reqs))
+            .await
+            .expect(stringify!($version))
+            .into_inner();
+        let first = stream.message().await.expect("ok").expect("a response");
+        let Some(MessageResponse::ListServicesResponse(list)) = first.message_response else { panic!("{first:?}") };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        let mut found = Vec::new();
+        for s in SYMBOLS {
+            let r = stream.message().await.expect("ok").expect("a response");
+            let file = matches!(r.message_response,
+                Some(MessageResponse::FileDescriptorResponse(f)) if !f.file_descriptor_proto.is_empty());
+            found.push((s, file));
+        }
+        (names, found)
+    }};
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_health_and_reflection_are_served() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let n = TestNode::start().await;
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.node().grpc_addr))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
+    let ch = channel(&n.node().grpc_addr.to_string()).await;
     let mut health = HealthClient::new(ch.clone());
-    for service in ["", "raftq.v1.TaskService", "raftq.v1.WorkerStream"] {
+    let raftq_services =
+        ["raftq.v1.TaskService", "raftq.v1.WorkerStream", "raftq.v1.ProducerStream", "raftq.v1.Admin", "raftq.v1.Jobs"];
+    for service in std::iter::once("").chain(raftq_services) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
@@ -443,19 +471,26 @@ async fn grpc_health_and_reflection_are_served() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = ServerReflectionClient::new(ch)
-        .server_reflection_info(futures::stream::iter(vec![req]))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let resp = stream.message().await.expect("ok").expect("a response");
-    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else { panic!("{resp:?}") };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for want in ["raftq.v1.TaskService", "raftq.v1.WorkerStream", "raftq.v1.ProducerStream", "raftq.v1.Admin"] {
-        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    // A service the port does not serve is unknown to the health service too.
+    let req = tonic_health::pb::HealthCheckRequest { service: "raftq.v1.RaftService".into() };
+    let e = health.check(req).await.expect_err("not served here");
+    assert_eq!(e.code(), tonic::Code::NotFound);
+
+    // Both reflection versions list what the port serves, and only that; each resolves the services' files.
+    let served: Vec<&str> = raftq_services
+        .into_iter()
+        .chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ])
+        .collect();
+    for (version, (listed, found)) in [("v1", reflect!(v1, &ch)), ("v1alpha", reflect!(v1alpha, &ch))] {
+        let mut want = served.clone();
+        want.sort();
+        assert_eq!(listed, want, "{version}");
+        for (symbol, found) in found {
+            assert!(found, "{version}: no file descriptor for {symbol}");
+        }
     }
 }

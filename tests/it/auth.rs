@@ -163,6 +163,74 @@ async fn tokens_are_checked_for_signature_expiry_validity_issuer_and_audience() 
     assert_eq!(code, 200, "{body}");
 }
 
+/// What a REST read with `authorization: <value>` is refused with ("" when served).
+async fn rest_reason(a: std::net::SocketAddr, authorization: &str) -> String {
+    let (code, _, body) = http_with(a, "GET", "/v1/queues", &[("authorization", authorization)], String::new()).await;
+    match code {
+        200 => String::new(),
+        _ => body["error"]["code"].as_str().unwrap_or_default().to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_issuer_and_audience_are_required_for_every_algorithm() {
+    let (n, _keys) = auth_node(&["hs", "rsa1", "ec1", "ed1"], |_| {}).await;
+    let mut c = n.client().await;
+    let a = n.node().http_addr;
+    let without = |claim: &str| {
+        let mut v = claims("t1", "read");
+        v.as_object_mut().expect("object").remove(claim);
+        v
+    };
+    for signer in ["hs", "rsa1", "ec1", "ed1"] {
+        let cases = [
+            ("all claims", sign(signer, Some(signer), &claims("t1", "read")), ""),
+            ("no iss", sign(signer, Some(signer), &without("iss")), "TOKEN_WRONG_ISSUER"),
+            ("no aud", sign(signer, Some(signer), &without("aud")), "TOKEN_WRONG_AUDIENCE"),
+            ("null iss", sign(signer, Some(signer), &at_claim("iss", Value::Null)), "TOKEN_WRONG_ISSUER"),
+            ("empty aud list", sign(signer, Some(signer), &at_claim("aud", json!([]))), "TOKEN_WRONG_AUDIENCE"),
+        ];
+        for (what, tok, want) in cases {
+            assert_eq!(read_reason(&mut c, Some(&tok)).await, want, "gRPC, {signer}: {what}");
+            assert_eq!(rest_reason(a, &format!("Bearer {tok}")).await, want, "REST, {signer}: {what}");
+        }
+    }
+    // Without an issuer or audience configured, neither claim is needed.
+    let (open, _keys) = auth_node(&["hs"], |c| {
+        c.auth_issuer = None;
+        c.auth_audience = None;
+    })
+    .await;
+    let mut c = open.client().await;
+    let bare = sign("hs", Some("hs"), &json!({"tid": "t1", "scope": "read", "exp": now() + 600}));
+    assert_eq!(read_reason(&mut c, Some(&bare)).await, "");
+    assert_eq!(rest_reason(open.node().http_addr, &format!("Bearer {bare}")).await, "");
+}
+
+fn at_claim(claim: &str, value: Value) -> Value {
+    let mut v = claims("t1", "read");
+    v[claim] = value;
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_accepted_in_any_case() {
+    let (n, _keys) = auth_node(&["hs"], |_| {}).await;
+    let mut c = n.client().await;
+    let a = n.node().http_addr;
+    let tok = token("t1", "read");
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let value = format!("{scheme} {tok}");
+        let mut req = Request::new(pb::QueueStatsRequest { queues: vec![] });
+        req.metadata_mut().insert("authorization", value.parse().expect("ascii"));
+        let r = c.queue_stats(req).await;
+        assert!(r.is_ok(), "gRPC with {scheme:?}: {:?}", r.err());
+        assert_eq!(rest_reason(a, &value).await, "", "REST with {scheme:?}");
+    }
+    // Another scheme is not a bearer token.
+    assert_eq!(rest_reason(a, &format!("Basic {tok}")).await, "TOKEN_INVALID");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_by_key_id() {
     let (mut n, keys) = auth_node(&["hs", "rsa1"], |_| {}).await;

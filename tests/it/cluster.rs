@@ -521,3 +521,142 @@ async fn a_worker_on_a_follower_is_served_by_the_new_leader_while_the_old_one_is
     c.node(old).signal("CONT");
     let _ = tokio::time::timeout(Duration::from_secs(5), job).await;
 }
+
+/// Elections wait 3-4 s here: a new leader known sooner after the old one's SIGTERM was handed the leadership,
+/// since no follower could have timed out and won an election by then.
+const SLOW_ELECTIONS: &str =
+    "heartbeat_interval_ms = 100\nelection_timeout_min_ms = 3000\nelection_timeout_max_ms = 4000\n";
+/// Longest a node may take to exit after SIGTERM in these tests, whatever it has in flight (node.rs budgets
+/// about 5 s for the whole shutdown; the rest is slack for a loaded 2-core machine).
+const EXIT_BOUND: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_the_leader_under_load_hands_over_the_leadership_and_exits_in_bounded_time() {
+    let mut c = ProcCluster::start(3, SLOW_ELECTIONS).await;
+    let load = start_load(&c, "sigterm");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    let survivors: Vec<u64> = c.nodes.iter().map(|n| n.id).filter(|id| *id != old).collect();
+    let term_at = Instant::now();
+    c.node(old).signal("TERM");
+    // Survivors are asked who leads until one names another node and the old leader has exited: the last time
+    // one still named the old leader and the first time one named the new bound the time without a leader.
+    let (mut last_old, mut new_leader, mut exited) = (Duration::ZERO, None, None);
+    while new_leader.is_none() || exited.is_none() {
+        if exited.is_none() {
+            exited = c.node(old).exited().map(|s| (s, term_at.elapsed()));
+        }
+        if new_leader.is_none() {
+            for id in &survivors {
+                match c.node(*id).status().await.filter(|s| s.has_leader) {
+                    Some(s) if s.leader_id == old => last_old = term_at.elapsed(),
+                    Some(s) => new_leader = Some((s.leader_id, term_at.elapsed())),
+                    None => {}
+                }
+            }
+        }
+        assert!(
+            term_at.elapsed() < Duration::from_secs(30),
+            "leader {new_leader:?}, exit {exited:?} 30 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ((status, exit_after), (leader, led_after)) = (exited.expect("exited"), new_leader.expect("leader"));
+    assert!(status.success(), "the old leader exits cleanly: {status:?}");
+    assert!(exit_after < EXIT_BOUND, "the old leader exited {exit_after:?} after SIGTERM");
+    assert!(
+        led_after < Duration::from_secs(3),
+        "node {leader} led {led_after:?} after SIGTERM: later than a transfer, as late as an election"
+    );
+    eprintln!(
+        "SIGTERM on leader {old}: node {leader} led after {led_after:?} (the old one was last named at {last_old:?}); \
+         the old leader exited after {exit_after:?}"
+    );
+    // The load goes on a while with the new leader before it is drained.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Nothing acknowledged is lost, and the old leader rejoins with the same state.
+    let client = c.node(leader).client().await;
+    let (acked, logs) = load.drain(Duration::from_secs(60), Some(client)).await;
+    assert!(acked.len() > 20, "the load ran: {}", acked.len());
+    eprintln!(
+        "{} tasks acknowledged and completed; longest claim gap {:?}",
+        acked.len(),
+        longest_claim_gap(&logs, term_at)
+    );
+    c.node(old).start();
+    c.node(old).ready().await;
+    c.wait_digests_agree(Duration::from_secs(30)).await;
+}
+
+/// Calls a node holds open until they are answered: a gRPC and a REST long poll for `task`, a claim waiting for
+/// work, a worker stream waiting for work, and an enqueue (a proposal, or a call forwarded to the leader).
+async fn calls_in_flight(node: &ProcNode, task: &str) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut jobs = Vec::new();
+    let (mut a, mut b, mut d) = (node.client().await, node.client().await, node.client().await);
+    let id = task.to_string();
+    jobs.push(tokio::spawn(async move {
+        let _ = a.get_result(pb::GetResultRequest { id, wait_ms: 60_000 }).await;
+    }));
+    jobs.push(tokio::spawn(async move {
+        let req = pb::ClaimRequest {
+            worker_id: "held".into(),
+            queues: vec!["in-flight-empty".into()],
+            count: 1,
+            wait_ms: 60_000,
+            ..Default::default()
+        };
+        let _ = b.claim(req).await;
+    }));
+    jobs.push(tokio::spawn(async move {
+        let _ = d.enqueue(enq("in-flight", "during shutdown")).await;
+    }));
+    let grpc = node.grpc.clone();
+    jobs.push(tokio::spawn(async move {
+        let stop = Arc::new(AtomicBool::new(false));
+        stream_worker(grpc, "in-flight-empty", stop, Arc::default()).await;
+    }));
+    let (http, path) = (node.http.clone(), format!("/v1/tasks/{task}/result?wait_ms=60000"));
+    jobs.push(tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if let Ok(mut s) = tokio::net::TcpStream::connect(&http).await {
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            if s.write_all(req.as_bytes()).await.is_ok() {
+                let _ = s.read_to_end(&mut Vec::new()).await;
+            }
+        }
+    }));
+    // Let every call reach the node.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    jobs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_node_in_bounded_time_whatever_it_has_in_flight() {
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let followers: Vec<u64> = c.nodes.iter().map(|n| n.id).filter(|id| *id != leader).collect();
+    let (f1, f2) = (followers[0], followers[1]);
+    let mut lc = c.node(leader).client().await;
+    let task = lc.enqueue(enq("in-flight", "pending")).await.expect("enqueue").into_inner().task_id;
+
+    // A follower whose leader and other peer are paused: its calls are forwarded to a leader that never answers,
+    // and it cannot elect another.
+    c.node(leader).signal("STOP");
+    c.node(f2).signal("STOP");
+    let calls = calls_in_flight(c.node(f1), &task).await;
+    let (status, took) = c.node(f1).terminate_within(Duration::from_secs(30)).await;
+    eprintln!("follower {f1} exited {took:?} after SIGTERM ({status:?})");
+    assert!(status.success() && took < EXIT_BOUND, "follower {f1}: {status:?} after {took:?}");
+    calls.iter().for_each(|j| j.abort());
+
+    // The leader, one follower gone and the other paused: proposals and linearizable reads wait for a quorum
+    // that never answers, and no follower can take the leadership.
+    c.node(leader).signal("CONT");
+    let calls = calls_in_flight(c.node(leader), &task).await;
+    let (status, took) = c.node(leader).terminate_within(Duration::from_secs(30)).await;
+    eprintln!("leader {leader} exited {took:?} after SIGTERM ({status:?})");
+    assert!(status.success() && took < EXIT_BOUND, "leader {leader}: {status:?} after {took:?}");
+    calls.iter().for_each(|j| j.abort());
+    c.node(f2).signal("CONT");
+}

@@ -3,14 +3,18 @@
 
 mod api;
 mod auth;
+mod cli;
 mod cluster;
 mod crash;
+mod failover;
+mod http2;
 mod jobs;
 mod jobs_cluster;
 mod metrics;
 mod openapi;
 mod procs;
 mod rest;
+mod revoke;
 mod sdk;
 mod stream;
 mod support;

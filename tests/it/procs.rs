@@ -97,6 +97,30 @@ impl ProcNode {
         }
     }
 
+    /// The exit status once the process has ended (it then no longer runs), else None.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().expect("wait")?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// SIGTERM, then waits up to `limit` for the exit: its status and how long it took (SIGKILL and a panic
+    /// when the process outlives `limit`).
+    pub async fn terminate_within(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
+        let start = Instant::now();
+        self.signal("TERM");
+        loop {
+            if let Some(s) = self.exited() {
+                return (s, start.elapsed());
+            }
+            if start.elapsed() > limit {
+                self.kill9();
+                panic!("node {} still ran {limit:?} after SIGTERM", self.id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn client(&self) -> Client {
         connect(&self.grpc).await
     }

@@ -48,7 +48,8 @@ pub async fn exchange(
     raw(addr, method, path, &[], body.map(|b| b.to_string()).unwrap_or_default()).await
 }
 
-async fn raw(
+/// One HTTP/1.1 exchange with extra request headers and a raw body: status, headers, body text.
+pub async fn raw(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -168,4 +169,47 @@ async fn rest_errors_are_json_with_stable_codes() {
     let token: u64 = c["tasks"][0]["lease"]["token"].as_str().expect("token").parse().expect("number");
     let (status, _, b) = http(a, "POST", &format!("/v1/tasks/{id}/complete"), Some(json!({"token": token + 1}))).await;
     assert_eq!((status, b["error"]["code"].as_str()), (409, Some("LEASE_LOST")), "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_non_2xx_answer_is_a_json_error_with_a_stable_code() {
+    let n = TestNode::start().await;
+    let a = n.node().http_addr;
+    let id = "0".repeat(32);
+    let bad = "INVALID_ARGUMENT";
+    let cases: Vec<(&str, String, &str, u16, &str)> = vec![
+        // Query strings that do not parse.
+        ("GET", "/v1/tasks?page_size=-1".into(), "", 400, bad),
+        ("GET", "/v1/tasks?created_from_ms=yesterday".into(), "", 400, bad),
+        ("GET", "/v1/tasks?page_size=10&what=1".into(), "", 400, bad),
+        ("GET", format!("/v1/tasks/{id}/result?wait_ms=abc"), "", 400, bad),
+        ("GET", "/v1/queues/q/dead-letters?limit=-1".into(), "", 400, bad),
+        // Bodies that are not the JSON a route takes.
+        ("POST", "/v1/tasks".into(), "{not json", 400, bad),
+        ("POST", "/v1/tasks".into(), "[1, 2]", 400, bad),
+        ("POST", "/v1/claim".into(), "", 400, bad),
+        ("POST", "/v1/schedules".into(), r#"{"name": 5}"#, 400, bad),
+        ("POST", format!("/v1/tasks/{id}/complete"), r#"{"token": "x1"}"#, 400, bad),
+        // A path parameter that does not decode.
+        ("GET", "/v1/tasks/%FF%FE".into(), "", 400, bad),
+        // Paths served with other methods.
+        ("DELETE", "/v1/tasks".into(), "", 405, "METHOD_NOT_ALLOWED"),
+        ("GET", "/v1/claim".into(), "", 405, "METHOD_NOT_ALLOWED"),
+        ("PUT", format!("/v1/tasks/{id}"), "", 405, "METHOD_NOT_ALLOWED"),
+        ("POST", "/healthz".into(), "", 405, "METHOD_NOT_ALLOWED"),
+        // Paths served by nothing.
+        ("GET", "/v1/nothing-here".into(), "", 404, "NOT_FOUND"),
+    ];
+    for (method, path, body, want_status, want_code) in cases {
+        let what = format!("{method} {path} {body}");
+        let (status, headers, b) = http_with(a, method, &path, &[], body.to_string()).await;
+        assert_eq!(status, want_status, "{what}: {b}");
+        let content_type = headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.as_str());
+        assert_eq!(content_type, Some("application/json"), "{what}");
+        assert_eq!(b["error"]["code"].as_str(), Some(want_code), "{what}: {b}");
+        assert!(b["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {b}");
+        if status == 405 {
+            assert!(headers.iter().any(|(k, _)| k == "allow"), "{what}: a 405 names the allowed methods");
+        }
+    }
 }

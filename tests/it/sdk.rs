@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use raftq::config::Config;
 use raftq_client::{
-    CancellationToken, Error, NewTask, Outcome, Producer, ProducerConfig, Task, TaskState, Worker, WorkerConfig,
-    WorkerSummary,
+    Applied, CancellationToken, Claim, DeadLetters, Error, NewTask, Outcome, Producer, ProducerConfig, Task, TaskState,
+    Worker, WorkerConfig, WorkerSummary,
 };
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -544,4 +544,167 @@ async fn producer_connect_to_nothing_is_a_retryable_transport_error() {
     .expect_err("nothing listens");
     assert!(matches!(e, Error::Transport { .. }), "{e:?}");
     assert!(e.is_retryable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_producer_lets_a_caller_collect_more_pending_creates_than_the_in_flight_limit() {
+    // The documented pattern: collect the pending creates, then await them all. Room in the in-flight limit is
+    // freed when an ack arrives, not when its future is awaited, so collecting 10x the limit does not block.
+    let n = TestNode::start().await;
+    let p = Producer::connect(ProducerConfig { addrs: vec![addr(&n)], stream_max_in_flight: 4, ..Default::default() })
+        .await
+        .expect("connect");
+    let s = p.stream().await.expect("stream");
+    let collect = async {
+        let mut creates = Vec::new();
+        let mut batches = Vec::new();
+        for i in 0..40 {
+            creates.push(s.create(NewTask::new("sdk-room", format!("{i}"))).await.expect("create sent"));
+            if i % 10 == 0 {
+                let batch = vec![NewTask::new("sdk-room", format!("b{i}")), NewTask::new("sdk-room", format!("c{i}"))];
+                batches.push(s.create_batch(batch).await.expect("batch sent"));
+            }
+        }
+        (creates, batches)
+    };
+    let (creates, batches) = tokio::time::timeout(Duration::from_secs(30), collect)
+        .await
+        .expect("create waits for room only until acks free it, not until their futures are awaited");
+    let mut ids = std::collections::HashSet::new();
+    for r in futures::future::join_all(creates).await {
+        ids.insert(r.expect("created").task_id);
+    }
+    for b in futures::future::join_all(batches).await {
+        for r in b.expect("batch") {
+            ids.insert(r.expect("created").task_id);
+        }
+    }
+    assert_eq!(ids.len(), 48, "each pending create resolved to its own task");
+    let stats = p.queue_stats(&["sdk-room"]).await.expect("stats");
+    assert_eq!(stats[0].pending, 48);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_reads_queue_stats_and_lists_redrives_and_purges_dead_letters() {
+    let n = TestNode::start_with(fast_retry).await;
+    let p = producer(&n).await;
+    for i in 0..3 {
+        p.enqueue(NewTask::new("sdk-dl", format!("{i}")).max_attempts(1)).await.expect("enqueue");
+    }
+    p.enqueue(NewTask::new("sdk-dl-other", "x")).await.expect("enqueue");
+    let tasks = p.claim(&Claim::new("w", ["sdk-dl"]).count(3)).await.expect("claim");
+    assert_eq!(tasks.len(), 3);
+    for t in &tasks {
+        let failed = Outcome::Failed { error: format!("boom {}", t.payload.len()), retryable: true };
+        let acked = p.report(&t.id, t.token(), failed).await.expect("fail");
+        assert_eq!(acked.state, TaskState::DeadLettered, "out of attempts");
+    }
+    let stats = p.queue_stats(&["sdk-dl"]).await.expect("stats");
+    assert_eq!(stats.len(), 1, "only the queue asked for: {stats:?}");
+    assert_eq!((stats[0].queue.as_str(), stats[0].pending, stats[0].dead_lettered), ("sdk-dl", 0, 3));
+    let all = p.stale_reads().queue_stats(&[]).await.expect("stale stats of every queue");
+    let names: Vec<&str> = all.iter().map(|q| q.queue.as_str()).collect();
+    assert!(names.contains(&"sdk-dl") && names.contains(&"sdk-dl-other"), "{names:?}");
+
+    let dead = p.dead_letters("sdk-dl", 0).await.expect("list");
+    assert_eq!(dead.len(), 3);
+    assert!(dead.iter().all(|t| t.state == TaskState::DeadLettered && t.last_error == "boom 1"), "{dead:?}");
+    assert_eq!(p.dead_letters("sdk-dl", 2).await.expect("list").len(), 2, "the limit holds");
+
+    let first = dead[0].id.clone();
+    let redriven = p.redrive("sdk-dl", &DeadLetters::Ids(vec![first.clone()])).await.expect("redrive");
+    assert_eq!(redriven, vec![first.clone()]);
+    let t = p.get(&first).await.expect("get");
+    assert_eq!((t.state, t.attempts), (TaskState::Pending, 0), "back to pending with its attempts reset");
+    let purged = p.purge_dead_letters("sdk-dl", &DeadLetters::All).await.expect("purge");
+    assert_eq!(purged.len(), 2);
+    assert!(!purged.contains(&first));
+    assert!(p.dead_letters("sdk-dl", 0).await.expect("list").is_empty());
+    let stats = p.queue_stats(&["sdk-dl"]).await.expect("stats");
+    assert_eq!((stats[0].pending, stats[0].dead_lettered), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_claims_extends_and_reports_one_request_at_a_time() {
+    let n = TestNode::start().await;
+    let p = producer(&n).await;
+    let e = p.enqueue(NewTask::new("sdk-unary", "x")).await.expect("enqueue");
+    let got = p.claim(&Claim::new("w1", ["sdk-unary"]).lease(Duration::from_secs(5))).await.expect("claim");
+    let t = got.first().expect("one task");
+    assert_eq!((t.id.as_str(), t.state), (e.task_id.as_str(), TaskState::InProgress));
+    let lease = t.lease.as_ref().expect("a lease");
+    assert_eq!(lease.worker_id, "w1");
+    let extended = p.extend_lease(&t.id, t.token(), Duration::from_secs(20), Some((40, "half"))).await.expect("extend");
+    assert_eq!(extended.state, TaskState::InProgress);
+    assert!(extended.at_ms >= lease.deadline_ms + 10_000, "{extended:?} vs {lease:?}");
+    let progress = p.get(&t.id).await.expect("get").progress.expect("progress recorded");
+    assert_eq!((progress.percent, progress.message.as_str()), (40, "half"));
+
+    let done = Outcome::CompletedWith { result: "r".into(), follow_ups: vec![NewTask::new("sdk-unary-next", "n")] };
+    let acked = p.report(&t.id, t.token(), done).await.expect("complete");
+    assert_eq!((acked.state, acked.follow_up_ids.len()), (TaskState::Completed, 1), "{acked:?}");
+    assert_eq!(p.get(&acked.follow_up_ids[0]).await.expect("follow-up").queue, "sdk-unary-next");
+    let again = p.report(&t.id, t.token(), Outcome::Completed("r".into())).await.expect_err("already ended");
+    assert!(again.reason().is_some() && !again.is_retryable(), "{again:?}");
+
+    // Nothing ready: a claim with a wait answers empty after it.
+    let started = Instant::now();
+    let none = p.claim(&Claim::new("w1", ["sdk-unary-empty"]).wait(Duration::from_millis(300))).await.expect("claim");
+    assert!(none.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(250), "answered after {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_broadcasts_every_outcome_the_server_applied() {
+    let n = TestNode::start_with(fast_retry).await;
+    let p = producer(&n).await;
+    let w = spawn_worker(worker_cfg(&n, "sdk-applied"), |t: Task| async move {
+        if &t.payload[..] == b"retry" && t.attempts == 1 {
+            Outcome::Failed { error: "once".into(), retryable: true }
+        } else {
+            Outcome::Completed(t.payload)
+        }
+    });
+    let mut applied = w.worker.applied();
+    let ok = p.enqueue(NewTask::new("sdk-applied", "ok")).await.expect("enqueue").task_id;
+    let retry = p.enqueue(NewTask::new("sdk-applied", "retry").max_attempts(3)).await.expect("enqueue").task_id;
+    let mut seen: Vec<Applied> = Vec::new();
+    while seen.iter().filter(|a| a.state == TaskState::Completed).count() < 2 {
+        let a = tokio::time::timeout(Duration::from_secs(10), applied.recv()).await.expect("an applied outcome");
+        seen.push(a.expect("not lagging"));
+    }
+    let of =
+        |id: &str| seen.iter().filter(|a| a.task_id == id).map(|a| (a.outcome.clone(), a.state)).collect::<Vec<_>>();
+    assert_eq!(of(&ok), vec![(Outcome::Completed("ok".into()), TaskState::Completed)]);
+    assert_eq!(
+        of(&retry),
+        vec![
+            (Outcome::Failed { error: "once".into(), retryable: true }, TaskState::Pending),
+            (Outcome::Completed("retry".into()), TaskState::Completed),
+        ]
+    );
+    let failed = seen.iter().find(|a| a.task_id == retry && a.state == TaskState::Pending).expect("the retry");
+    assert!(failed.at_ms > 0, "a retried task says when it is claimable again: {failed:?}");
+    let s = w.stop().await;
+    assert_eq!((s.completed, s.failed), (2, 1), "the counters agree with the events: {s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reports_the_nodes_status_members_and_digests() {
+    let n = TestNode::start().await;
+    let p = producer(&n).await;
+    p.enqueue(NewTask::new("sdk-admin", "x")).await.expect("enqueue");
+    let admin = p.admin();
+    let s = admin.status().await.expect("status");
+    assert_eq!((s.node_id, s.role.as_str(), s.leader_id), (1, "LEADER", Some(1)));
+    assert_eq!(s.members.len(), 1);
+    assert!(s.applied_index >= 2, "{s:?}");
+    let all = admin.cluster_status().await.expect("cluster status");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].status.as_ref().expect("reachable").node_id, 1);
+    let digests = admin.digests().await.expect("digests");
+    let d = digests[0].1.as_ref().expect("reachable");
+    assert_eq!((d.node_id, d.tasks), (1, 1));
+    let e = admin.transfer_leader(None, Duration::from_secs(1)).await.expect_err("no other voter");
+    assert_eq!(e.reason(), Some("INVALID_ARGUMENT"), "{e:?}");
 }

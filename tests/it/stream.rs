@@ -29,6 +29,16 @@ async fn open(addr: &str, first: pb::worker_event::Event) -> Result<Session, ton
     Ok(Session { tx, rx: resp })
 }
 
+/// A producer stream, its Hello sent.
+async fn open_producer(addr: &str) -> (mpsc::Sender<pb::ProducerEvent>, Streaming<pb::ProducerServerEvent>) {
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(pb::ProducerEvent { event: Some(pb::producer_event::Event::Hello(pb::Hello::default())) })
+        .await
+        .expect("send");
+    let resp = ProducerStreamClient::new(channel(addr).await).stream(ReceiverStream::new(rx)).await.expect("open");
+    (tx, resp.into_inner())
+}
+
 fn hello() -> pb::worker_event::Event {
     pb::worker_event::Event::Hello(pb::Hello { token: String::new(), worker_id: "w-raw".into() })
 }
@@ -139,15 +149,8 @@ async fn idle_ready_is_answered_empty_then_served_when_work_arrives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn producer_stream_acks_by_sequence() {
     let n = TestNode::start().await;
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.node().grpc_addr))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, mut resp) = open_producer(&n.node().grpc_addr.to_string()).await;
     let ev = |e| pb::ProducerEvent { event: Some(e) };
-    tx.send(ev(pb::producer_event::Event::Hello(pb::Hello::default()))).await.expect("send");
-    let mut resp = ProducerStreamClient::new(ch).stream(ReceiverStream::new(rx)).await.expect("open").into_inner();
     for seq in 1..=20u64 {
         let e = if seq % 5 == 0 {
             pb::producer_event::Event::CreateBatch(pb::CreateBatch {
@@ -179,6 +182,49 @@ async fn producer_stream_acks_by_sequence() {
         } else {
             assert_eq!(a.results.len(), 1);
             assert!(matches!(a.results[0].result, Some(R::Ok(_))));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_worker_event_and_a_ready_for_no_tasks_get_stream_errors() {
+    let n = TestNode::start().await;
+    n.client().await.enqueue(enq("e", "x")).await.expect("enqueue");
+    let mut s = open(&n.node().grpc_addr.to_string(), hello()).await.expect("open");
+    // A WorkerEvent with no event set: nothing to serve, but not silence.
+    s.tx.send(pb::WorkerEvent { event: None }).await.expect("send");
+    let pb::server_event::Event::Error(e) = s.next().await else { panic!("expected a stream error") };
+    assert_eq!((e.request_id, e.reason.as_str()), (0, "INVALID_ARGUMENT"), "{e:?}");
+    // Ready for 0 tasks is a mistake, not "the default": refused, and nothing is claimed.
+    s.ready(3, "e", 0).await;
+    let pb::server_event::Event::Error(e) = s.next().await else { panic!("expected a stream error") };
+    assert_eq!((e.request_id, e.reason.as_str()), (3, "INVALID_ARGUMENT"), "{e:?}");
+    assert!(e.message.contains("count"), "{e:?}");
+    // The stream still serves.
+    s.ready(4, "e", 1).await;
+    let pb::server_event::Event::TaskBatch(b) = s.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len()), (4, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_producer_event_is_refused() {
+    let n = TestNode::start().await;
+    let (tx, mut resp) = open_producer(&n.node().grpc_addr.to_string()).await;
+    tx.send(pb::ProducerEvent { event: None }).await.expect("send");
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), resp.message())
+            .await
+            .expect("an answer within 10 s")
+            .expect("ok")
+            .expect("open");
+        match m.event {
+            Some(pb::producer_server_event::Event::HelloAck(_)) => {}
+            Some(pb::producer_server_event::Event::Ack(a)) => {
+                let e = a.error.expect("a refusal");
+                assert_eq!((a.seq, e.code.as_str(), a.results.len()), (0, "INVALID_ARGUMENT", 0), "{e:?}");
+                return;
+            }
+            None => panic!("empty event"),
         }
     }
 }

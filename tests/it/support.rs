@@ -76,13 +76,17 @@ impl TestNode {
 }
 
 pub async fn connect(addr: &str) -> Client {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    TaskServiceClient::new(channel(addr).await)
+}
+
+/// A connected channel to a node's gRPC port.
+pub async fn channel(addr: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("url")
         .tcp_nodelay(true)
         .connect()
         .await
-        .expect("connect");
-    TaskServiceClient::new(ch)
+        .expect("connect")
 }
 
 pub async fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
@@ -102,19 +106,21 @@ pub fn reason(s: &tonic::Status) -> String {
     s.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
 }
 
-/// A port no other test of this run has been given. Ports handed out are never handed out again, so a port a
-/// killed node released cannot be taken by another test's cluster while clients of the first still dial it.
-/// They come from below the kernel's ephemeral range (which starts at 32768), in a block chosen per process.
+/// The port allocator of the fault harness (std only): leases hold a lock file per port, so test processes,
+/// harness runs and deploy/ci.sh on one machine never hand out the same port.
+#[path = "../../jepsen-like/src/ports.rs"]
+#[allow(dead_code)] // shared with jepsen-like, which uses all of it
+mod ports;
+
+/// A port no other process on this machine holds, and that no other test of this run has been given: leased
+/// (below the kernel's ephemeral range, so no `bind(0)` of an in-process node and no outgoing connection takes
+/// it; locked, so no concurrent test binary or harness run takes it) and kept for the whole test process, so a
+/// port a killed node released cannot be taken by another test's cluster while clients of the first still
+/// dial it.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ =
-        NEXT.compare_exchange(0, 10_000 + (std::process::id() % 200) as u16 * 100, Ordering::SeqCst, Ordering::SeqCst);
-    loop {
-        let p = NEXT.fetch_add(1, Ordering::SeqCst);
-        assert!(p < 32_000, "ran out of test ports");
-        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
-            return p;
-        }
-    }
+    static HELD: std::sync::Mutex<Vec<ports::PortLease>> = std::sync::Mutex::new(Vec::new());
+    let lease = ports::lease().expect("a free port to lease");
+    let port = lease.port();
+    HELD.lock().unwrap_or_else(|p| p.into_inner()).push(lease);
+    port
 }

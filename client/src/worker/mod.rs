@@ -4,7 +4,8 @@
 //! the next one. Shutdown stops Readys, lets handlers finish within the grace, abandons the rest.
 //!
 //! Invariants: every claimed task gets exactly one final outcome sent (the handler's, or Abandon), and every
-//! answer to an outcome is checked; a refusal is logged, counted and broadcast, never dropped.
+//! answer to an outcome is checked: an applied outcome is counted and broadcast ([`Worker::applied`]), a
+//! refusal is logged, counted and broadcast ([`Worker::rejections`]), never dropped.
 
 mod outcome;
 mod session;
@@ -30,15 +31,19 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::backoff::Backoff;
 use crate::connection::{validate_target, Connector, DEFAULT_ADDR};
 use crate::error::{Error, Result, NOT_LEADER};
-use crate::task::{duration_ms, Task};
+use crate::task::{duration_ms, Signal, Task, TaskState};
+pub(crate) use outcome::ack_action;
 use outcome::{heartbeat_event, pair_acks, plan, ready_event, unit_event, verdict, Item, Unit, Verdict};
-pub use outcome::{Outcome, Rejection};
+pub use outcome::{Applied, Outcome, Rejection};
 use session::{Lost, Reply, Session};
 pub use stats::{WorkerStats, WorkerSummary};
 
 /// Rejections kept for slow subscribers of [`Worker::rejections`]; older ones are dropped for them (they see
 /// `RecvError::Lagged`), the counter still counts them.
 const REJECTIONS_CAPACITY: usize = 1024;
+/// Applied outcomes kept for slow subscribers of [`Worker::applied`] (same rule): a few seconds of a busy
+/// worker's completions.
+const APPLIED_CAPACITY: usize = 4096;
 /// After the shutdown grace, outcomes (including the abandons of cut-off handlers) get this long for their
 /// answers before they are counted unconfirmed: one leader election plus a commit.
 const ACK_DRAIN: Duration = Duration::from_secs(5);
@@ -53,6 +58,11 @@ const RETIRE_POLL: Duration = Duration::from_millis(5);
 const MAX_CONCURRENCY: usize = 4096;
 /// Largest `batch_size`: the server's default `max_batch_items`.
 const MAX_BATCH_SIZE: u32 = 1000;
+
+/// [`Task::revocation`] after the shutdown grace ran out while the handler still ran.
+const SHUTDOWN: &str = "SHUTDOWN";
+/// [`Task::revocation`] after a lease extension was refused.
+const LEASE_LOST_SIGNAL: &str = "LEASE_LOST";
 
 /// Gives the token to open a stream with (called on every open); `None` opens without one.
 pub type TokenProvider = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
@@ -222,6 +232,7 @@ pub struct Worker {
     conn: Arc<Connector>,
     stats: Arc<WorkerStats>,
     rejections: broadcast::Sender<Rejection>,
+    applied: broadcast::Sender<Applied>,
     running: AtomicBool,
 }
 
@@ -246,11 +257,13 @@ impl Worker {
         cfg.validate()?;
         let conn = Connector::new(&cfg.addrs, cfg.token.as_deref(), cfg.tls_ca_pem.as_deref(), cfg.connect_timeout)?;
         let (rejections, _) = broadcast::channel(REJECTIONS_CAPACITY);
+        let (applied, _) = broadcast::channel(APPLIED_CAPACITY);
         Ok(Worker {
             cfg: Arc::new(cfg),
             conn: Arc::new(conn),
             stats: Arc::default(),
             rejections,
+            applied,
             running: AtomicBool::new(false),
         })
     }
@@ -268,6 +281,13 @@ impl Worker {
     /// Every outcome the server refuses from now on (`LEASE_LOST` and the like), as it happens.
     pub fn rejections(&self) -> broadcast::Receiver<Rejection> {
         self.rejections.subscribe()
+    }
+
+    /// Every outcome the server applies from now on (completions, failures, nacks, abandons, exceptions), as
+    /// its answer arrives: the per-task counterpart of the counters in [`Worker::stats`]. A subscriber more than
+    /// 4,096 outcomes behind misses the oldest (`RecvError::Lagged`); the counters still count them.
+    pub fn applied(&self) -> broadcast::Receiver<Applied> {
+        self.applied.subscribe()
     }
 
     /// Runs the slots until `shutdown` fires, then shuts down gracefully: no more Readys, running handlers
@@ -295,6 +315,7 @@ impl Worker {
             conn: self.conn.clone(),
             stats: self.stats.clone(),
             rejections: self.rejections.clone(),
+            applied: self.applied.clone(),
             next_id: AtomicU64::new(1),
             session: watch::Sender::new(None),
             stopping: CancellationToken::new(),
@@ -303,6 +324,7 @@ impl Worker {
             closing: CancellationToken::new(),
             fatal: Mutex::new(None),
             orphans,
+            running: Mutex::default(),
         });
         let supervisor = AbortOnDropHandle::new(tokio::spawn(supervise(ctx.clone())));
         let janitor_stop = CancellationToken::new();
@@ -365,6 +387,7 @@ struct Ctx {
     conn: Arc<Connector>,
     stats: Arc<WorkerStats>,
     rejections: broadcast::Sender<Rejection>,
+    applied: broadcast::Sender<Applied>,
     /// Request ids, unique for the whole run so an answer from an old stream can never match a new request.
     next_id: AtomicU64,
     /// The open stream, `None` while reconnecting.
@@ -379,6 +402,8 @@ struct Ctx {
     closing: CancellationToken,
     fatal: Mutex<Option<Error>>,
     orphans: mpsc::Sender<pb::Task>,
+    /// The deliveries whose handlers run or wait in a slot: task id -> (token, the handler's signal).
+    running: Mutex<HashMap<String, (u64, Signal)>>,
 }
 
 impl Ctx {
@@ -430,6 +455,15 @@ impl Ctx {
                     Outcome::Exception { .. } => &self.stats.exceptions,
                 };
                 WorkerStats::add(counter, 1);
+                // Built only for subscribers; none is fine (the counter records it).
+                if self.applied.receiver_count() > 0 {
+                    let _ = self.applied.send(Applied {
+                        task_id: item.task_id.clone(),
+                        outcome: item.outcome.clone(),
+                        state: TaskState::from_proto(ack.state),
+                        at_ms: ack.at_ms,
+                    });
+                }
             }
             Verdict::Refused { reason, message } => self.reject(item, reason, message, maybe_applied),
         }
@@ -459,6 +493,18 @@ impl Ctx {
         WorkerStats::add(&self.stats.unconfirmed, n);
         for i in unit.items() {
             tracing::warn!(task_id = %i.task_id, "no answer to a task outcome before shutdown; it may or may not be applied");
+        }
+    }
+
+    /// The server ended a delivery this worker holds (`LeaseRevoked`), or refused to extend it: tell its handler.
+    fn revoke(&self, task_id: &str, token: u64, reason: &str) {
+        let signal = match self.running.lock().expect("running lock poisoned").get(task_id) {
+            Some((t, signal)) if *t == token => signal.clone(),
+            _ => return,
+        };
+        if signal.fire(reason) {
+            WorkerStats::add(&self.stats.revoked, 1);
+            tracing::info!(task_id, token, reason, "the task's delivery ended; telling its handler");
         }
     }
 
@@ -602,6 +648,10 @@ async fn read_events(ctx: &Ctx, session: &Session, mut inbound: tonic::Streaming
         };
         let (id, reply) = match event {
             Event::HelloAck(_) => continue,
+            Event::Revoked(r) => {
+                ctx.revoke(&r.task_id, r.token, &r.reason);
+                continue;
+            }
             Event::TaskBatch(b) => (b.request_id, Reply::Batch(b.tasks)),
             Event::Ack(a) => (a.request_id, Reply::Ack(a)),
             Event::AckBatch(b) => (b.request_id, Reply::AckBatch(b.acks)),
@@ -739,6 +789,11 @@ where
 {
     let tasks: Vec<Task> = tasks.into_iter().map(Task::from_proto).collect();
     let held = Held(Mutex::new(tasks.iter().map(|t| (t.id.clone(), (t.token(), false))).collect()));
+    ctx.running
+        .lock()
+        .expect("running lock poisoned")
+        .extend(tasks.iter().map(|t| (t.id.clone(), (t.token(), t.signal().clone()))));
+    let ids: Vec<(String, u64)> = tasks.iter().map(|t| (t.id.clone(), t.token())).collect();
     let beat = async {
         match ctx.cfg.heartbeat {
             Some(every) => heartbeat(ctx, &held, every).await,
@@ -749,9 +804,12 @@ where
         let mut items = Vec::with_capacity(tasks.len());
         for task in tasks {
             let (task_id, token) = (task.id.clone(), task.token());
-            // Shutdown began: tasks not yet started go back at once, for another worker.
-            let outcome =
-                if ctx.stopping.is_cancelled() { Outcome::Abandon } else { run_handler(ctx, handler, task).await };
+            // Shutdown began, or the delivery already ended: tasks not yet started go back at once.
+            let outcome = if ctx.stopping.is_cancelled() || task.cancellation().is_cancelled() {
+                Outcome::Abandon
+            } else {
+                run_handler(ctx, handler, task).await
+            };
             items.push(Item { task_id, token, outcome });
         }
         held.delivering();
@@ -762,6 +820,12 @@ where
         _ = work => {}
         _ = beat => {}
     }
+    let mut running = ctx.running.lock().expect("running lock poisoned");
+    for (id, token) in ids {
+        if running.get(&id).is_some_and(|(t, _)| *t == token) {
+            running.remove(&id);
+        }
+    }
 }
 
 async fn run_handler<H, F>(ctx: &Ctx, handler: &H, task: Task) -> Outcome
@@ -770,6 +834,7 @@ where
     F: Future<Output = Outcome> + Send + 'static,
 {
     let id = task.id.clone();
+    let signal = task.signal().clone();
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(task))) {
         Ok(f) => f,
         Err(p) => return panicked(&id, p),
@@ -778,6 +843,7 @@ where
         r = AssertUnwindSafe(fut).catch_unwind() => r.unwrap_or_else(|p| panicked(&id, p)),
         _ = ctx.grace_over.cancelled() => {
             tracing::warn!(task_id = %id, "shutdown grace ran out; abandoning the running task");
+            signal.fire(SHUTDOWN);
             Outcome::Abandon
         }
     }
@@ -820,6 +886,7 @@ async fn heartbeat(ctx: &Ctx, held: &Held, every: Duration) {
                                     message,
                                     "lease extension refused; the task's outcome will likely be refused too"
                                 );
+                                ctx.revoke(task_id, *token, LEASE_LOST_SIGNAL);
                             }
                         }
                     },

@@ -68,6 +68,23 @@ pub struct Rejection {
     pub maybe_applied: bool,
 }
 
+/// An outcome the server applied, as sent to [`Worker::applied`](crate::Worker::applied): the task's result
+/// is recorded (a completion is durable on a quorum), so whatever the handler left to do once it is safe (an
+/// offset to commit, a local file to delete) can be done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Applied {
+    /// The task the outcome was for.
+    pub task_id: String,
+    /// The outcome that was applied.
+    pub outcome: Outcome,
+    /// The task's state after it: `COMPLETED`, `FAILED`, `CANCELLED`, `DEAD_LETTERED`, or `PENDING` when it
+    /// will run again (a retryable failure, a nack, an abandon).
+    pub state: crate::task::TaskState,
+    /// When a task that will run again is claimable (ms since the Unix epoch), else 0.
+    pub at_ms: i64,
+}
+
 /// One task's outcome on its way to the server, with the delivery it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Item {
@@ -154,6 +171,26 @@ pub(crate) fn unit_event(unit: &Unit, request_id: u64) -> pb::WorkerEvent {
         },
     };
     pb::WorkerEvent { event: Some(event) }
+}
+
+/// The unary `Ack` action that reports `outcome`.
+pub(crate) fn ack_action(outcome: &Outcome) -> pb::ack_request::Action {
+    use pb::ack_request::Action;
+    match outcome {
+        Outcome::Completed(b) => Action::Complete(pb::Complete { result: b.clone(), follow_ups: vec![] }),
+        Outcome::CompletedWith { result, follow_ups } => Action::Complete(pb::Complete {
+            result: result.clone(),
+            follow_ups: follow_ups.iter().cloned().map(crate::task::NewTask::into_proto).collect(),
+        }),
+        Outcome::Failed { error, retryable } => Action::Fail(pb::Fail { error: error.clone(), retryable: *retryable }),
+        Outcome::Nack { delay, reason } => {
+            Action::Nack(pb::Nack { delay_ms: duration_ms(*delay), reason: reason.clone() })
+        }
+        Outcome::Abandon => Action::Abandon(pb::Abandon {}),
+        Outcome::Exception { reason, message } => {
+            Action::Exception(pb::Exception { reason: reason.clone(), message: message.clone() })
+        }
+    }
 }
 
 /// A Ready asking for up to `count` tasks of `queues` under a lease of `lease_ms`.
@@ -314,6 +351,26 @@ mod tests {
         assert!(pair_acks(&items, &[ack("a"), ack("b")]).is_some());
         assert!(pair_acks(&items, &[ack("b"), ack("a")]).is_none());
         assert!(pair_acks(&items, &[ack("a")]).is_none());
+    }
+
+    #[test]
+    fn each_outcome_maps_to_its_unary_ack_action() {
+        use pb::ack_request::Action;
+        let follow_up = crate::task::NewTask::new("next", "p");
+        let with = Outcome::CompletedWith { result: "r".into(), follow_ups: vec![follow_up.clone()] };
+        assert_eq!(
+            ack_action(&with),
+            Action::Complete(pb::Complete { result: "r".into(), follow_ups: vec![follow_up.into_proto()] })
+        );
+        assert_eq!(ack_action(&failed()), Action::Fail(pb::Fail { error: "boom".into(), retryable: true }));
+        let nack = Outcome::Nack { delay: Duration::from_millis(1500), reason: "later".into() };
+        assert_eq!(ack_action(&nack), Action::Nack(pb::Nack { delay_ms: 1500, reason: "later".into() }));
+        assert_eq!(ack_action(&Outcome::Abandon), Action::Abandon(pb::Abandon {}));
+        let ex = Outcome::Exception { reason: "internal-error".into(), message: "m".into() };
+        assert_eq!(
+            ack_action(&ex),
+            Action::Exception(pb::Exception { reason: "internal-error".into(), message: "m".into() })
+        );
     }
 
     #[test]

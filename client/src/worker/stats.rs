@@ -16,6 +16,7 @@ pub struct WorkerStats {
     pub(crate) lease_extensions: AtomicU64,
     pub(crate) reconnects: AtomicU64,
     pub(crate) exceptions: AtomicU64,
+    pub(crate) revoked: AtomicU64,
 }
 
 /// The worker's counters at one moment; also what [`Worker::run`](crate::Worker::run) returns.
@@ -47,6 +48,9 @@ pub struct WorkerSummary {
     pub reconnects: u64,
     /// Exceptions (`Outcome::Exception`) the server applied.
     pub exceptions: u64,
+    /// Deliveries the server ended while their handlers ran (cancel, deadline, lease expiry), each signalled to
+    /// its handler through [`Task::cancellation`](crate::Task::cancellation).
+    pub revoked: u64,
 }
 
 impl WorkerStats {
@@ -64,6 +68,7 @@ impl WorkerStats {
             lease_extensions: get(&self.lease_extensions),
             reconnects: get(&self.reconnects),
             exceptions: get(&self.exceptions),
+            revoked: get(&self.revoked),
         }
     }
 

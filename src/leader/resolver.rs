@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio_util::sync::CancellationToken;
 
 use super::proposer::Proposer;
 use crate::queue::Command;
@@ -21,15 +20,21 @@ const SCAN_INTERVAL: Duration = Duration::from_millis(250);
 /// Resolutions per proposed entry.
 const MAX_PER_ENTRY: usize = 1_000;
 
-pub async fn run(
-    proposer: Arc<Proposer>,
-    mut leading: tokio::sync::watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
+/// The resolver's work for one term: a scan at once (it may just have become leader), then one after each batch
+/// of ended tasks and every `SCAN_INTERVAL`.
+pub async fn lead(proposer: Arc<Proposer>) {
     let mut ended = proposer.shared.ended.subscribe();
     loop {
+        match proposer.shared.dependency_resolutions(MAX_PER_ENTRY) {
+            Ok(items) if items.is_empty() => {}
+            Ok(items) => {
+                if let Err(e) = proposer.write(Command::ResolveDependencies(items)).await {
+                    tracing::debug!(error = %e, "dependency resolutions not applied");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read dependencies"),
+        }
         tokio::select! {
-            _ = shutdown.cancelled() => return,
             r = ended.recv() => {
                 if matches!(r, Err(RecvError::Closed)) {
                     return;
@@ -37,23 +42,7 @@ pub async fn run(
                 // Take whatever else ended meanwhile: one scan covers it all.
                 while ended.try_recv().is_ok() {}
             }
-            _ = leading.changed() => {}
             _ = tokio::time::sleep(SCAN_INTERVAL) => {}
-        }
-        if !*leading.borrow() {
-            continue;
-        }
-        let items = match proposer.shared.dependency_resolutions(MAX_PER_ENTRY) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read dependencies");
-                continue;
-            }
-        };
-        if !items.is_empty() {
-            if let Err(e) = proposer.write(Command::ResolveDependencies(items)).await {
-                tracing::debug!(error = %e, "dependency resolutions not applied");
-            }
         }
     }
 }

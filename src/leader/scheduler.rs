@@ -8,32 +8,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use super::proposer::{wall_clock_ms, Proposer};
 use crate::queue::{cron, Command, TaskId};
 
 /// Longest sleep between looks: bounds how late a schedule created or resumed meanwhile is first seen.
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 
-pub async fn run(
-    proposer: Arc<Proposer>,
-    mut leading: tokio::sync::watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
+/// The schedule ticker's work for one term: fire what is due (at once: it may just have become leader), then sleep until
+/// the next occurrence, at most `MAX_SLEEP`.
+pub async fn lead(proposer: Arc<Proposer>) {
     loop {
+        fire_due(&proposer).await;
         let now = wall_clock_ms();
         let next = proposer.shared.schedules(None).iter().filter_map(cron::next_due).min();
         let sleep = next.map(|n| Duration::from_millis(n.saturating_sub(now))).unwrap_or(MAX_SLEEP).min(MAX_SLEEP);
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = leading.changed() => {}
-            _ = tokio::time::sleep(sleep.max(Duration::from_millis(5))) => {}
-        }
-        if !*leading.borrow() {
-            continue;
-        }
-        fire_due(&proposer).await;
+        tokio::time::sleep(sleep.max(Duration::from_millis(5))).await;
     }
 }
 

@@ -1,4 +1,5 @@
-//! Proposing commands and reading state: the leader side of the queue.
+//! Proposing commands and reading state: the leader side of the queue. Every node has a proposer; on a follower
+//! its writes fail with `NotLeader` (with the leader's address), which the API turns into forwarding.
 //!
 //! Concurrent enqueues and acks are coalesced into few Raft entries (group commit end to end): a coalescer
 //! takes every request queued while earlier entries are in flight and proposes them as one command, with
@@ -11,10 +12,10 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::ReadPolicy;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::types::{NodeId, Raft};
 use crate::config::Config;
 use crate::queue::*;
-use crate::storage::SmShared;
+use crate::raft::types::{NodeId, TypeConfig};
+use crate::storage::{Raft, SmShared};
 use crate::telemetry;
 
 /// Entries in flight per coalescer: enough to keep the log writer busy while earlier entries replicate.
@@ -197,11 +198,11 @@ pub(crate) fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>)
 }
 
 trait ForwardInfo {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>>;
+    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<TypeConfig>>;
 }
 
-impl ForwardInfo for openraft::error::LinearizableReadError<super::types::TypeConfig> {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<super::types::TypeConfig>> {
+impl ForwardInfo for openraft::error::LinearizableReadError<TypeConfig> {
+    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<TypeConfig>> {
         match self {
             openraft::error::LinearizableReadError::ForwardToLeader(f) => Some(f),
             _ => None,

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::proposer::{not_leader, write, ProposeError};
-use super::types::Raft;
+use super::Leadership;
 use crate::queue::{ClaimItem, Command, Response, Task, TaskId};
-use crate::storage::SmShared;
+use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
 const MAX_IN_FLIGHT: usize = 4;
@@ -80,27 +79,28 @@ struct Done {
 }
 
 impl Dispatcher {
+    /// Starts the dispatcher for the node's life (until `leadership`'s shutdown): while this node does not lead,
+    /// it answers every claim with `NotLeader`.
     pub fn spawn(
         raft: Raft,
         shared: Arc<SmShared>,
-        leading: tokio::sync::watch::Receiver<bool>,
+        leadership: Leadership,
         max_items: usize,
         write_timeout: Duration,
         tasks: &tokio_util::task::TaskTracker,
-        shutdown: CancellationToken,
     ) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
         let d = Dispatch {
             raft,
             shared,
-            leading,
+            leadership,
             max_items,
             write_timeout,
             parked: VecDeque::new(),
             reserved: HashSet::new(),
             in_flight: 0,
         };
-        tasks.spawn(d.run(rx, shutdown));
+        tasks.spawn(d.run(rx));
         Dispatcher { tx, seen: Arc::default() }
     }
 
@@ -153,8 +153,8 @@ impl Dispatcher {
 struct Dispatch {
     raft: Raft,
     shared: Arc<SmShared>,
-    /// Whether this node leads, from openraft's leader-change callback.
-    leading: tokio::sync::watch::Receiver<bool>,
+    /// Whether this node leads, and the node's shutdown.
+    leadership: Leadership,
     max_items: usize,
     write_timeout: Duration,
     parked: VecDeque<ClaimRequest>,
@@ -163,9 +163,10 @@ struct Dispatch {
 }
 
 impl Dispatch {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>, shutdown: CancellationToken) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>) {
         let mut work = self.shared.work.subscribe();
-        let mut leading = self.leading.clone();
+        let mut leading = self.leadership.clone();
+        let shutdown = self.leadership.shutdown().clone();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let mut dirty = false;
         loop {
@@ -191,7 +192,7 @@ impl Dispatch {
                     dirty = true;
                 }
                 changed = leading.changed() => {
-                    if changed.is_err() {
+                    if !changed {
                         break;
                     }
                     dirty = true;
@@ -228,8 +229,8 @@ impl Dispatch {
         if self.parked.is_empty() {
             return;
         }
-        if !*self.leading.borrow() {
-            let m = super::metrics(&self.raft);
+        if !self.leadership.is_leader() {
+            let m = crate::raft::metrics(&self.raft);
             let addr = m
                 .current_leader
                 .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.api_addr.clone()));

@@ -22,7 +22,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::proposer::{wall_clock_ms, Proposer};
@@ -34,6 +33,8 @@ use crate::telemetry::{trace_ids, WebhookEvent};
 pub const SIGNATURE_HEADER: &str = "x-raftq-signature";
 /// The delivery id, the same on every attempt of one delivery: receivers deduplicate on it.
 pub const DELIVERY_HEADER: &str = "x-raftq-delivery";
+/// The tracing target of the `webhook.deliver` spans (this module's path): the OTLP exporter exports them.
+pub const SPAN_TARGET: &str = module_path!();
 /// How long the sender sleeps at most when nothing is due soon (it is also woken by new deliveries).
 const IDLE_SLEEP: Duration = Duration::from_millis(1_000);
 /// How soon the sender looks again while due deliveries wait for a free slot or an in-flight outcome.
@@ -131,121 +132,106 @@ impl Settings {
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
-/// Starts the sender. It acts only while `leading` is true.
-pub fn spawn(
-    proposer: Arc<Proposer>,
-    cfg: &Config,
-    key: Option<Vec<u8>>,
-    leading: tokio::sync::watch::Receiver<bool>,
-    tasks: &tokio_util::task::TaskTracker,
-    shutdown: CancellationToken,
-) {
-    let settings = Settings {
-        key: key.map(Into::into),
-        max_attempts: cfg.webhook_max_attempts,
-        retry_base_ms: cfg.webhook_retry_base_ms,
-        retry_max_ms: cfg.webhook_retry_max_ms,
-        timeout: Duration::from_millis(cfg.webhook_timeout_ms),
-        concurrency: cfg.webhook_concurrency,
-    };
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(settings.timeout));
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
-    tasks.spawn(run(proposer, settings, client, leading, shutdown));
-}
-
-async fn run(
-    proposer: Arc<Proposer>,
+/// The sender: its settings and HTTP client, made once; `lead` is its work for one term.
+#[derive(Clone)]
+pub struct Sender {
     settings: Settings,
     client: HttpClient,
-    mut leading: tokio::sync::watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
-    let shared = proposer.shared.clone();
-    let mut added = shared.webhooks.subscribe();
-    let mut in_flight: HashSet<DeliveryId> = HashSet::new();
-    let mut attempts: JoinSet<WebhookReport> = JoinSet::new();
-    // A proposal answers the ids it recorded, or gives its reports back to be proposed again.
-    let mut proposals: JoinSet<Result<Vec<DeliveryId>, Vec<WebhookReport>>> = JoinSet::new();
-    let mut reports: Vec<WebhookReport> = Vec::new();
-    loop {
-        if !*leading.borrow_and_update() {
-            // Whatever was in flight is sent again by the next leader: its outcome was never committed.
-            attempts.abort_all();
-            proposals.abort_all();
-            in_flight.clear();
-            reports.clear();
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = leading.changed() => if r.is_err() { return },
-            }
-            continue;
-        }
-        let now = wall_clock_ms();
-        let free = settings.concurrency.saturating_sub(attempts.len());
-        if free > 0 {
-            match shared.due_deliveries(now, free, &in_flight) {
-                Ok(due) => {
-                    for d in due {
-                        in_flight.insert(d.id);
-                        attempts.spawn(attempt(client.clone(), settings.clone(), d));
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read the webhook outbox"),
-            }
-        }
-        let sleep = match shared.webhook_backlog().0 {
-            Some(next) if next > now => Duration::from_millis(next - now).min(IDLE_SLEEP),
-            Some(_) => BUSY_SLEEP,
-            None => IDLE_SLEEP,
+}
+
+impl Sender {
+    pub fn new(cfg: &Config, key: Option<Vec<u8>>) -> Sender {
+        let settings = Settings {
+            key: key.map(Into::into),
+            max_attempts: cfg.webhook_max_attempts,
+            retry_base_ms: cfg.webhook_retry_base_ms,
+            retry_max_ms: cfg.webhook_retry_max_ms,
+            timeout: Duration::from_millis(cfg.webhook_timeout_ms),
+            concurrency: cfg.webhook_concurrency,
         };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = leading.changed() => {}
-            _ = added.changed() => {}
-            Some(done) = attempts.join_next(), if !attempts.is_empty() => {
-                if let Ok(report) = done {
-                    let event = match &report.outcome {
-                        WebhookOutcome::Delivered => WebhookEvent::Delivered,
-                        WebhookOutcome::Retry { .. } => WebhookEvent::Retry,
-                        WebhookOutcome::GaveUp { .. } => WebhookEvent::GaveUp,
-                    };
-                    shared.metrics.webhook(event);
-                    reports.push(report);
-                }
-            }
-            Some(done) = proposals.join_next(), if !proposals.is_empty() => {
-                match done {
-                    Ok(Ok(ids)) => {
-                        for id in ids {
-                            in_flight.remove(&id);
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.timeout));
+        let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+        Sender { settings, client }
+    }
+
+    /// Sends due deliveries and proposes their outcomes while this node leads. When the term ends this future is
+    /// dropped with its attempts and proposals (aborted with their `JoinSet`s): whatever was in flight is sent
+    /// again by the next leader, its outcome was never committed.
+    pub async fn lead(self, proposer: Arc<Proposer>) {
+        let Sender { settings, client } = self;
+        let shared = proposer.shared.clone();
+        let mut added = shared.webhooks.subscribe();
+        let mut in_flight: HashSet<DeliveryId> = HashSet::new();
+        let mut attempts: JoinSet<WebhookReport> = JoinSet::new();
+        // A proposal answers the ids it recorded, or gives its reports back to be proposed again.
+        let mut proposals: JoinSet<Result<Vec<DeliveryId>, Vec<WebhookReport>>> = JoinSet::new();
+        let mut reports: Vec<WebhookReport> = Vec::new();
+        loop {
+            let now = wall_clock_ms();
+            let free = settings.concurrency.saturating_sub(attempts.len());
+            if free > 0 {
+                match shared.due_deliveries(now, free, &in_flight) {
+                    Ok(due) => {
+                        for d in due {
+                            in_flight.insert(d.id);
+                            attempts.spawn(attempt(client.clone(), settings.clone(), d));
                         }
                     }
-                    Ok(Err(again)) => reports.extend(again),
-                    Err(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot read the webhook outbox"),
                 }
             }
-            _ = tokio::time::sleep(sleep) => {}
-        }
-        // One outcome entry at a time; outcomes that arrive meanwhile share the next one.
-        if proposals.is_empty() && !reports.is_empty() {
-            let batch = std::mem::take(&mut reports);
-            let p = proposer.clone();
-            proposals.spawn(async move {
-                let ids = batch.iter().map(|r| r.id).collect();
-                match p.write(Command::WebhookOutcome(batch.clone())).await {
-                    Ok(_) => Ok(ids),
-                    Err(e) => {
-                        // Right after an election the new leader may not accept writes yet. The outcomes are
-                        // proposed again (a report already applied changes nothing), not the requests re-sent;
-                        // if this node stops leading, the next leader sends them again.
-                        tracing::debug!(error = %e, "webhook outcomes not recorded yet");
-                        tokio::time::sleep(PROPOSAL_RETRY).await;
-                        Err(batch)
+            let sleep = match shared.webhook_backlog().0 {
+                Some(next) if next > now => Duration::from_millis(next - now).min(IDLE_SLEEP),
+                Some(_) => BUSY_SLEEP,
+                None => IDLE_SLEEP,
+            };
+            tokio::select! {
+                _ = added.changed() => {}
+                Some(done) = attempts.join_next(), if !attempts.is_empty() => {
+                    if let Ok(report) = done {
+                        let event = match &report.outcome {
+                            WebhookOutcome::Delivered => WebhookEvent::Delivered,
+                            WebhookOutcome::Retry { .. } => WebhookEvent::Retry,
+                            WebhookOutcome::GaveUp { .. } => WebhookEvent::GaveUp,
+                        };
+                        shared.metrics.webhook(event);
+                        reports.push(report);
                     }
                 }
-            });
+                Some(done) = proposals.join_next(), if !proposals.is_empty() => {
+                    match done {
+                        Ok(Ok(ids)) => {
+                            for id in ids {
+                                in_flight.remove(&id);
+                            }
+                        }
+                        Ok(Err(again)) => reports.extend(again),
+                        Err(_) => {}
+                    }
+                }
+                _ = tokio::time::sleep(sleep) => {}
+            }
+            // One outcome entry at a time; outcomes that arrive meanwhile share the next one.
+            if proposals.is_empty() && !reports.is_empty() {
+                let batch = std::mem::take(&mut reports);
+                let p = proposer.clone();
+                proposals.spawn(async move {
+                    let ids = batch.iter().map(|r| r.id).collect();
+                    match p.write(Command::WebhookOutcome(batch.clone())).await {
+                        Ok(_) => Ok(ids),
+                        Err(e) => {
+                            // Right after an election the new leader may not accept writes yet. The outcomes are
+                            // proposed again (a report already applied changes nothing), not the requests re-sent;
+                            // if this node stops leading, the next leader sends them again.
+                            tracing::debug!(error = %e, "webhook outcomes not recorded yet");
+                            tokio::time::sleep(PROPOSAL_RETRY).await;
+                            Err(batch)
+                        }
+                    }
+                });
+            }
         }
     }
 }

@@ -1,0 +1,185 @@
+from raftq.v1 import task_pb2 as _task_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MissedPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MISSED_POLICY_SKIP: _ClassVar[MissedPolicy]
+    MISSED_POLICY_RUN_ONCE: _ClassVar[MissedPolicy]
+MISSED_POLICY_SKIP: MissedPolicy
+MISSED_POLICY_RUN_ONCE: MissedPolicy
+
+class PauseQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ResumeQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class QueuePauseState(_message.Message):
+    __slots__ = ("queue", "paused")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    paused: bool
+    def __init__(self, queue: _Optional[str] = ..., paused: bool = ...) -> None: ...
+
+class ListPausedQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPausedQueuesResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("queue", "state", "created_from_ms", "created_to_ms", "page_size", "page_token")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TO_MS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    state: _task_pb2.TaskState
+    created_from_ms: int
+    created_to_ms: int
+    page_size: int
+    page_token: str
+    def __init__(self, queue: _Optional[str] = ..., state: _Optional[_Union[_task_pb2.TaskState, str]] = ..., created_from_ms: _Optional[int] = ..., created_to_ms: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_page_token")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_task_pb2.Task]
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_task_pb2.Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class QueueCapacityRequest(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queues: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueueCapacity(_message.Message):
+    __slots__ = ("queue", "pending", "ready", "delayed", "running", "active_workers", "completed_1m", "completed_5m", "completed_15m", "rate_1m", "rate_5m", "rate_15m", "drain_seconds", "per_worker_rate", "workers_needed_1h", "workers_needed_4h", "workers_needed_8h", "paused")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_1M_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_5M_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_15M_FIELD_NUMBER: _ClassVar[int]
+    RATE_1M_FIELD_NUMBER: _ClassVar[int]
+    RATE_5M_FIELD_NUMBER: _ClassVar[int]
+    RATE_15M_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PER_WORKER_RATE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_NEEDED_1H_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_NEEDED_4H_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_NEEDED_8H_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    pending: int
+    ready: int
+    delayed: int
+    running: int
+    active_workers: int
+    completed_1m: int
+    completed_5m: int
+    completed_15m: int
+    rate_1m: float
+    rate_5m: float
+    rate_15m: float
+    drain_seconds: float
+    per_worker_rate: float
+    workers_needed_1h: int
+    workers_needed_4h: int
+    workers_needed_8h: int
+    paused: bool
+    def __init__(self, queue: _Optional[str] = ..., pending: _Optional[int] = ..., ready: _Optional[int] = ..., delayed: _Optional[int] = ..., running: _Optional[int] = ..., active_workers: _Optional[int] = ..., completed_1m: _Optional[int] = ..., completed_5m: _Optional[int] = ..., completed_15m: _Optional[int] = ..., rate_1m: _Optional[float] = ..., rate_5m: _Optional[float] = ..., rate_15m: _Optional[float] = ..., drain_seconds: _Optional[float] = ..., per_worker_rate: _Optional[float] = ..., workers_needed_1h: _Optional[int] = ..., workers_needed_4h: _Optional[int] = ..., workers_needed_8h: _Optional[int] = ..., paused: bool = ...) -> None: ...
+
+class QueueCapacityResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueCapacity]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueCapacity, _Mapping]]] = ...) -> None: ...
+
+class CreateScheduleRequest(_message.Message):
+    __slots__ = ("name", "task", "cron", "time_zone", "interval_ms", "missed_policy")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    task: _task_pb2.EnqueueRequest
+    cron: str
+    time_zone: str
+    interval_ms: int
+    missed_policy: MissedPolicy
+    def __init__(self, name: _Optional[str] = ..., task: _Optional[_Union[_task_pb2.EnqueueRequest, _Mapping]] = ..., cron: _Optional[str] = ..., time_zone: _Optional[str] = ..., interval_ms: _Optional[int] = ..., missed_policy: _Optional[_Union[MissedPolicy, str]] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("id", "name", "queue", "cron", "time_zone", "interval_ms", "missed_policy", "paused", "created_at_ms", "last_occurrence_ms", "next_occurrence_ms", "fired")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIME_ZONE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_OCCURRENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OCCURRENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    queue: str
+    cron: str
+    time_zone: str
+    interval_ms: int
+    missed_policy: MissedPolicy
+    paused: bool
+    created_at_ms: int
+    last_occurrence_ms: int
+    next_occurrence_ms: int
+    fired: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., queue: _Optional[str] = ..., cron: _Optional[str] = ..., time_zone: _Optional[str] = ..., interval_ms: _Optional[int] = ..., missed_policy: _Optional[_Union[MissedPolicy, str]] = ..., paused: bool = ..., created_at_ms: _Optional[int] = ..., last_occurrence_ms: _Optional[int] = ..., next_occurrence_ms: _Optional[int] = ..., fired: _Optional[int] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules",)
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
+    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ...) -> None: ...
+
+class ScheduleRef(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteScheduleResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

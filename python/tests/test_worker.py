@@ -1,0 +1,120 @@
+"""Worker behaviour against a real node: lease extension of a handler that outlives its lease, lease loss
+reaching the handler, graceful shutdown (in-process and on SIGTERM), the fencing token, progress reports."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import raftq
+from raftq import TaskState
+
+from conftest import Running, producer, wait_for, worker
+
+HERE = Path(__file__).resolve().parent
+
+
+
+
+def test_heartbeats_keep_the_lease_of_a_handler_that_outlives_it(server, queue):
+    def handle(task):
+        time.sleep(4.0)  # more than twice the lease
+        return b"done"
+
+    with producer(server) as p:
+        e = p.enqueue(queue, b"slow")
+        w = worker(server, queue, lease=1.5, heartbeat=0.4)
+        with Running(w, handle) as r:
+            res = p.result(e.task_id, wait=20)
+            summary = r.stop()
+        assert res.state == TaskState.COMPLETED and res.attempts == 1, res
+        assert summary.lease_extensions >= 5 and summary.rejected == 0, summary
+        assert len(p.get(e.task_id).runs) == 1, "never redelivered"
+
+
+def test_progress_reports_travel_on_the_stream_and_show_on_the_task(server, queue):
+    with producer(server) as p:
+        e = p.enqueue(queue, b"x")
+        gate = threading.Event()
+
+        def handle(task):
+            task.report_progress(40, "halfway")
+            gate.wait(10)
+            return b"ok"
+
+        with Running(worker(server, queue), handle):
+            t = wait_for(lambda: (lambda t: t if t.progress else None)(p.get(e.task_id)), what="progress")
+            assert (t.progress.percent, t.progress.message) == (40, "halfway")
+            gate.set()
+            assert p.result(e.task_id, wait=10).state == TaskState.COMPLETED
+
+
+def test_shutdown_lets_handlers_finish_within_the_grace_and_abandons_the_rest(server, queue):
+    started = threading.Barrier(3)
+    reasons = {}
+
+    def handle(task):
+        started.wait(10)
+        if task.text == "quick":
+            time.sleep(0.5)
+            return b"finished"
+        task.cancellation.wait(30)  # cooperative: stops when told
+        reasons[task.text] = task.cancellation.reason
+        return b"never sent"
+
+    with producer(server) as p:
+        quick = p.enqueue(queue, b"quick").task_id
+        slow = p.enqueue(queue, b"slow", max_attempts=1).task_id
+        w = worker(server, queue, concurrency=2, shutdown_grace=1.5)
+        r = Running(w, handle)
+        started.wait(10)
+        t0 = time.monotonic()
+        summary = r.stop()
+        took = time.monotonic() - t0
+        assert p.get(quick).state == TaskState.COMPLETED
+        s = p.get(slow)
+        # Abandoned: back to pending at once, the attempt given back (max_attempts=1 would dead-letter it).
+        assert s.state == TaskState.PENDING and s.attempts == 0 and s.runs[-1].outcome == "ABANDONED", s
+        assert reasons == {"slow": raftq.SHUTDOWN}
+        assert summary.completed == 1 and summary.abandoned == 1
+        assert took < 10
+
+
+def test_a_worker_process_shuts_down_gracefully_on_sigterm(server, queue):
+    with producer(server) as p:
+        e = p.enqueue(queue, b"sleep")
+        env = dict(os.environ, RAFTQ_ADDR=server.addrs[0], RAFTQ_TOKEN=server.token, RAFTQ_QUEUE=queue)
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "sleepy_worker.py")], env=env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "started"  # the handler runs
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, out
+        assert "completed=1" in out
+        assert p.get(e.task_id).state == TaskState.COMPLETED
+
+
+def test_a_stream_the_worker_closes_itself_is_reopened_and_work_goes_on(server, queue):
+    """What a NOT_LEADER or a failing node does: the worker drops its stream and opens the next one."""
+    with producer(server) as p:
+        w = worker(server, queue)
+        with Running(w, lambda t: t.payload) as r:
+            first = p.enqueue(queue, b"1").task_id
+            assert p.result(first, wait=10).state == TaskState.COMPLETED
+            run = w._run
+            assert run is not None and run.session is not None
+            run.loop.call_soon_threadsafe(run.session.fail, run.conn)
+            wait_for(lambda: w.stats.reconnects == 1, what="the stream reopened")
+            second = p.enqueue(queue, b"2").task_id
+            assert p.result(second, wait=10).state == TaskState.COMPLETED
+            summary = r.stop()
+        assert summary.completed == 2 and summary.reconnects == 1

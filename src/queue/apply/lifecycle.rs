@@ -1,0 +1,94 @@
+//! Transitions several commands share: writing a changed task (and moving it between indexes), retry or
+//! dead-letter, closing the open run, and the accounting that goes with them.
+
+use super::context::{ApplyContext, Effects};
+use crate::queue::shard::ShardCore;
+use crate::queue::store::TaskStore;
+use crate::queue::types::*;
+
+impl ShardCore {
+    /// Writes a changed task and moves it between indexes. A task with a webhook URL that has just ended (or been
+    /// dead-lettered) gets a delivery in this shard's outbox, in the same transaction (`webhooks.rs`).
+    pub(super) fn update<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        cx: &mut ApplyContext<'_>,
+        before: &Task,
+        after: &Task,
+    ) -> Result<(), S::Error> {
+        if before.state == TaskState::InProgress && after.state != TaskState::InProgress && before.concurrency.is_some()
+        {
+            // A slot of the key came free: tasks of the key in any queue may be claimable now.
+            cx.fx.ready.insert(QueueKey::of(before));
+        }
+        if let Some(r) = super::context::RevokedLease::between(before, after) {
+            cx.fx.revoked.push(r);
+        }
+        self.idx.remove_task(before);
+        self.idx.add_task(after, self.now);
+        store.put(after)?;
+        self.outbox_on_end(store, cx, before, after)
+    }
+
+    /// Reports the task's queue as having claimable work if the task is ready now.
+    pub(super) fn note_pending(&self, t: &Task, fx: &mut Effects) {
+        if t.state == TaskState::Pending && t.visible_at <= self.now {
+            fx.ready.insert(QueueKey::of(t));
+        }
+    }
+}
+
+/// Back to pending after `delay` while attempts remain, else to the dead-letter queue.
+pub(super) fn retry_or_dead(t: &mut Task, now: TimeMs, delay: u64, seq: u64) {
+    t.lease = None;
+    t.updated_at = now;
+    if t.attempts >= t.max_attempts {
+        t.state = TaskState::DeadLettered;
+        t.dead_at = Some(now);
+    } else {
+        t.state = TaskState::Pending;
+        t.visible_at = now.saturating_add(delay);
+        t.seq = seq;
+    }
+}
+
+/// The backoff before the next attempt: the task's retry policy with jitter from the entry's seed.
+pub(super) fn backoff(t: &Task, seed: u64) -> u64 {
+    t.retry.delay_ms(t.attempts, jitter(seed, &t.id))
+}
+
+/// A deterministic mix of the proposer's seed with a task id, for per-task jitter.
+fn jitter(seed: u64, id: &TaskId) -> u64 {
+    let mut z = seed ^ u64::from_be_bytes(id.0[8..16].try_into().expect("8 bytes"));
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Ends the open run of a task (the current delivery), if there is one.
+pub(super) fn close_run(t: &mut Task, now: TimeMs, outcome: RunOutcome, reason: &str) {
+    let token = t.lease.as_ref().map(|l| l.token);
+    if let Some(run) = t.runs.last_mut() {
+        if run.outcome.is_none() && Some(run.token) == token {
+            run.ended_at = Some(now);
+            run.outcome = Some(outcome);
+            run.reason = reason.chars().take(256).collect();
+        }
+    }
+}
+
+/// A delivery that did not end the task: retried later, or dead-lettered.
+pub(super) fn count_requeue(t: &Task, fx: &mut Effects) {
+    match t.state {
+        TaskState::DeadLettered => fx.counts.dead_lettered += 1,
+        TaskState::Pending => fx.counts.retried += 1,
+        _ => {}
+    }
+}
+
+/// A task ended (completed, failed or cancelled) in this entry: answer its result waiters, time it from enqueue.
+pub(super) fn note_ended(t: &Task, now: TimeMs, fx: &mut Effects) {
+    fx.ended.push(t.id);
+    fx.enqueue_to_end_ms.push(now.saturating_sub(t.created_at));
+}

@@ -1,0 +1,285 @@
+//! One shard's in-memory indexes, derived from its records: which tasks are ready, delayed, leased, ended,
+//! dead-lettered or held, when each falls due, per-queue counts, running concurrency keys, the outbox by due time,
+//! and copies of the small shard records (paused queues, schedules).
+//!
+//! Nothing here is stored: every replica rebuilds the same indexes from the records at start and after a snapshot
+//! install (`ShardCore::index_*`). Apply keeps them in step with every record it writes (`add_task` after,
+//! `remove_task` before a change). This file holds no rules: what a command does lives in `apply/`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::*;
+
+/// Claim order within one queue: higher priority first, then FIFO by sequence.
+pub type ReadyKey = (Reverse<u8>, u64, TaskId);
+
+/// How far back completions are kept for throughput figures: the longest window reported (15 minutes).
+pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
+
+/// The derived indexes of one shard.
+#[derive(Debug, Default)]
+pub struct ShardIndex {
+    /// Claimable pending tasks per queue, in claim order.
+    pub(super) ready: HashMap<QueueKey, BTreeSet<ReadyKey>>,
+    /// Pending tasks not yet visible, by visible time: (queue, priority, seq) to move them to `ready`.
+    pub(super) delayed: BTreeMap<(TimeMs, TaskId), (QueueKey, u8, u64)>,
+    /// Running tasks by lease deadline.
+    pub(super) leases: BTreeSet<(TimeMs, TaskId)>,
+    /// Ended tasks (completed, failed, cancelled) by retention deadline.
+    pub(super) retention: BTreeSet<(TimeMs, TaskId)>,
+    /// Dead-lettered tasks per queue, by when they died.
+    pub(super) dead: HashMap<QueueKey, BTreeSet<(TimeMs, TaskId)>>,
+    /// Idempotency keys by expiry: (expires_at, tenant, key). May hold a stale entry for a key replaced after
+    /// expiry; `advance` skips it by comparing with the record.
+    pub(super) keys: BTreeSet<(TimeMs, String, String)>,
+    pub(super) counts: HashMap<QueueKey, StateCounts>,
+    /// Pending webhook deliveries of this shard's outbox, by when they are due.
+    pub(super) webhooks: BTreeSet<(TimeMs, DeliveryId)>,
+    /// Deadlines of tasks not yet ended (pending, running or dead-lettered).
+    pub(super) deadlines: BTreeSet<(TimeMs, TaskId)>,
+    /// Paused queues (every shard holds the whole set).
+    pub(super) paused: HashSet<QueueKey>,
+    /// Running tasks per (tenant, concurrency key) of this shard.
+    pub(super) running_keys: HashMap<(String, String), u32>,
+    /// The concurrency key of each pending (ready or delayed) task that has one.
+    pub(super) pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Schedules stored in this shard.
+    pub(super) schedules: BTreeMap<TaskId, Schedule>,
+    /// Pending tasks held by dependencies, and for each dependency the held tasks of this shard waiting on it.
+    pub(super) held: BTreeSet<TaskId>,
+    pub(super) waiters: BTreeMap<TaskId, BTreeSet<TaskId>>,
+    /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
+    /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
+    pub(super) done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// Tasks per state in one queue.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounts {
+    pub pending: u64,
+    pub delayed: u64,
+    pub in_progress: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub dead_lettered: u64,
+}
+
+impl StateCounts {
+    pub(super) fn slot(&mut self, state: TaskState, delayed: bool) -> &mut u64 {
+        match state {
+            TaskState::Pending if delayed => &mut self.delayed,
+            TaskState::Pending => &mut self.pending,
+            TaskState::InProgress => &mut self.in_progress,
+            TaskState::Completed => &mut self.completed,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Cancelled => &mut self.cancelled,
+            TaskState::DeadLettered => &mut self.dead_lettered,
+        }
+    }
+
+    pub fn add(&mut self, other: &StateCounts) {
+        self.pending += other.pending;
+        self.delayed += other.delayed;
+        self.in_progress += other.in_progress;
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.cancelled += other.cancelled;
+        self.dead_lettered += other.dead_lettered;
+    }
+}
+
+/// Sizes of a shard's indexes, for consistency checks against the records.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IndexSizes {
+    pub ready: usize,
+    pub delayed: usize,
+    pub leases: usize,
+    pub retention: usize,
+    pub dead: usize,
+    pub keys: usize,
+    pub webhooks: usize,
+    pub deadlines: usize,
+    /// Pending tasks held by dependencies.
+    pub held: usize,
+}
+
+impl ShardIndex {
+    /// Adds a task record to the indexes its state calls for, at shard time `now` (which decides delayed or ready).
+    pub fn add_task(&mut self, t: &Task, now: TimeMs) {
+        let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && !t.waiting_on.is_empty() {
+            // Held by dependencies: counted as delayed (pending, not claimable), in no other index.
+            self.held.insert(t.id);
+            for d in &t.waiting_on {
+                self.waiters.entry(*d).or_default().insert(t.id);
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.insert((d, t.id));
+            }
+            self.counts.entry(qk).or_default().delayed += 1;
+            return;
+        }
+        let delayed = t.state == TaskState::Pending && t.visible_at > now;
+        if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
+            self.deadlines.insert((d, t.id));
+        }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => *self.running_keys.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1,
+                TaskState::Pending => {
+                    self.pending_keys.insert(t.id, ck.clone());
+                }
+                _ => {}
+            }
+        }
+        *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
+        match t.state {
+            TaskState::Pending if delayed => {
+                self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
+            }
+            TaskState::Pending => {
+                self.ready.entry(qk).or_default().insert((Reverse(t.priority), t.seq, t.id));
+            }
+            TaskState::InProgress => {
+                if let Some(l) = &t.lease {
+                    self.leases.insert((l.deadline, t.id));
+                }
+            }
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+                if let Some(d) = t.retention_deadline() {
+                    self.retention.insert((d, t.id));
+                }
+                if let (TaskState::Completed, Some(end)) = (t.state, t.ended_at) {
+                    let run_ms = t.runs.last().map(|r| end.saturating_sub(r.started_at)).unwrap_or(0);
+                    self.note_done(qk, end, run_ms, now);
+                }
+            }
+            TaskState::DeadLettered => {
+                self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
+            }
+        }
+    }
+
+    /// Removes a task record (as it is before a change) from the indexes.
+    pub fn remove_task(&mut self, t: &Task) {
+        let qk = QueueKey::of(t);
+        if t.state == TaskState::Pending && self.held.remove(&t.id) {
+            for d in &t.waiting_on {
+                if let Some(w) = self.waiters.get_mut(d) {
+                    w.remove(&t.id);
+                    if w.is_empty() {
+                        self.waiters.remove(d);
+                    }
+                }
+            }
+            if let Some(d) = t.deadline {
+                self.deadlines.remove(&(d, t.id));
+            }
+            if let Some(c) = self.counts.get_mut(&qk) {
+                c.delayed = c.delayed.saturating_sub(1);
+            }
+            return;
+        }
+        let in_delayed = t.state == TaskState::Pending && self.delayed.remove(&(t.visible_at, t.id)).is_some();
+        if let Some(d) = t.deadline {
+            self.deadlines.remove(&(d, t.id));
+        }
+        if let Some(ck) = &t.concurrency {
+            match t.state {
+                TaskState::InProgress => {
+                    let k = (t.tenant.clone(), ck.key.clone());
+                    if let Some(n) = self.running_keys.get_mut(&k) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            self.running_keys.remove(&k);
+                        }
+                    }
+                }
+                TaskState::Pending => {
+                    self.pending_keys.remove(&t.id);
+                }
+                _ => {}
+            }
+        }
+        if let Some(c) = self.counts.get_mut(&qk) {
+            let slot = c.slot(t.state, in_delayed);
+            *slot = slot.saturating_sub(1);
+        }
+        match t.state {
+            TaskState::Pending => {
+                if !in_delayed {
+                    if let Some(set) = self.ready.get_mut(&qk) {
+                        set.remove(&(Reverse(t.priority), t.seq, t.id));
+                        if set.is_empty() {
+                            self.ready.remove(&qk);
+                        }
+                    }
+                }
+            }
+            TaskState::InProgress => {
+                if let Some(l) = &t.lease {
+                    self.leases.remove(&(l.deadline, t.id));
+                }
+            }
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled => {
+                if let Some(d) = t.retention_deadline() {
+                    self.retention.remove(&(d, t.id));
+                }
+            }
+            TaskState::DeadLettered => {
+                if let Some(set) = self.dead.get_mut(&qk) {
+                    set.remove(&(t.dead_at.unwrap_or(0), t.id));
+                    if set.is_empty() {
+                        self.dead.remove(&qk);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts one completion in its queue's throughput buckets, dropping buckets older than the window.
+    fn note_done(&mut self, qk: QueueKey, ended_at: TimeMs, run_ms: u64, now: TimeMs) {
+        let oldest = (now / 1000).saturating_sub(THROUGHPUT_WINDOW_S);
+        let sec = ended_at / 1000;
+        if sec < oldest {
+            return;
+        }
+        let buckets = self.done.entry(qk).or_default();
+        let b = buckets.entry(sec).or_default();
+        b.0 += 1;
+        b.1 += run_ms;
+        while buckets.first_key_value().is_some_and(|(s, _)| *s < oldest) {
+            buckets.pop_first();
+        }
+    }
+
+    pub fn add_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
+        self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
+    }
+
+    pub fn add_delivery(&mut self, d: &WebhookDelivery) {
+        self.webhooks.insert((d.next_at, d.id));
+    }
+
+    pub fn remove_delivery(&mut self, d: &WebhookDelivery) {
+        self.webhooks.remove(&(d.next_at, d.id));
+    }
+
+    pub fn sizes(&self) -> IndexSizes {
+        IndexSizes {
+            ready: self.ready.values().map(|s| s.len()).sum(),
+            delayed: self.delayed.len(),
+            leases: self.leases.len(),
+            retention: self.retention.len(),
+            dead: self.dead.values().map(|s| s.len()).sum(),
+            keys: self.keys.len(),
+            webhooks: self.webhooks.len(),
+            deadlines: self.deadlines.len(),
+            held: self.held.len(),
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The records of one shard, as apply sees them: the `TaskStore` trait. Typed: how records are encoded and keyed
+//! is the implementation's business (`storage::shard` over redb, `MemStore` over maps).
+
+use super::types::*;
+
+/// Record access for one shard, inside one write transaction.
+pub trait TaskStore {
+    type Error;
+
+    // ---- tasks, by id -------------------------------------------------------------------------------------
+    fn get(&mut self, id: &TaskId) -> Result<Option<Task>, Self::Error>;
+    fn put(&mut self, task: &Task) -> Result<(), Self::Error>;
+    fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error>;
+
+    // ---- idempotency keys, by (tenant, key) ---------------------------------------------------------------
+    fn get_key(&mut self, tenant: &str, key: &str) -> Result<Option<KeyRecord>, Self::Error>;
+    fn put_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) -> Result<(), Self::Error>;
+    fn remove_key(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error>;
+
+    // ---- the webhook outbox, by delivery id ---------------------------------------------------------------
+    fn get_delivery(&mut self, id: &DeliveryId) -> Result<Option<WebhookDelivery>, Self::Error>;
+    fn put_delivery(&mut self, d: &WebhookDelivery) -> Result<(), Self::Error>;
+    fn remove_delivery(&mut self, id: &DeliveryId) -> Result<(), Self::Error>;
+
+    // ---- schedules, by id, in the shard of the id's placement ---------------------------------------------
+    fn put_schedule(&mut self, s: &Schedule) -> Result<(), Self::Error>;
+    fn remove_schedule(&mut self, id: &TaskId) -> Result<(), Self::Error>;
+
+    // ---- paused queues: every shard holds the whole set ---------------------------------------------------
+    fn put_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
+    fn remove_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
+}

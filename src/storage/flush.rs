@@ -1,0 +1,176 @@
+//! Write-back of applied changes into the shard files.
+//!
+//! Apply changes each shard in memory only (its newest `Layer`). The flusher thread takes every shard's layer
+//! every `FLUSH_INTERVAL` (sooner once `FLUSH_AT_RECORDS` records changed), makes it the shard's `flushing`
+//! layer (apply and readers still see it), writes it with the shard's meta (`last_applied`, membership, time) in
+//! one transaction per shard, and then drops it. A task enqueued, claimed and completed within one interval is
+//! written once, and the files' work leaves the apply path.
+//!
+//! Durability is unchanged: nothing is acknowledged before its log entry is fsynced on a quorum, and a restart
+//! re-applies the log from each shard's `last_applied` as written. Layer commits are not synced; every
+//! `SHARD_SYNC_INTERVAL` one is, and before a snapshot is built every change is written and synced
+//! (`with_flushed`), so the log is never purged past what the shard files hold durably.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Weak};
+use std::time::{Duration, Instant};
+
+use redb::Durability;
+
+use super::codec::io_err;
+use super::shard::{self, Layer};
+use super::state_machine::{Shards, SmShared};
+use super::tables::SHARD_META;
+
+/// How often the flusher writes what apply changed into the shard files.
+pub(super) const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+/// Changed records that wake the flusher before its interval ends.
+pub(super) const FLUSH_AT_RECORDS: usize = 20_000;
+/// Changed records at which apply first waits for a flush: bounds the memory unflushed changes hold.
+pub(super) const MAX_DIRTY_RECORDS: usize = 200_000;
+/// How often a flush is synced. Bounds the log a restart re-applies; the log itself is synced before every
+/// acknowledgement.
+const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+
+impl Shards {
+    /// Writes every unflushed change and each shard's meta into the shard files, with the flush lock and the write
+    /// lock held (nothing else writes meanwhile).
+    pub(super) fn flush_locked(&mut self, durable: bool) -> io::Result<()> {
+        for i in 0..self.dbs.len() {
+            let mut txn = self.dbs[i].begin_write().map_err(io_err)?;
+            if !durable {
+                txn.set_durability(Durability::None).map_err(io_err)?;
+            }
+            if let Some(f) = &self.flushing[i] {
+                f.write_to(&txn)?;
+            }
+            self.dirty[i].write_to(&txn)?;
+            {
+                let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
+                shard::write_meta(&mut t, &self.metas[i])?;
+            }
+            txn.commit().map_err(io_err)?;
+            self.flushing[i] = None;
+            self.dirty[i] = Layer::default();
+        }
+        if durable {
+            self.last_sync = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+impl SmShared {
+    /// Takes each shard's layer (apply goes on into a new one), writes it with the shard's meta in one
+    /// transaction, then drops it.
+    pub(super) fn flush(&self, durable: bool) -> io::Result<()> {
+        let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (layers, metas, dbs) = {
+            let mut g = self.write();
+            let g = &mut *g;
+            let mut layers = Vec::with_capacity(g.dbs.len());
+            for i in 0..g.dbs.len() {
+                let l = Arc::new(std::mem::take(&mut g.dirty[i]));
+                g.flushing[i] = Some(l.clone());
+                layers.push(l);
+            }
+            self.dirty_records.store(0, Ordering::Relaxed);
+            (layers, g.metas.clone(), g.dbs.clone())
+        };
+        for ((db, layer), meta) in dbs.iter().zip(&layers).zip(&metas) {
+            let mut txn = db.begin_write().map_err(io_err)?;
+            if !durable {
+                txn.set_durability(Durability::None).map_err(io_err)?;
+            }
+            layer.write_to(&txn)?;
+            {
+                let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
+                shard::write_meta(&mut t, meta)?;
+            }
+            txn.commit().map_err(io_err)?;
+        }
+        let mut g = self.write();
+        for (slot, layer) in g.flushing.iter_mut().zip(&layers) {
+            // A snapshot installed meanwhile replaced the shards: their slots are not this flush's.
+            if slot.as_ref().is_some_and(|f| Arc::ptr_eq(f, layer)) {
+                *slot = None;
+            }
+        }
+        if durable {
+            g.last_sync = Instant::now();
+        }
+        drop(g);
+        // The layers are freed here, off the apply path.
+        drop(layers);
+        Ok(())
+    }
+
+    /// Runs `f` on the shards with every change written into the files (synced when `durable`), holding the write
+    /// lock: no apply runs meanwhile, so the files hold exactly the applied state.
+    pub(super) fn with_flushed<T>(&self, durable: bool, f: impl FnOnce(&mut Shards) -> io::Result<T>) -> io::Result<T> {
+        let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.write();
+        g.flush_locked(durable)?;
+        self.dirty_records.store(0, Ordering::Relaxed);
+        f(&mut g)
+    }
+
+    /// After apply changed `changed` records in all: wakes the flusher early when there are many.
+    pub(super) fn note_changed(&self, changed: usize) {
+        self.dirty_records.store(changed, Ordering::Relaxed);
+        if changed >= FLUSH_AT_RECORDS {
+            if let Some(w) = self.flush_wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                let _ = w.send(());
+            }
+        }
+    }
+
+    /// Before apply takes more changes into memory: waits for a flush when the flusher fell far behind, and fails
+    /// once a flush has failed (which stops the node, as a failed write always did).
+    pub(super) fn before_apply(&self) -> io::Result<()> {
+        if self.dirty_records.load(Ordering::Relaxed) >= MAX_DIRTY_RECORDS {
+            self.flush(false)?;
+        }
+        match self.broken.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(e) => Err(io::Error::other(format!("writing the shard files failed earlier: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The flusher thread: ends when the state machine is dropped.
+pub(super) fn spawn_flusher(shared: &Arc<SmShared>, woken: mpsc::Receiver<()>) -> io::Result<()> {
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new().name("raftq-sm-flush".into()).spawn(move || flusher(weak, woken))?;
+    Ok(())
+}
+
+fn flusher(shared: Weak<SmShared>, woken: mpsc::Receiver<()>) {
+    loop {
+        match woken.recv_timeout(FLUSH_INTERVAL) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        let Some(s) = shared.upgrade() else { return };
+        let durable = s.read().last_sync.elapsed() >= SHARD_SYNC_INTERVAL;
+        if let Err(e) = s.flush(durable) {
+            tracing::error!(error = %e, "writing the shard files failed");
+            s.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+            return;
+        }
+    }
+}
+
+impl Drop for SmShared {
+    /// Writes and syncs what is still in memory, so a restart re-applies little.
+    fn drop(&mut self) {
+        self.flush_wake.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let g = self.shards.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !g.dbs.is_empty() {
+            if let Err(e) = g.flush_locked(true) {
+                tracing::warn!(error = %e, "writing the shard files at close failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! The read view of the state machine: what the API and the leader read between applies (tasks, listings,
+//! counts, claim candidates, due webhook deliveries, dependency resolutions), from the shards' indexes, their
+//! unflushed layers and their redb files (a record in a layer is newer than the file's). Reads take the shard
+//! lock only to copy what they need; the digest and the index check first write every layer into the files.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use super::codec::{decode, io_err};
+use super::shard;
+use super::state_machine::{Shards, SmShared};
+use super::tables::*;
+use crate::queue::{self, DeliveryId, StateCounts, Task, TaskId, TimeMs, WebhookDelivery};
+
+/// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
+const LIST_FLOOR_MARGIN_MS: u64 = 60_000;
+
+impl SmShared {
+    pub fn get_task(&self, id: &TaskId) -> io::Result<Option<Task>> {
+        // What is not in a layer under the lock is in the file: a layer is dropped only once it is written.
+        let found = self.read().task(id);
+        match found {
+            Lookup::Found(t) => Ok(t),
+            Lookup::InFile(db) => shard::get_task(&db, id),
+        }
+    }
+
+    fn get_delivery(&self, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
+        let found = self.read().delivery(id);
+        match found {
+            Lookup::Found(d) => Ok(d),
+            Lookup::InFile(db) => shard::get_delivery(&db, id),
+        }
+    }
+
+    /// Claim choice for the leader: see `queue::pick_ready`.
+    pub fn pick_ready(&self, tenant: &str, queues: &[String], count: usize, skip: &HashSet<TaskId>) -> Vec<TaskId> {
+        queue::pick_ready(&self.read().cores, tenant, queues, count, skip)
+    }
+
+    /// Dead-lettered tasks of a queue, oldest first, at most `limit`.
+    pub fn dead_letters(&self, tenant: &str, queue: &str, limit: usize) -> io::Result<Vec<Task>> {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        let mut ids: Vec<(TimeMs, TaskId)> = self.read().cores.iter().flat_map(|c| c.dead_letters(&qk)).collect();
+        ids.sort();
+        let mut out = Vec::new();
+        for (_, id) in ids.into_iter().take(limit) {
+            if let Some(t) = self.get_task(&id)? {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Task counts per state for every queue of a tenant (all tenants when `None`).
+    pub fn counts(&self, tenant: Option<&str>) -> Vec<(queue::QueueKey, StateCounts)> {
+        let g = self.read();
+        let mut all: std::collections::BTreeMap<queue::QueueKey, StateCounts> = Default::default();
+        for c in &g.cores {
+            for (qk, n) in c.counts() {
+                if tenant.is_none_or(|t| t == qk.tenant) {
+                    all.entry(qk.clone()).or_default().add(n);
+                }
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// Webhook deliveries due at `now` (earliest first, at most `limit`), skipping those in flight.
+    pub fn due_deliveries(
+        &self,
+        now: TimeMs,
+        limit: usize,
+        skip: &HashSet<DeliveryId>,
+    ) -> io::Result<Vec<WebhookDelivery>> {
+        let mut ids: Vec<(TimeMs, DeliveryId)> =
+            self.read().cores.iter().flat_map(|c| c.due_deliveries(now, limit, skip)).collect();
+        ids.sort();
+        let mut out = Vec::new();
+        for (_, id) in ids.into_iter().take(limit) {
+            if let Some(d) = self.get_delivery(&id)? {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether a queue is paused (every shard holds the flag; shard 0 answers).
+    pub fn is_paused(&self, tenant: &str, queue: &str) -> bool {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        self.read().cores.first().is_some_and(|c| c.is_paused(&qk))
+    }
+
+    /// Every schedule (all tenants when `None`).
+    pub fn schedules(&self, tenant: Option<&str>) -> Vec<queue::Schedule> {
+        let g = self.read();
+        g.cores
+            .iter()
+            .flat_map(|c| c.schedules().values())
+            .filter(|s| tenant.is_none_or(|t| t == s.tenant))
+            .cloned()
+            .collect()
+    }
+
+    /// Paused queues of a tenant.
+    pub fn paused_queues(&self, tenant: &str) -> Vec<String> {
+        let g = self.read();
+        let mut v: Vec<String> = g
+            .cores
+            .first()
+            .map(|c| c.paused().filter(|qk| qk.tenant == tenant).map(|qk| qk.queue.clone()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Completions of a queue over the recent windows, summed over shards.
+    pub fn throughput(&self, tenant: &str, queue: &str) -> queue::Throughput {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        let mut out = queue::Throughput::default();
+        for c in &self.read().cores {
+            let t = c.throughput(&qk);
+            out.completed_1m += t.completed_1m;
+            out.completed_5m += t.completed_5m;
+            out.completed_15m += t.completed_15m;
+            out.run_ms_15m += t.run_ms_15m;
+        }
+        out
+    }
+
+    /// Tasks of a tenant matching `filter`, in id order (ids start with their creation time), after `after`.
+    /// Returns up to `limit` tasks and whether more may follow.
+    pub fn list_tasks(
+        &self,
+        tenant: &str,
+        filter: &queue::TaskFilter,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> io::Result<(Vec<Task>, bool)> {
+        // Ids begin with the leader's clock at enqueue: a lower time bound starts the scan there.
+        // The margin covers a task whose shard clock ran ahead of the clock that stamped its id.
+        let floor = filter.created_from.map(|t| TaskId::new(t.saturating_sub(LIST_FLOOR_MARGIN_MS), 0, 0));
+        let start = match (after, floor) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        };
+        let mut out: Vec<Task> = Vec::new();
+        // Per shard: its unflushed changes from `start` on (the newest layer wins), copied under the lock, and
+        // its file, read after; merged by id, a layer's record replacing (or removing) the file's.
+        let shards: Vec<(Changes, Arc<Database>)> = {
+            let g = self.read();
+            (0..g.count()).map(|i| (g.layered_tasks(i, start), g.dbs[i].clone())).collect()
+        };
+        for (over, db) in shards {
+            let txn = db.begin_read().map_err(io_err)?;
+            let table = txn.open_table(TASKS).map_err(io_err)?;
+            let iter = match &start {
+                Some(s) => table.range::<&[u8]>(s.0.as_slice()..).map_err(io_err)?,
+                None => table.iter().map_err(io_err)?,
+            };
+            let file = iter.map(|item| -> io::Result<(TaskId, Option<Task>)> {
+                let (k, v) = item.map_err(io_err)?;
+                let id = TaskId(k.value().try_into().map_err(io_err)?);
+                Ok((id, Some(decode(v.value())?)))
+            });
+            let mut taken = 0;
+            for item in merge_by_id(file, over.into_iter()) {
+                let (id, t) = item?;
+                let Some(t) = t else { continue };
+                if after == Some(id) {
+                    continue;
+                }
+                if t.tenant == tenant && filter.matches(&t) {
+                    out.push(t);
+                    taken += 1;
+                    if taken > limit {
+                        break;
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|t| t.id);
+        let more = out.len() > limit;
+        out.truncate(limit);
+        Ok((out, more))
+    }
+
+    /// For the leader's dependency resolver: every (waiting task, dependency) whose dependency has ended (or is
+    /// gone), with the dependency's outcome, at most `limit`.
+    pub fn dependency_resolutions(&self, limit: usize) -> io::Result<Vec<queue::DependencyResolved>> {
+        let waiting: Vec<(TaskId, Vec<TaskId>)> = {
+            let g = self.read();
+            g.cores.iter().flat_map(|c| c.waiters().iter().map(|(d, w)| (*d, w.iter().copied().collect()))).collect()
+        };
+        let mut out = Vec::new();
+        for (dep, tasks) in waiting {
+            let outcome = match self.get_task(&dep)? {
+                Some(t) if t.state.is_terminal() => Some(t.state),
+                Some(_) => continue,
+                None => None,
+            };
+            for task_id in tasks {
+                out.push(queue::DependencyResolved { task_id, dependency: dep, outcome });
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// When the earliest pending webhook delivery is due, and how many are pending.
+    pub fn webhook_backlog(&self) -> (Option<TimeMs>, usize) {
+        let g = self.read();
+        let next = g.cores.iter().filter_map(|c| c.next_delivery_at()).min();
+        (next, g.cores.iter().map(|c| c.pending_deliveries()).sum())
+    }
+
+    pub fn next_due(&self) -> Option<TimeMs> {
+        self.read().cores.iter().filter_map(|c| c.next_due()).min()
+    }
+
+    pub fn now(&self) -> TimeMs {
+        self.read().now()
+    }
+
+    /// A digest of the applied state: (applied index, order-independent hash of every record, task count).
+    /// Taken between two applies, so all shards are at the same point.
+    pub fn digest(&self) -> io::Result<(u64, u64, u64)> {
+        self.with_flushed(false, |g| Self::digest_files(g))
+    }
+
+    fn digest_files(g: &Shards) -> io::Result<(u64, u64, u64)> {
+        let applied = g.applied().0.map(|l| l.index).unwrap_or(0);
+        let mut digest: u64 = 0;
+        let mut tasks = 0u64;
+        let mut add = |kind: u8, k: &[u8], v: &[u8]| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ kind as u64;
+            for b in k.iter().chain([0xffu8].iter()).chain(v.iter()) {
+                h ^= *b as u64;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            digest = digest.wrapping_add(h);
+        };
+        for (i, db) in g.dbs.iter().enumerate() {
+            let txn = db.begin_read().map_err(io_err)?;
+            for item in txn.open_table(TASKS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(1, k.value(), v.value());
+                tasks += 1;
+            }
+            for item in txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(2, k.value(), v.value());
+            }
+            for item in txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                add(3, k.value(), v.value());
+            }
+            for item in txn.open_table(SHARD_RECORDS).map_err(io_err)?.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                // A record every shard holds counts once, so replicas with other shard counts agree.
+                if i == 0 || RecordKey::shard_of(k.value(), g.count()).is_some() {
+                    add(4, k.value(), v.value());
+                }
+            }
+        }
+        Ok((applied, digest ^ g.now(), tasks))
+    }
+
+    /// Checks every shard's indexes against its records: a task is in exactly one index for its state.
+    pub fn check_indexes(&self) -> io::Result<()> {
+        self.with_flushed(false, |g| Self::check_files(g))
+    }
+
+    fn check_files(g: &Shards) -> io::Result<()> {
+        for (i, (db, core)) in g.dbs.iter().zip(&g.cores).enumerate() {
+            let fresh = shard::load_core(db, i, g.count(), core.now)?;
+            if fresh.index_sizes() != core.index_sizes() {
+                return Err(io::Error::other(format!(
+                    "shard {i}: live indexes {:?} differ from records {:?}",
+                    core.index_sizes(),
+                    fresh.index_sizes()
+                )));
+            }
+            let txn = db.begin_read().map_err(io_err)?;
+            let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;
+            let s = core.index_sizes();
+            if s.ready + s.delayed + s.leases + s.retention + s.dead + s.held != n {
+                return Err(io::Error::other(format!("shard {i}: {n} records but indexes {s:?}")));
+            }
+            let w = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.len().map_err(io_err)? as usize;
+            if s.webhooks != w {
+                return Err(io::Error::other(format!("shard {i}: {w} webhook deliveries but index {s:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Unflushed task changes by id (`None`: removed).
+type Changes = BTreeMap<TaskId, Option<Task>>;
+
+/// A record found in the unflushed layers (`Found`, possibly removed), or to be read from its shard's file.
+enum Lookup<T> {
+    Found(Option<T>),
+    InFile(Arc<Database>),
+}
+
+impl Shards {
+    fn task(&self, id: &TaskId) -> Lookup<Task> {
+        let i = id.shard(self.count());
+        match self.dirty[i].tasks.get(id).or_else(|| self.flushing[i].as_ref().and_then(|f| f.tasks.get(id))) {
+            Some(t) => Lookup::Found(t.clone()),
+            None => Lookup::InFile(self.dbs[i].clone()),
+        }
+    }
+
+    fn delivery(&self, id: &DeliveryId) -> Lookup<WebhookDelivery> {
+        let i = id.task_id.shard(self.count());
+        match self.dirty[i].outbox.get(id).or_else(|| self.flushing[i].as_ref().and_then(|f| f.outbox.get(id))) {
+            Some(d) => Lookup::Found(d.clone()),
+            None => Lookup::InFile(self.dbs[i].clone()),
+        }
+    }
+
+    /// Shard `i`'s unflushed task changes with ids from `start` on: the flushing layer, then the newest over it.
+    fn layered_tasks(&self, i: usize, start: Option<TaskId>) -> Changes {
+        let mut over = BTreeMap::new();
+        for l in self.flushing[i].as_deref().into_iter().chain([&self.dirty[i]]) {
+            let range = match start {
+                Some(s) => l.tasks.range(s..),
+                None => l.tasks.range(..),
+            };
+            over.extend(range.map(|(id, t)| (*id, t.clone())));
+        }
+        over
+    }
+}
+
+/// Merges two id-ordered sequences of (id, record); on equal ids the second (newer) one wins.
+fn merge_by_id<T>(
+    older: impl Iterator<Item = io::Result<(TaskId, Option<T>)>>,
+    newer: impl Iterator<Item = (TaskId, Option<T>)>,
+) -> impl Iterator<Item = io::Result<(TaskId, Option<T>)>> {
+    let mut older = older.peekable();
+    let mut newer = newer.peekable();
+    std::iter::from_fn(move || {
+        let next_old = match older.peek() {
+            Some(Ok((id, _))) => Some(*id),
+            Some(Err(_)) => return older.next(),
+            None => None,
+        };
+        match (next_old, newer.peek().map(|(id, _)| *id)) {
+            (None, None) => None,
+            (Some(o), Some(n)) if n <= o => {
+                if n == o {
+                    older.next();
+                }
+                newer.next().map(Ok)
+            }
+            (Some(_), _) => older.next(),
+            (None, Some(_)) => newer.next().map(Ok),
+        }
+    })
+}

@@ -1,0 +1,379 @@
+//! Snapshots: one file per snapshot, built from read transactions taken at one applied point, and installed by
+//! writing fresh shard files and swapping directories (`files::recover_install`), so a crash at any point leaves
+//! either the old or the new state.
+//!
+//! Format (`docs/design.md`, "Snapshots"): the magic, then frames (kind u8, length u32 BE, bytes): a header
+//! (last log id, membership, time), every task record, idempotency key, webhook delivery and shard record, an
+//! end frame with their count; version 2 ends with the SHA-256 of every byte before it. A snapshot whose count or
+//! digest does not match is refused before anything of it is committed.
+
+use std::fs;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use openraft::RaftSnapshotBuilder;
+use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
+use serde::{Deserialize, Serialize};
+
+use super::codec::{decode, encode, io_err};
+use super::files::{self, snap_dir, sync_dir};
+use super::shard::{self, ShardMeta};
+use super::state_machine::{Shards, SmShared, StateMachine};
+use super::tables::*;
+use crate::queue::{self, Task, TimeMs, WebhookDelivery};
+use crate::raft::types::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
+
+/// Version 2 ends with the SHA-256 of every byte before it; version 1 files (no digest) are still read.
+const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP2\n";
+const SNAPSHOT_MAGIC_V1: &[u8] = b"RAFTQSNAP1\n";
+
+/// Hashes what passes through it: a snapshot file's digest, written and checked without a second pass.
+struct Hashing<T> {
+    inner: T,
+    hash: sha2::Sha256,
+}
+
+impl<T> Hashing<T> {
+    fn new(inner: T) -> Self {
+        Hashing { inner, hash: <sha2::Sha256 as sha2::Digest>::new() }
+    }
+
+    fn digest(&self) -> [u8; 32] {
+        sha2::Digest::finalize(self.hash.clone()).into()
+    }
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        sha2::Digest::update(&mut self.hash, &buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        sha2::Digest::update(&mut self.hash, &buf[..n]);
+        Ok(n)
+    }
+}
+
+const FRAME_HEADER: u8 = 1;
+const FRAME_TASK: u8 = 2;
+const FRAME_KEY: u8 = 3;
+const FRAME_WEBHOOK: u8 = 4;
+/// A shard-level record (`SHARD_RECORDS`): bincode (key bytes, value bytes). Written from every shard; records
+/// held by every shard (paused queues) are written to every shard on install, others by their placement.
+const FRAME_RECORD: u8 = 5;
+const FRAME_END: u8 = 0xff;
+
+#[derive(Serialize, Deserialize)]
+struct SnapHeader {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    now: TimeMs,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CurrentSnapshot {
+    meta: SnapshotMeta,
+    file: String,
+}
+
+fn write_frame(w: &mut impl Write, kind: u8, bytes: &[u8]) -> io::Result<()> {
+    w.write_all(&[kind])?;
+    w.write_all(&(bytes.len() as u32).to_be_bytes())?;
+    w.write_all(bytes)
+}
+
+fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf)?;
+    Ok((head[0], buf))
+}
+
+/// Builds a snapshot file from read transactions taken at one applied point.
+pub struct SnapshotBuilder {
+    txns: Vec<ReadTransaction>,
+    header: SnapHeader,
+    dir: PathBuf,
+}
+
+impl SnapshotBuilder {
+    fn write(self) -> io::Result<(SnapshotMeta, PathBuf)> {
+        let last = self.header.last_applied;
+        let id = match &last {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, rand::random::<u32>()),
+            None => format!("empty-{}", rand::random::<u32>()),
+        };
+        let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
+        let path = files::snapshot_path(&self.dir, &id);
+        let tmp = path.with_extension("tmp");
+        let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
+        w.write_all(SNAPSHOT_MAGIC)?;
+        write_frame(&mut w, FRAME_HEADER, &encode(&self.header)?)?;
+        let mut records: u64 = 0;
+        for txn in &self.txns {
+            let tasks = txn.open_table(TASKS).map_err(io_err)?;
+            for item in tasks.iter().map_err(io_err)? {
+                let (_, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_TASK, v.value())?;
+                records += 1;
+            }
+            let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+            for item in keys.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_KEY, &encode(&(k.value(), v.value()))?)?;
+                records += 1;
+            }
+            let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+            for item in outbox.iter().map_err(io_err)? {
+                let (_, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
+                records += 1;
+            }
+            let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+            for item in recs.iter().map_err(io_err)? {
+                let (k, v) = item.map_err(io_err)?;
+                write_frame(&mut w, FRAME_RECORD, &encode(&(k.value(), v.value()))?)?;
+                records += 1;
+            }
+        }
+        write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
+        let digest = w.digest();
+        let mut w = w.inner;
+        w.write_all(&digest)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        let meta = SnapshotMeta { last_log_id: last, last_membership: self.header.membership.clone() };
+        publish_current(&self.dir, &meta, &path)?;
+        Ok((meta, path))
+    }
+}
+
+/// Makes `path` the current snapshot and removes older snapshot files.
+fn publish_current(dir: &Path, meta: &SnapshotMeta, path: &Path) -> io::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+    let cur = CurrentSnapshot { meta: meta.clone(), file: name.clone() };
+    let meta_path = files::current_meta_path(dir);
+    let tmp = meta_path.with_extension("tmp");
+    fs::write(&tmp, encode(&cur)?)?;
+    fs::File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, &meta_path)?;
+    sync_dir(&snap_dir(dir))?;
+    for e in fs::read_dir(snap_dir(dir))? {
+        let e = e?;
+        let n = e.file_name().to_string_lossy().to_string();
+        if n.ends_with(".snap") && n != name {
+            // An open handle (a transfer in progress) keeps reading the unlinked file.
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    Ok(())
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = tokio::fs::File;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let me = SnapshotBuilder {
+            txns: std::mem::take(&mut self.txns),
+            header: SnapHeader {
+                last_applied: self.header.last_applied,
+                membership: self.header.membership.clone(),
+                now: self.header.now,
+            },
+            dir: self.dir.clone(),
+        };
+        let (meta, path) = tokio::task::spawn_blocking(move || me.write()).await.map_err(io_err)??;
+        let file = tokio::fs::File::open(&path).await?;
+        Ok(Snapshot { meta, snapshot: file })
+    }
+}
+
+fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file: fs::File) -> io::Result<()> {
+    use std::io::Seek;
+    file.seek(io::SeekFrom::Start(0))?;
+    let shards = shared.read().count();
+    let new = files::start_install(dir, shards)?;
+    // Keep a copy as our current snapshot, so followers of this node can be sent it later.
+    let keep = files::snapshot_path(dir, &format!("installed-{}", rand::random::<u64>()));
+    {
+        let mut out = fs::File::create(&keep)?;
+        io::copy(&mut file, &mut out)?;
+        out.sync_all()?;
+    }
+    let mut r = Hashing::new(BufReader::new(fs::File::open(&keep)?));
+    let mut magic = vec![0u8; SNAPSHOT_MAGIC.len()];
+    r.read_exact(&mut magic)?;
+    if magic != SNAPSHOT_MAGIC && magic != SNAPSHOT_MAGIC_V1 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a raftq snapshot"));
+    }
+    let checked = magic == SNAPSHOT_MAGIC;
+    let (kind, head) = read_frame(&mut r)?;
+    if kind != FRAME_HEADER {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
+    }
+    let header: SnapHeader = decode(&head)?;
+    let dbs: Vec<Database> =
+        (0..shards).map(|i| shard::open_db(&files::shard_path(&new, i))).collect::<io::Result<_>>()?;
+    let txns: Vec<redb::WriteTransaction> =
+        dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<_>>()?;
+    {
+        let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut keys: Vec<_> =
+            txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut outboxes: Vec<_> =
+            txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut recs: Vec<_> =
+            txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
+        let mut records = 0u64;
+        loop {
+            let (kind, body) = read_frame(&mut r)?;
+            match kind {
+                FRAME_TASK => {
+                    let t: Task = decode(&body)?;
+                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), body.as_slice()).map_err(io_err)?;
+                }
+                FRAME_KEY => {
+                    let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
+                    let rec: queue::KeyRecord = decode(&v)?;
+                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                }
+                FRAME_WEBHOOK => {
+                    let d: WebhookDelivery = decode(&body)?;
+                    let shard = d.id.task_id.shard(shards);
+                    outboxes[shard].insert(outbox_key(&d.id).as_slice(), body.as_slice()).map_err(io_err)?;
+                }
+                FRAME_RECORD => {
+                    let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
+                    match RecordKey::shard_of(&k, shards) {
+                        Some(i) => {
+                            recs[i].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                        }
+                        None => {
+                            for r in recs.iter_mut() {
+                                r.insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                            }
+                        }
+                    }
+                }
+                FRAME_END => {
+                    let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
+                    if want != records {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
+                    }
+                    if checked {
+                        // Nothing is committed before the whole file checks out: a damaged snapshot is refused
+                        // and the installed state stays as it was.
+                        let got = r.digest();
+                        let mut digest = [0u8; 32];
+                        r.inner.read_exact(&mut digest)?;
+                        if digest != got {
+                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
+                        }
+                    }
+                    break;
+                }
+                _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
+            }
+            records += 1;
+        }
+    }
+    let sm_meta =
+        ShardMeta { last_applied: meta.last_log_id, membership: meta.last_membership.clone(), now: header.now };
+    for txn in txns {
+        {
+            let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
+            shard::write_meta(&mut t, &sm_meta)?;
+        }
+        txn.commit().map_err(io_err)?;
+    }
+    drop(dbs);
+    fs::File::create(files::complete_marker(&new))?.sync_all()?;
+    sync_dir(&new)?;
+    sync_dir(dir)?;
+
+    // No flush runs meanwhile, and the installed state replaces everything, unflushed changes included.
+    let _one = shared.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = shared.write();
+    g.dbs.clear();
+    files::recover_install(dir)?;
+    *g = Shards::open(&files::sm_dir(dir), shards)?;
+    shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
+    drop(g);
+    publish_current(dir, meta, &keep)?;
+    Ok(())
+}
+
+/// The snapshot side of `RaftStateMachine` (the trait impl in `state_machine.rs` calls these).
+impl StateMachine {
+    /// Writes every applied change into the shard files and syncs them, then takes read transactions at the
+    /// applied point: the builder writes from those while apply goes on.
+    pub(super) async fn snapshot_builder(&mut self) -> SnapshotBuilder {
+        let shared = self.shared.clone();
+        let dir = self.dir.clone();
+        self.shared.metrics.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let built = tokio::task::spawn_blocking(move || -> io::Result<SnapshotBuilder> {
+            shared.with_flushed(true, |g| {
+                let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
+                let (last_applied, membership) = g.applied();
+                Ok(SnapshotBuilder { txns, header: SnapHeader { last_applied, membership, now: g.now() }, dir })
+            })
+        })
+        .await;
+        match built {
+            Ok(Ok(b)) => b,
+            // The trait gives no way to fail here: hand out a builder whose build fails, which openraft reports.
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot start a snapshot");
+                SnapshotBuilder {
+                    txns: vec![],
+                    header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
+                    dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
+                }
+            }
+            Err(e) => panic!("snapshot preparation panicked: {e}"),
+        }
+    }
+
+    pub(super) async fn install(&mut self, meta: &SnapshotMeta, snapshot: tokio::fs::File) -> io::Result<()> {
+        let shared = self.shared.clone();
+        let dir = self.dir.clone();
+        let meta2 = meta.clone();
+        let file = snapshot.into_std().await;
+        tokio::task::spawn_blocking(move || install_blocking(&shared, &dir, &meta2, file)).await.map_err(io_err)??;
+        let idx = meta.last_log_id.as_ref().map(|l| l.index).unwrap_or(0);
+        self.shared.metrics.snapshots_installed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.shared.applied.send_replace(idx);
+        self.shared.work.send_modify(|v| *v += 1);
+        self.shared.webhooks.send_modify(|v| *v += 1);
+        Ok(())
+    }
+
+    pub(super) async fn current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
+        // A snapshot built meanwhile may publish itself and remove the file the meta we read named: read again.
+        let mut tries = 0;
+        loop {
+            let bytes = match fs::read(files::current_meta_path(&self.dir)) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let cur: CurrentSnapshot = decode(&bytes)?;
+            match tokio::fs::File::open(snap_dir(&self.dir).join(&cur.file)).await {
+                Ok(file) => return Ok(Some(Snapshot { meta: cur.meta, snapshot: file })),
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -21,10 +21,10 @@ pub const DEFAULT_ADDR: &str = "http://127.0.0.1:9091";
 
 /// Asks a follower to answer `NOT_LEADER` with the leader's address instead of forwarding the request: the
 /// SDK follows it and sends every later request straight to the leader, saving a hop each time.
-const REDIRECT_HEADER: &str = "x-raftq-redirect";
+const REDIRECT_HEADER: &str = raftq_proto::reason::header::REDIRECT;
 
 /// `stale` asks the node to answer a read from its own replica, without asking the leader.
-const READ_HEADER: &str = "x-raftq-read";
+const READ_HEADER: &str = raftq_proto::reason::header::READ;
 
 /// HTTP/2 pings on idle connections: a server that vanished without closing the socket (power loss, a
 /// partition) is noticed within interval + timeout instead of at the next request or never.

@@ -160,10 +160,11 @@ fn transport(status: Status) -> Error {
 }
 
 /// Reasons whose requests were not applied and may succeed later unchanged: raftq's `NOT_LEADER` and
-/// `UNAVAILABLE`, and the gRPC code name `RESOURCE_EXHAUSTED` of a framework refusal.
+/// `UNAVAILABLE`, the overload refusals `RATE_LIMITED` and `TOO_MANY_STREAMS` (after their retry-after hint), and
+/// the gRPC code name `RESOURCE_EXHAUSTED` of a framework refusal. The Python SDK classifies the same way.
 fn retryable_reason(reason: &str) -> bool {
     match Reason::parse(reason) {
-        Some(r) => matches!(r, Reason::NotLeader | Reason::Unavailable),
+        Some(r) => matches!(r, Reason::NotLeader | Reason::Unavailable | Reason::RateLimited | Reason::TooManyStreams),
         None => reason == code_reason(Code::ResourceExhausted),
     }
 }
@@ -260,6 +261,16 @@ mod tests {
     }
 
     #[test]
+    fn overload_refusals_are_retryable_and_rule_breaks_are_not() {
+        for (code, reason) in [(Code::ResourceExhausted, "RATE_LIMITED"), (Code::ResourceExhausted, "TOO_MANY_STREAMS")]
+        {
+            assert!(Error::from_status(raftq_status(code, reason, "slow down", None), true).is_retryable(), "{reason}");
+        }
+        let e = Error::from_status(raftq_status(Code::InvalidArgument, "INVALID_ARGUMENT", "bad", None), true);
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
     fn unknown_outcome_is_its_own_variant_and_not_retryable() {
         let s = raftq_status(Code::DeadlineExceeded, "UNKNOWN_OUTCOME", "outcome unknown: timeout", None);
         let e = Error::from_status(s, true);
@@ -322,7 +333,9 @@ mod tests {
                 _ => assert!(matches!(&e, Error::Server { message, .. } if message == "m"), "{e:?}"),
             }
             // Only answers that say nothing was applied, and the node may serve later, are retryable.
-            assert_eq!(e.is_retryable(), matches!(r, Reason::NotLeader | Reason::Unavailable), "{r}");
+            let later =
+                matches!(r, Reason::NotLeader | Reason::Unavailable | Reason::RateLimited | Reason::TooManyStreams);
+            assert_eq!(e.is_retryable(), later, "{r}");
         }
         // A reason from a newer server is kept as it came.
         let e = Error::from_reason("SOMETHING_NEW", "m", None);

@@ -8,13 +8,13 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::ReadPolicy;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::Config;
 use crate::queue::*;
-use crate::raft::types::{NodeId, TypeConfig};
+use crate::raft::errors::RaftFailure;
+use crate::raft::types::NodeId;
 use crate::storage::{Raft, SmShared};
 use crate::telemetry;
 
@@ -127,13 +127,12 @@ impl Proposer {
 
     /// Waits until this node has applied everything committed before the call (a linearizable read point).
     pub async fn linearize(&self) -> Result<(), ProposeError> {
-        let read_id = self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match e {
-            RaftError::APIError(e) => match e.forward_to_leader() {
-                Some(f) => not_leader(f.leader_id, f.leader_node.as_ref().map(|n| n.api_addr.clone())),
-                None => ProposeError::Unknown(e.to_string()),
-            },
-            RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
-        })?;
+        let read_id =
+            self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match RaftFailure::from(e) {
+                RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
+                f @ (RaftFailure::ShuttingDown | RaftFailure::Fatal(_)) => ProposeError::Fatal(f.to_string()),
+                f => ProposeError::Unknown(f.to_string()),
+            })?;
         let want = read_id.log_id().index;
         let mut applied = self.shared.applied.subscribe();
         let wait = applied.wait_for(|a| *a >= want);
@@ -197,30 +196,16 @@ pub(crate) fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>)
     ProposeError::NotLeader { leader_id, leader_addr }
 }
 
-trait ForwardInfo {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<TypeConfig>>;
-}
-
-impl ForwardInfo for openraft::error::LinearizableReadError<TypeConfig> {
-    fn forward_to_leader(&self) -> Option<&openraft::error::ForwardToLeader<TypeConfig>> {
-        match self {
-            openraft::error::LinearizableReadError::ForwardToLeader(f) => Some(f),
-            _ => None,
-        }
-    }
-}
-
 pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
     let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
     match tokio::time::timeout(timeout, raft.client_write(req)).await {
         Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),
         Ok(Ok(resp)) => Ok(resp.data),
-        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-            Err(not_leader(f.leader_id, f.leader_node.map(|n| n.api_addr)))
-        }
-        Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Unknown(e.to_string())),
-        // The proposal may have been appended before Raft stopped: its outcome is unknown.
-        Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Unknown(format!("raft stopped: {f}"))),
+        Ok(Err(e)) => Err(match RaftFailure::from(e) {
+            RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
+            // Anything else may have been appended before it failed (also when Raft stopped): unknown.
+            f => ProposeError::Unknown(f.to_string()),
+        }),
     }
 }
 

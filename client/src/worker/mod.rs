@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
+use raftq_proto::reason::Reason;
 use raftq_proto::v1 as pb;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
@@ -62,7 +63,7 @@ const MAX_BATCH_SIZE: u32 = 1000;
 /// [`Task::revocation`] after the shutdown grace ran out while the handler still ran.
 const SHUTDOWN: &str = "SHUTDOWN";
 /// [`Task::revocation`] after a lease extension was refused.
-const LEASE_LOST_SIGNAL: &str = "LEASE_LOST";
+const LEASE_LOST_SIGNAL: &str = Reason::LeaseLost.as_str();
 
 /// Gives the token to open a stream with (called on every open); `None` opens without one.
 pub type TokenProvider = std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>;
@@ -520,13 +521,12 @@ impl Ctx {
 /// Errors on opening a stream that another try will not fix. An expired token is fixed by a token provider.
 fn fatal_on_open(e: &Error, has_provider: bool) -> bool {
     match e {
-        Error::Server { reason, .. } if reason == "TOKEN_EXPIRED" => !has_provider,
-        Error::Server { reason, .. } => {
-            matches!(
-                reason.as_str(),
-                "UNAUTHENTICATED" | "PERMISSION_DENIED" | "INVALID_ARGUMENT" | "UNIMPLEMENTED" | "SCOPE_REQUIRED"
-            ) || reason.starts_with("TOKEN_")
-        }
+        Error::Server { reason, .. } => match Reason::parse(reason) {
+            Some(Reason::TokenExpired) => !has_provider,
+            Some(r) => r.is_token() || matches!(r, Reason::InvalidArgument | Reason::ScopeRequired),
+            // Framework statuses without a raftq reason, by their gRPC code name.
+            None => matches!(reason.as_str(), "UNAUTHENTICATED" | "PERMISSION_DENIED" | "UNIMPLEMENTED"),
+        },
         Error::Config(_) | Error::Protocol(_) => true,
         _ => false,
     }

@@ -42,7 +42,10 @@ bench=$!
 sleep 2
 declare -A c0
 for p in "${pids[@]}"; do c0[$p]=$(cpu "$p"); perf record -F 499 -g -p "$p" -o "$work/perf-$p.data" -- sleep "$secs" >/dev/null 2>&1 & done
-sleep "$secs"; wait $bench || true
+sleep "$secs"
+declare -A c1
+for p in "${pids[@]}"; do c1[$p]=$(cpu "$p"); done
+wait $bench || true
 cat "$work/bench.txt" | grep -E "^(enqueued|completed|enqueue->)" >&2
 rate_done=$(awk '/^completed /{gsub(/[(\/s]/,"",$3); print $3}' "$work/bench.txt")
 tck=$(getconf CLK_TCK)
@@ -50,7 +53,7 @@ sleep 1
 for i in $(seq "$nodes"); do
   p=${pids[$((i - 1))]}
   role=$("$bin" cluster status --addr "127.0.0.1:$((19090 + i))" --auth-token "$token" 2>/dev/null | awk -v id="$i" '$1==id{print $4}')
-  used=$(echo "($(cpu "$p") - ${c0[$p]}) / $tck" | bc -l)
+  used=$(echo "(${c1[$p]} - ${c0[$p]}) / $tck" | bc -l)
   echo "== node $i ($role): $(printf %.2f "$used") CPU s over ${secs} s, $(echo "$used * 1000000 / ($rate_done * $secs)" | bc -l | xargs printf %.1f) us per completed task"
   perf script -i "$work/perf-$p.data" 2>/dev/null | python3 bench/stages.py
   if command -v inferno-collapse-perf >/dev/null; then

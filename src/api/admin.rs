@@ -108,7 +108,9 @@ impl AdminApi {
             leader_id: s.leader.unwrap_or(0),
             has_leader: s.leader.is_some(),
             last_log_index: s.last_log_index,
-            applied_index: s.applied_index,
+            // Raft's metrics learn of an apply after its callers were answered: the state machine's own index
+            // is never behind what a client has already seen applied.
+            applied_index: s.applied_index.max(*self.shared.applied.borrow()),
             committed_index: s.committed_index,
             replication_lag: s.replication.iter().map(|(id, m)| (*id, s.last_log_index.saturating_sub(*m))).collect(),
             members: members(&s.members),

@@ -247,6 +247,9 @@ fn render(a: &SuiteArgs, m: &Machine, rows: &[Row]) -> String {
     if let Some(b) = &a.server_bin {
         only.push_str(&format!(" --server-bin {}", b.display()));
     }
+    if a.deep_backlog != 1_000_000 {
+        only.push_str(&format!(" --deep-backlog {}", a.deep_backlog));
+    }
     s.push_str(&format!(
         "\n{} runs of {} s each (after {} s of warm-up), 100-byte payloads unless said, release build; {}.\n\
          Producers: {} SDK producer streams, one task per create; workers: {} SDK workers × {} slots, batch {}.\n\
@@ -633,6 +636,7 @@ async fn cycle(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault) -> Result<R
         tokio::time::sleep(a.duration).await;
     }
     let (c1, e1, dt) = (completed(), enqueued.load(Ordering::Relaxed), t0.elapsed().as_secs_f64());
+    let end_ms = start.elapsed().as_millis() as u32;
     measuring.store(false, Ordering::Relaxed);
     stop.cancel();
     room.close();
@@ -651,6 +655,8 @@ async fn cycle(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault) -> Result<R
     if let Some(at) = fault_at_ms {
         let mut claims = std::mem::take(&mut *seen.claims_ms.lock().unwrap_or_else(|p| p.into_inner()));
         claims.sort_unstable();
+        // The run's end counts as a claim: no claim at all after the fault is a gap to the end, not none.
+        claims.push(end_ms);
         // The longest time without a claim, from one second before the fault on.
         let from = at.saturating_sub(1000);
         let gap = claims.windows(2).filter(|w| w[1] >= from).map(|w| w[1] - w[0]).max().unwrap_or(0);

@@ -40,13 +40,17 @@ cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
   --inflight 256 > "$work/bench.txt" 2>&1 &
 bench=$!
 sleep 2
-declare -A c0
+# A node's log fsyncs and synced entries so far, from its /metrics.
+syncs() { curl -s "http://127.0.0.1:$((19110 + $1))/metrics" | awk '/^raftq_log_fsyncs_total /{f=$2} /^raftq_log_synced_entries_total /{e=$2} END{print f+0, e+0}'; }
+declare -A c0 s0 s1
+for i in $(seq "$nodes"); do s0[$i]=$(syncs "$i"); done
 for p in "${pids[@]}"; do c0[$p]=$(cpu "$p"); perf record -F 499 -g -p "$p" -o "$work/perf-$p.data" -- sleep "$secs" >/dev/null 2>&1 & done
 sleep "$secs"
 declare -A c1
 for p in "${pids[@]}"; do c1[$p]=$(cpu "$p"); done
+for i in $(seq "$nodes"); do s1[$i]=$(syncs "$i"); done
 wait $bench || true
-cat "$work/bench.txt" | grep -E "^(enqueued|completed|enqueue->)" >&2
+cat "$work/bench.txt" | grep -E "^(enqueued|completed|enqueue->|log fsyncs|raft entries|enqueues per fsync)" >&2
 rate_done=$(awk '/^completed /{gsub(/[(\/s]/,"",$3); print $3}' "$work/bench.txt")
 tck=$(getconf CLK_TCK)
 sleep 1
@@ -55,8 +59,11 @@ for i in $(seq "$nodes"); do
   role=$("$bin" cluster status --addr "127.0.0.1:$((19090 + i))" --auth-token "$token" 2>/dev/null | awk -v id="$i" '$1==id{print $4}')
   used=$(echo "(${c1[$p]} - ${c0[$p]}) / $tck" | bc -l)
   echo "== node $i ($role): $(printf %.2f "$used") CPU s over ${secs} s, $(echo "$used * 1000000 / ($rate_done * $secs)" | bc -l | xargs printf %.1f) us per completed task"
+  read -r f0 e0 <<<"${s0[$i]}"
+  read -r f1 e1 <<<"${s1[$i]}"
+  echo "   log fsyncs $(echo "($f1 - $f0) / $secs" | bc -l | xargs printf %.0f)/s, $(echo "($e1 - $e0) / ($f1 - $f0 + 0.000001)" | bc -l | xargs printf %.1f) entries and $(echo "$rate_done * $secs / ($f1 - $f0 + 0.000001)" | bc -l | xargs printf %.1f) completed tasks per fsync"
   perf script -i "$work/perf-$p.data" 2>/dev/null | python3 bench/stages.py
   if command -v inferno-collapse-perf >/dev/null; then
-    perf script -i "$work/perf-$p.data" 2>/dev/null | inferno-collapse-perf | inferno-flamegraph > "$out/flame-node$i.svg"
+    perf script -i "$work/perf-$p.data" 2>/dev/null | inferno-collapse-perf | inferno-flamegraph --minwidth 1 --title "raftq node $i ($role), full cycle at $rate/s" > "$out/flame-node$i.svg"
   fi
 done

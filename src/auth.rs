@@ -593,6 +593,41 @@ mod tests {
         assert_eq!(caller.require(Scope::Work).unwrap_err(), AuthError::ScopeRequired(Scope::Work));
     }
 
+    /// The documented format of a created secret file: 64 hex characters, used as text (not hex-decoded), with
+    /// surrounding whitespace stripped.
+    #[test]
+    fn a_created_secret_is_hex_text_used_as_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.hs256");
+        let cfg =
+            Config { auth_hs256_secret_file: Some(path.clone()), auth_hs256_secret_create: true, ..Config::default() };
+        let auth = Authenticator::from_config(&cfg).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let secret = text.trim();
+        assert_eq!(secret.len(), 64, "{text:?}");
+        assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()), "{text:?}");
+        let spec = TokenSpec {
+            subject: "s",
+            tenant: "t",
+            scopes: &[Scope::Read],
+            queues: None,
+            ttl_s: 60,
+            issuer: None,
+            audience: None,
+        };
+        // The file's text with a newline, as `echo` or an editor leaves it, signs valid tokens.
+        std::fs::write(&path, format!("{secret}\n")).unwrap();
+        let auth_nl = Authenticator::from_config(&Config { auth_hs256_secret_create: false, ..cfg.clone() }).unwrap();
+        let token = issue(secret.as_bytes(), None, &spec).unwrap();
+        assert_eq!(auth.authenticate(&token).unwrap().tenant, "t");
+        assert_eq!(auth_nl.authenticate(&token).unwrap().tenant, "t");
+        // Signing with the hex-decoded bytes is the documented mistake.
+        let decoded: Vec<u8> =
+            (0..secret.len()).step_by(2).map(|i| u8::from_str_radix(&secret[i..i + 2], 16).unwrap()).collect();
+        let wrong = issue(&decoded, None, &spec).unwrap();
+        assert!(matches!(auth.authenticate(&wrong).unwrap_err(), AuthError::BadSignature(_)));
+    }
+
     #[test]
     fn a_token_needs_a_well_formed_tenant() {
         let none = Claims { scope: Some("read".into()), ..Default::default() };

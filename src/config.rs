@@ -590,6 +590,68 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// A default as the README's limits table writes it: `1,000`, `1 MiB`, `30 s`, `12 h`, `366 days`,
+    /// `0 (no limit)`.
+    fn as_written(key: &str, v: &serde_json::Value) -> String {
+        let n = v.as_f64().expect("a number");
+        let grouped = |n: u64| {
+            let d = n.to_string();
+            let mut out = String::new();
+            for (i, c) in d.chars().enumerate() {
+                if i > 0 && (d.len() - i).is_multiple_of(3) {
+                    out.push(',');
+                }
+                out.push(c);
+            }
+            out
+        };
+        if n == 0.0 {
+            return "0 (no limit)".into();
+        }
+        let n = n as u64;
+        if key.ends_with("_ms") {
+            return match n {
+                n if n % 86_400_000 == 0 && n > 86_400_000 => format!("{} days", n / 86_400_000),
+                n if n % 3_600_000 == 0 => format!("{} h", n / 3_600_000),
+                n => format!("{} s", n / 1000),
+            };
+        }
+        if key.ends_with("_bytes") && n.is_multiple_of(1 << 20) {
+            return format!("{} MiB", n >> 20);
+        }
+        grouped(n)
+    }
+
+    #[test]
+    fn the_readme_limits_table_names_real_keys_with_their_defaults() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+        let defaults = serde_json::to_value(Config::default()).expect("config as JSON");
+        let table = readme.split("| key | default | what it bounds |").nth(1).expect("the limits table in README.md");
+        let mut checked = 0;
+        for row in table.lines().skip(2).take_while(|l| l.trim_start().starts_with('|')) {
+            let cells: Vec<&str> = row.trim().trim_matches('|').split('|').map(str::trim).collect();
+            let keys: Vec<&str> = cells[0].split(" / ").map(|k| k.trim_matches('`')).collect();
+            // The default cell may add a remark in brackets after the value, e.g. `1 MiB (at most 32 MiB)`.
+            let written: Vec<&str> = cells[1].split(" / ").collect();
+            assert_eq!(keys.len(), written.len(), "one default per key: {row}");
+            for (key, w) in keys.iter().zip(written) {
+                let v = defaults.get(*key).unwrap_or_else(|| panic!("README limits table: no config key {key}"));
+                let want = as_written(key, v);
+                assert!(
+                    w.trim() == want || w.trim().starts_with(&format!("{want} (")),
+                    "{key}: README says {w:?}, the default is {want}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 15, "only {checked} limits checked: has the table's layout changed?");
+        // The burst rule the table states is the rule validate() enforces.
+        let mut c = Config { tenant_enqueue_per_s: 10.0, tenant_enqueue_burst: 10, ..Config::default() };
+        assert!(c.validate().is_err(), "a burst below max_batch_items is refused");
+        c.tenant_enqueue_burst = c.max_batch_items as u64;
+        assert_eq!(c.validate(), Ok(()));
+    }
+
     #[test]
     fn defaults_are_valid() {
         assert_eq!(Config::default().validate(), Ok(()));

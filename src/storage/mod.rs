@@ -15,6 +15,8 @@ pub mod state_machine;
 pub mod tables;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod tests;
 
 pub use log_store::{LogReader, LogStore};

@@ -24,7 +24,7 @@ use crate::raft::network::{Network, MAX_RAFT_MESSAGE_BYTES};
 use crate::raft::service::RaftServer;
 use crate::raft::types::NodeInfo;
 use crate::storage::log_store::LogStats;
-use crate::storage::{files, LogStore, Raft, SmShared, StateMachine};
+use crate::storage::{files, Raft, SmShared};
 
 /// Largest public gRPC message: a batch of max-size payloads.
 const MAX_API_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -115,11 +115,9 @@ impl Node {
         }
         let cfg = Arc::new(cfg);
 
-        std::fs::create_dir_all(&cfg.data_dir)?;
-        let log = LogStore::open(&files::log_path(&cfg.data_dir))?;
+        let (log, sm) = crate::storage::open_data_dir(&cfg.data_dir, cfg.shards)?;
         let log_stats = log.stats.clone();
         let log_closed = log.closed_watch();
-        let sm = StateMachine::open(&cfg.data_dir, cfg.shards)?;
         let shared = sm.shared.clone();
         let cluster_credential = crate::auth::cluster_secret(&cfg)
             .map_err(|e| StartError::Config(vec![e]))?

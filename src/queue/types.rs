@@ -1,7 +1,8 @@
 //! Domain types of the task state machine: ids, task records, commands and their responses.
 //!
-//! The serde types here are written into the Raft log and into redb (bincode, see `storage::codec`), so their
-//! shape is a storage format: add fields at the end of structs, never reorder enum variants.
+//! The serde types here are written into the Raft log and into redb (bincode behind a version, see
+//! `storage::format`), so their shape is a storage format: changing it means a new format version and its
+//! upgrade path in `storage::format`, and the old version's fixtures must still decode.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,22 +1,7 @@
-//! Encoding of stored values (log entries, task and other records, snapshot frames): bincode over serde, errors
-//! mapped to `io::Error` as openraft's storage wants. `queue/` defines the types and never chooses an encoding.
+//! Opening redb files, and redb errors as the `io::Error`s openraft's storage wants. Stored values are encoded
+//! and decoded by `format.rs` alone (versions included); `queue/` defines the types and never chooses an encoding.
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::io;
-
-pub fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    bincode::serialize(v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-/// Encodes into `buf` (appended), reusing its allocation.
-pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, v: &T) -> io::Result<()> {
-    bincode::serialize_into(buf, v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-pub fn decode<T: DeserializeOwned>(b: &[u8]) -> io::Result<T> {
-    bincode::deserialize(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
 
 /// Any redb error as an I/O error: storage errors stop the node, their kind matters less than their message.
 pub fn io_err(e: impl std::fmt::Display) -> io::Error {

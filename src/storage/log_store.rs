@@ -23,7 +23,8 @@ use openraft::{OptionalSend, RaftLogReader};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
-use super::codec::{decode, encode, encode_into, io_err};
+use super::codec::io_err;
+use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::raft::types::{Entry, LogId, TypeConfig, Vote};
 
@@ -144,11 +145,16 @@ impl LogStore {
     /// Opens (or creates) the log file and starts its writer thread. The thread ends when the last `LogStore`
     /// clone is dropped.
     pub fn open(path: &Path) -> io::Result<LogStore> {
+        // The version is read before anything is written: a file of a newer format is left as it was.
+        format::refuse_newer_file(path, LOG_META)?;
         let db = Arc::new(super::codec::open_db(path)?);
-        {
+        let found = format::file_version(db.as_ref(), LOG_META, path)?;
+        // A current file has its tables (made with its marker) and is not written at open.
+        if found != Some(format::CURRENT) {
             let txn = db.begin_write().map_err(io_err)?;
             txn.open_table(LOG).map_err(io_err)?;
             txn.open_table(LOG_META).map_err(io_err)?;
+            format::upgrade_log_file(&txn, found)?;
             txn.commit().map_err(io_err)?;
         }
         let (tx, rx) = mpsc::channel();
@@ -157,7 +163,7 @@ impl LogStore {
             let txn = db.begin_read().map_err(io_err)?;
             let log = txn.open_table(LOG).map_err(io_err)?;
             let purged: Option<LogId> = match txn.open_table(LOG_META).map_err(io_err)?.get(META_LAST_PURGED) {
-                Ok(Some(v)) => Some(decode(v.value())?),
+                Ok(Some(v)) => Some(decode(v.value(), "last purged log id")?),
                 Ok(None) => None,
                 Err(e) => return Err(io_err(e)),
             };
@@ -183,7 +189,7 @@ impl LogStore {
         tx.send(op).map_err(|_| io::Error::other("log writer stopped"))
     }
 
-    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &'static str) -> io::Result<Option<T>> {
         self.reader().read_meta(key)
     }
 
@@ -290,11 +296,11 @@ fn write_ops(db: &Database, ops: &[Op], durable: bool) -> io::Result<()> {
 }
 
 impl LogReader {
-    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> io::Result<Option<T>> {
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, key: &'static str) -> io::Result<Option<T>> {
         let txn = self.db.begin_read().map_err(io_err)?;
         let meta = txn.open_table(LOG_META).map_err(io_err)?;
         match meta.get(key).map_err(io_err)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
+            Some(v) => Ok(Some(decode(v.value(), key)?)),
             None => Ok(None),
         }
     }
@@ -333,7 +339,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
             let log = txn.open_table(LOG).map_err(io_err)?;
             for item in log.range::<u64>(start..cache_first).map_err(io_err)? {
                 let (_, v) = item.map_err(io_err)?;
-                out.push(decode(v.value())?);
+                out.push(decode(v.value(), "log entry")?);
             }
         }
         out.extend(from_cache);
@@ -375,7 +381,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let txn = self.db.begin_read().map_err(io_err)?;
                 let log = txn.open_table(LOG).map_err(io_err)?;
                 match log.get(i).map_err(io_err)? {
-                    Some(v) => Some(decode::<Entry>(v.value())?.log_id()),
+                    Some(v) => Some(decode::<Entry>(v.value(), "log entry")?.log_id()),
                     None => purged,
                 }
             }

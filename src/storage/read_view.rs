@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
-use super::codec::{decode, io_err};
+use super::codec::io_err;
+use super::format::decode;
 use super::shard;
 use super::state_machine::{Shards, SmShared};
 use super::tables::*;
@@ -164,7 +165,7 @@ impl SmShared {
             let file = iter.map(|item| -> io::Result<(TaskId, Option<Task>)> {
                 let (k, v) = item.map_err(io_err)?;
                 let id = TaskId(k.value().try_into().map_err(io_err)?);
-                Ok((id, Some(decode(v.value())?)))
+                Ok((id, Some(decode(v.value(), "task record")?)))
             });
             let mut taken = 0;
             for item in merge_by_id(file, over.into_iter()) {

@@ -9,7 +9,8 @@ use std::path::Path;
 
 use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, Table};
 
-use super::codec::{decode, encode, encode_into, io_err};
+use super::codec::io_err;
+use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::queue::{
     DeliveryId, KeyRecord, QueueKey, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery,
@@ -24,15 +25,23 @@ pub struct ShardMeta {
     pub now: TimeMs,
 }
 
+/// Opens (or creates) a shard file, upgrading one of an older format (`format`); one of a newer format is
+/// refused before anything is written to it.
 pub fn open_db(path: &Path) -> io::Result<Database> {
+    format::refuse_newer_file(path, SHARD_META)?;
     let db = super::codec::open_db(path)?;
-    let txn = db.begin_write().map_err(io_err)?;
-    txn.open_table(TASKS).map_err(io_err)?;
-    txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
-    txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
-    txn.open_table(SHARD_META).map_err(io_err)?;
-    txn.open_table(SHARD_RECORDS).map_err(io_err)?;
-    txn.commit().map_err(io_err)?;
+    let found = format::file_version(&db, SHARD_META, path)?;
+    // A current file has its tables (made with its marker) and is not written at open.
+    if found != Some(format::CURRENT) {
+        let txn = db.begin_write().map_err(io_err)?;
+        txn.open_table(TASKS).map_err(io_err)?;
+        txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+        txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+        txn.open_table(SHARD_META).map_err(io_err)?;
+        txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+        format::upgrade_shard_file(&txn, found)?;
+        txn.commit().map_err(io_err)?;
+    }
     Ok(db)
 }
 
@@ -41,13 +50,13 @@ pub fn read_meta(db: &Database) -> io::Result<ShardMeta> {
     let t = txn.open_table(SHARD_META).map_err(io_err)?;
     let mut m = ShardMeta::default();
     if let Some(v) = t.get(META_LAST_APPLIED).map_err(io_err)? {
-        m.last_applied = decode(v.value())?;
+        m.last_applied = decode(v.value(), "last applied log id")?;
     }
     if let Some(v) = t.get(META_MEMBERSHIP).map_err(io_err)? {
-        m.membership = decode(v.value())?;
+        m.membership = decode(v.value(), "membership")?;
     }
     if let Some(v) = t.get(META_NOW).map_err(io_err)? {
-        m.now = decode(v.value())?;
+        m.now = decode(v.value(), "state machine time")?;
     }
     Ok(m)
 }
@@ -69,29 +78,30 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
     for item in records.iter().map_err(io_err)? {
         let (k, v) = item.map_err(io_err)?;
         if let Some(qk) = RecordKey::parse_paused(k.value()) {
+            decode::<()>(v.value(), "paused queue record")?;
             core.index_paused(qk);
         }
         if RecordKey::is_schedule(k.value()) {
-            core.index_schedule(decode(v.value())?);
+            core.index_schedule(decode(v.value(), "schedule record")?);
         }
     }
     let tasks = txn.open_table(TASKS).map_err(io_err)?;
     for item in tasks.iter().map_err(io_err)? {
         let (_, v) = item.map_err(io_err)?;
-        let t: Task = decode(v.value())?;
+        let t: Task = decode(v.value(), "task record")?;
         core.index_task(&t);
     }
     let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
     for item in keys.iter().map_err(io_err)? {
         let (k, v) = item.map_err(io_err)?;
-        let rec: KeyRecord = decode(v.value())?;
+        let rec: KeyRecord = decode(v.value(), "idempotency key record")?;
         let (tenant, key) = parse_idempotency_key(k.value());
         core.index_key(&tenant, &key, &rec);
     }
     let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
     for item in outbox.iter().map_err(io_err)? {
         let (_, v) = item.map_err(io_err)?;
-        core.index_delivery(&decode(v.value())?);
+        core.index_delivery(&decode(v.value(), "webhook delivery record")?);
     }
     Ok(core)
 }
@@ -100,7 +110,7 @@ pub fn get_delivery(db: &Database, id: &DeliveryId) -> io::Result<Option<Webhook
     let txn = db.begin_read().map_err(io_err)?;
     let t = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
     match t.get(outbox_key(id).as_slice()).map_err(io_err)? {
-        Some(v) => Ok(Some(decode(v.value())?)),
+        Some(v) => Ok(Some(decode(v.value(), "webhook delivery record")?)),
         None => Ok(None),
     }
 }
@@ -109,7 +119,7 @@ pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
     let txn = db.begin_read().map_err(io_err)?;
     let t = txn.open_table(TASKS).map_err(io_err)?;
     match t.get(task_key(id)).map_err(io_err)? {
-        Some(v) => Ok(Some(decode(v.value())?)),
+        Some(v) => Ok(Some(decode(v.value(), "task record")?)),
         None => Ok(None),
     }
 }
@@ -219,7 +229,7 @@ impl TaskStore for CachedStore<'_> {
             return Ok(v.clone());
         }
         match self.file()?.tasks.get(task_key(id)).map_err(io_err)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
+            Some(v) => Ok(Some(decode(v.value(), "task record")?)),
             None => Ok(None),
         }
     }
@@ -240,7 +250,7 @@ impl TaskStore for CachedStore<'_> {
             return Ok(*v);
         }
         match self.file()?.keys.get(k.as_slice()).map_err(io_err)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
+            Some(v) => Ok(Some(decode(v.value(), "idempotency key record")?)),
             None => Ok(None),
         }
     }
@@ -260,7 +270,7 @@ impl TaskStore for CachedStore<'_> {
             return Ok(v.clone());
         }
         match self.file()?.outbox.get(outbox_key(id).as_slice()).map_err(io_err)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
+            Some(v) => Ok(Some(decode(v.value(), "webhook delivery record")?)),
             None => Ok(None),
         }
     }
@@ -286,7 +296,7 @@ impl TaskStore for CachedStore<'_> {
     }
 
     fn put_paused(&mut self, qk: &QueueKey) -> io::Result<()> {
-        self.dirty.records.insert(RecordKey::paused(qk), Some(Vec::new()));
+        self.dirty.records.insert(RecordKey::paused(qk), Some(encode(&())?));
         Ok(())
     }
 

@@ -2,10 +2,10 @@
 //! writing fresh shard files and swapping directories (`files::recover_install`), so a crash at any point leaves
 //! either the old or the new state.
 //!
-//! Format (`docs/design.md`, "Snapshots"): the magic, then frames (kind u8, length u32 BE, bytes): a header
-//! (last log id, membership, time), every task record, idempotency key, webhook delivery and shard record, an
-//! end frame with their count; version 2 ends with the SHA-256 of every byte before it. A snapshot whose count or
-//! digest does not match is refused before anything of it is committed.
+//! Format (`docs/design.md`, "Snapshots"; its versions are `format.rs`'s): the magic, then frames (kind u8,
+//! length u32 BE, bytes): a header (last log id, membership, time), every task record, idempotency key, webhook
+//! delivery and shard record, an end frame with their count; layouts 2 and 3 end with the SHA-256 of every byte
+//! before it. A snapshot whose count or digest does not match is refused before anything of it is committed.
 
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -15,17 +15,14 @@ use openraft::RaftSnapshotBuilder;
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use super::codec::{decode, encode, io_err};
+use super::codec::io_err;
 use super::files::{self, snap_dir, sync_dir};
+use super::format::{self, encode};
 use super::shard::{self, ShardMeta};
 use super::state_machine::{Shards, SmShared, StateMachine};
 use super::tables::*;
 use crate::queue::{self, Task, TimeMs, WebhookDelivery};
 use crate::raft::types::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
-
-/// Version 2 ends with the SHA-256 of every byte before it; version 1 files (no digest) are still read.
-const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP2\n";
-const SNAPSHOT_MAGIC_V1: &[u8] = b"RAFTQSNAP1\n";
 
 /// Hashes what passes through it: a snapshot file's digest, written and checked without a second pass.
 struct Hashing<T> {
@@ -117,7 +114,7 @@ impl SnapshotBuilder {
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
         let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
-        w.write_all(SNAPSHOT_MAGIC)?;
+        w.write_all(format::SNAPSHOT_MAGIC)?;
         write_frame(&mut w, FRAME_HEADER, &encode(&self.header)?)?;
         let mut records: u64 = 0;
         for txn in &self.txns {
@@ -130,7 +127,7 @@ impl SnapshotBuilder {
             let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
             for item in keys.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_KEY, &encode(&(k.value(), v.value()))?)?;
+                write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), v.value())?)?;
                 records += 1;
             }
             let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
@@ -142,7 +139,7 @@ impl SnapshotBuilder {
             let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
             for item in recs.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_RECORD, &encode(&(k.value(), v.value()))?)?;
+                write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), v.value())?)?;
                 records += 1;
             }
         }
@@ -165,7 +162,7 @@ fn publish_current(dir: &Path, meta: &SnapshotMeta, path: &Path) -> io::Result<(
     let cur = CurrentSnapshot { meta: meta.clone(), file: name.clone() };
     let meta_path = files::current_meta_path(dir);
     let tmp = meta_path.with_extension("tmp");
-    fs::write(&tmp, encode(&cur)?)?;
+    fs::write(&tmp, format::encode_meta_file(&cur)?)?;
     fs::File::open(&tmp)?.sync_all()?;
     fs::rename(&tmp, &meta_path)?;
     sync_dir(&snap_dir(dir))?;
@@ -212,17 +209,16 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         out.sync_all()?;
     }
     let mut r = Hashing::new(BufReader::new(fs::File::open(&keep)?));
-    let mut magic = vec![0u8; SNAPSHOT_MAGIC.len()];
+    let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
     r.read_exact(&mut magic)?;
-    if magic != SNAPSHOT_MAGIC && magic != SNAPSHOT_MAGIC_V1 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a raftq snapshot"));
-    }
-    let checked = magic == SNAPSHOT_MAGIC;
+    // Records of an older format are upgraded as they are written into the new shard files.
+    let layout = format::snapshot_layout(&magic)?;
+    let version = layout.records;
     let (kind, head) = read_frame(&mut r)?;
     if kind != FRAME_HEADER {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
     }
-    let header: SnapHeader = decode(&head)?;
+    let header: SnapHeader = format::decode_as(version, &head, "snapshot header")?;
     let dbs: Vec<Database> =
         (0..shards).map(|i| shard::open_db(&files::shard_path(&new, i))).collect::<io::Result<_>>()?;
     let txns: Vec<redb::WriteTransaction> =
@@ -240,28 +236,30 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
             let (kind, body) = read_frame(&mut r)?;
             match kind {
                 FRAME_TASK => {
-                    let t: Task = decode(&body)?;
-                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), body.as_slice()).map_err(io_err)?;
+                    let (t, v) = format::upgrade::<Task>(version, &body, "task record")?;
+                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), v.as_ref()).map_err(io_err)?;
                 }
                 FRAME_KEY => {
-                    let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
-                    let rec: queue::KeyRecord = decode(&v)?;
-                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                    let (k, v) = format::decode_pair(&body)?;
+                    let (rec, v) = format::upgrade::<queue::KeyRecord>(version, &v, "idempotency key record")?;
+                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_ref()).map_err(io_err)?;
                 }
                 FRAME_WEBHOOK => {
-                    let d: WebhookDelivery = decode(&body)?;
+                    let (d, v) = format::upgrade::<WebhookDelivery>(version, &body, "webhook delivery record")?;
                     let shard = d.id.task_id.shard(shards);
-                    outboxes[shard].insert(outbox_key(&d.id).as_slice(), body.as_slice()).map_err(io_err)?;
+                    outboxes[shard].insert(outbox_key(&d.id).as_slice(), v.as_ref()).map_err(io_err)?;
                 }
                 FRAME_RECORD => {
-                    let (k, v): (Vec<u8>, Vec<u8>) = decode(&body)?;
+                    let (k, v) = format::decode_pair(&body)?;
+                    let v = format::upgrade_shard_record(version, &k, &v)?;
+                    let v = v.as_ref();
                     match RecordKey::shard_of(&k, shards) {
                         Some(i) => {
-                            recs[i].insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                            recs[i].insert(k.as_slice(), v).map_err(io_err)?;
                         }
                         None => {
                             for r in recs.iter_mut() {
-                                r.insert(k.as_slice(), v.as_slice()).map_err(io_err)?;
+                                r.insert(k.as_slice(), v).map_err(io_err)?;
                             }
                         }
                     }
@@ -271,7 +269,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
                     if want != records {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
                     }
-                    if checked {
+                    if layout.digest {
                         // Nothing is committed before the whole file checks out: a damaged snapshot is refused
                         // and the installed state stays as it was.
                         let got = r.digest();
@@ -368,7 +366,7 @@ impl StateMachine {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let cur: CurrentSnapshot = decode(&bytes)?;
+            let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
             match tokio::fs::File::open(snap_dir(&self.dir).join(&cur.file)).await {
                 Ok(file) => return Ok(Some(Snapshot { meta: cur.meta, snapshot: file })),
                 Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => tries += 1,
@@ -376,4 +374,23 @@ impl StateMachine {
             }
         }
     }
+}
+
+/// Refuses, at start, a current snapshot of a format newer than this binary (its meta file or its file's magic):
+/// it would be sent to followers and installed later. Reads only.
+pub(super) fn check_current(dir: &Path) -> io::Result<()> {
+    let bytes = match fs::read(files::current_meta_path(dir)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
+    let mut file = match fs::File::open(snap_dir(dir).join(&cur.file)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
+    file.read_exact(&mut magic)?;
+    format::snapshot_layout(&magic).map(|_| ())
 }

@@ -5,7 +5,7 @@ use redb::TableDefinition;
 
 use crate::queue::{DeliveryId, QueueKey, TaskId};
 
-/// Raft log entries by index, bincode-encoded openraft entries.
+/// Raft log entries by index, openraft entries encoded by `storage::format`.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Raft log metadata: `vote`, `committed`, `last_purged`.
 pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_log_meta");
@@ -27,6 +27,8 @@ pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";
 pub const META_NOW: &str = "now";
+/// In `LOG_META` and `SHARD_META`: the format version of the file's records (one byte, see `storage::format`).
+pub const META_FORMAT: &str = "format_version";
 
 // ---- key layouts ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,471 @@
+//! The version of every persisted format, and the only code that turns stored bytes into values and back: Raft
+//! log entries and the log's metadata (vote, committed, purged), state-machine records (tasks, idempotency keys,
+//! webhook deliveries, schedules, paused queues) and shard metadata, snapshot files and their frames, the
+//! current-snapshot meta file and the data directory's marker. It must not know what the values mean (that is
+//! `queue`'s) nor where files live (`files.rs`).
+//!
+//! # Versions
+//! - **v0**: everything written before formats carried versions (up to commit 27ebc28): bare bincode values.
+//! - **v1** ([`CURRENT`]): the same bincode values behind a version, as below.
+//!
+//! # Telling v0 from v1
+//! A stored value cannot say by itself that it is v0: a v0 log entry starts with the low byte of its term and a
+//! v0 task with its id, so any first byte is possible and no prefix byte could be told apart from them. The
+//! version of records is therefore recorded **per file**, where the whole file is known:
+//! - every redb file (the log, each shard) holds a marker, [`META_FORMAT`] in its meta table (one byte, the
+//!   version of the records it holds). A file without it is v0 (or new) and is upgraded at open, in the one
+//!   transaction that also writes the marker: a crash leaves it all v0 or all v1. In a v1 file every value is
+//!   `[version byte] ++ bincode` (the byte lets a later version mix records in an older file and lets a newer
+//!   record be refused by name);
+//! - a snapshot file says its layout in its magic (`RAFTQSNAP1`, `RAFTQSNAP2`: v0 records; `RAFTQSNAP3`: v1
+//!   records, and a header with a version byte); v0 snapshots are upgraded record by record as they install;
+//! - the current-snapshot meta file starts with [`META_FILE_MAGIC`] and a version byte: its v0 encoding starts
+//!   with an `Option` tag (0 or 1), never with `R`, so the two are told apart by the first byte;
+//! - the data directory holds [`DATA_DIR_MARKER`] (`FORMAT`), the directory's version, written when the
+//!   directory is created or once every file in it has been upgraded. A directory with raftq files and no
+//!   marker is v0.
+//!
+//! # Refusal
+//! Data of a version newer than [`CURRENT`] (a directory marker, a file marker, a record, a log entry, a
+//! snapshot) is refused with an error naming the version found and the newest this binary supports. The
+//! directory and file markers are read before anything is written, so a refused start leaves every file as it
+//! was.
+//!
+//! # Cost
+//! Encoding pushes the version byte into the caller's buffer before bincode writes the value (no allocation of
+//! its own); decoding checks one byte and decodes the rest in place.
+
+use std::borrow::Cow;
+use std::fs;
+use std::io;
+use std::ops::Bound;
+use std::path::Path;
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError, WriteTransaction};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::tables::*;
+use crate::queue::{KeyRecord, Schedule, Task, TimeMs, WebhookDelivery};
+use crate::raft::types::{Entry, LogId, StoredMembership, Vote};
+
+/// A format version: 0 is the unversioned data of old builds.
+pub type Version = u8;
+/// Unversioned data (bare bincode values), written by every build before formats carried versions.
+pub const V0: Version = 0;
+/// Values behind a version byte; redb files, snapshots and the data directory say their version.
+pub const V1: Version = 1;
+/// The version this binary writes, and the newest it reads.
+pub const CURRENT: Version = V1;
+
+/// The data directory's marker file: the directory's format version in ASCII decimal.
+pub const DATA_DIR_MARKER: &str = "FORMAT";
+/// Opens the current-snapshot meta file (then a version byte, then bincode).
+pub const META_FILE_MAGIC: &[u8] = b"RAFTQMETA";
+
+/// Snapshot magics by layout. Every magic is `RAFTQSNAP`, one digit, a newline.
+const SNAPSHOT_MAGIC_PREFIX: &[u8] = b"RAFTQSNAP";
+/// The magic of snapshot files written now: v1 records, a SHA-256 digest at the end.
+pub const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP3\n";
+/// The length of every snapshot magic.
+pub const SNAPSHOT_MAGIC_LEN: usize = SNAPSHOT_MAGIC.len();
+/// The newest snapshot layout this binary reads.
+const SNAPSHOT_LAYOUT: u8 = 3;
+
+/// Stored data this binary cannot read.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "{what} has format version {found}, newer than this binary supports (version {supported}): it was written \
+         by a newer raftq; nothing was changed, run that version or newer"
+    )]
+    Newer { what: String, found: u64, supported: u64 },
+    #[error("{what}: {reason}")]
+    Invalid { what: String, reason: String },
+}
+
+impl From<FormatError> for io::Error {
+    fn from(e: FormatError) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, e)
+    }
+}
+
+fn newer(what: impl Into<String>, found: u64, supported: u64) -> io::Error {
+    FormatError::Newer { what: what.into(), found, supported }.into()
+}
+
+fn invalid(what: impl Into<String>, reason: impl std::fmt::Display) -> io::Error {
+    FormatError::Invalid { what: what.into(), reason: reason.to_string() }.into()
+}
+
+// ---- records and log entries -----------------------------------------------------------------------------------
+
+/// Appends `v` in the current format to `buf`: the version byte, then bincode (reuses `buf`'s allocation).
+pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, v: &T) -> io::Result<()> {
+    buf.push(CURRENT);
+    bincode::serialize_into(buf, v).map_err(|e| invalid("encoding a record", e))
+}
+
+/// `v` in the current format.
+pub fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(1 + bincode::serialized_size(v).unwrap_or(0) as usize);
+    encode_into(&mut buf, v)?;
+    Ok(buf)
+}
+
+/// Decodes a value stored in the current format (every value of a file whose marker is v1). `what` names the
+/// value in errors ("task record", "log entry").
+pub fn decode<T: DeserializeOwned>(b: &[u8], what: &str) -> io::Result<T> {
+    match b.split_first() {
+        Some((&V1, rest)) => bincode::deserialize(rest).map_err(|e| invalid(what, e)),
+        Some((&v, _)) if v > CURRENT => Err(newer(what, v.into(), CURRENT.into())),
+        Some((&v, _)) => Err(invalid(what, format!("unknown format version {v}"))),
+        None => Err(invalid(what, "empty value")),
+    }
+}
+
+/// Decodes a value stored in `version` (the version of the file or snapshot it comes from).
+pub fn decode_as<T: DeserializeOwned>(version: Version, b: &[u8], what: &str) -> io::Result<T> {
+    match version {
+        V0 => bincode::deserialize(b).map_err(|e| invalid(format!("{what} (v0)"), e)),
+        _ => decode(b, what),
+    }
+}
+
+/// The upgrade path: a value stored in `version`, decoded, and its bytes in the current format (borrowed when
+/// they already are). v1 records are v0 records behind a version byte, so upgrading re-encodes the decoded value.
+pub fn upgrade<'a, T: Serialize + DeserializeOwned>(
+    version: Version,
+    b: &'a [u8],
+    what: &str,
+) -> io::Result<(T, Cow<'a, [u8]>)> {
+    let v: T = decode_as(version, b, what)?;
+    if version == CURRENT {
+        Ok((v, Cow::Borrowed(b)))
+    } else {
+        let bytes = encode(&v)?;
+        Ok((v, Cow::Owned(bytes)))
+    }
+}
+
+/// A pair of byte strings inside a snapshot frame (a key and its stored value). The pair is part of the
+/// snapshot's layout (versioned by its magic), not a record.
+pub fn encode_pair(k: &[u8], v: &[u8]) -> io::Result<Vec<u8>> {
+    bincode::serialize(&(k, v)).map_err(|e| invalid("encoding a snapshot frame", e))
+}
+
+pub fn decode_pair(b: &[u8]) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    bincode::deserialize(b).map_err(|e| invalid("snapshot frame", e))
+}
+
+// ---- redb files ------------------------------------------------------------------------------------------------
+
+/// Refuses a redb file of a newer format before it is opened for writing: opening a redb file for writing
+/// rewrites its header even when nothing else is written, so the marker is read through a read-only handle.
+/// A file that does not open read-only (absent, or left by a crash and needing redb's repair) is checked by
+/// [`file_version`] once opened.
+pub fn refuse_newer_file(path: &Path, meta: TableDefinition<&str, &[u8]>) -> io::Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    match redb::ReadOnlyDatabase::open(path) {
+        Ok(db) => file_version(&db, meta, path).map(|_| ()),
+        Err(_) => Ok(()),
+    }
+}
+
+/// The version of records a redb file holds, from its marker: `None` for a file without one (v0, or new).
+/// Reads only. `meta` is the file's meta table.
+pub fn file_version(
+    db: &impl ReadableDatabase,
+    meta: TableDefinition<&str, &[u8]>,
+    path: &Path,
+) -> io::Result<Option<Version>> {
+    let what = || format!("{}", path.display());
+    let txn = db.begin_read().map_err(|e| invalid(what(), e))?;
+    let table = match txn.open_table(meta) {
+        Ok(t) => t,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(invalid(what(), e)),
+    };
+    let Some(v) = table.get(META_FORMAT).map_err(|e| invalid(what(), e))? else { return Ok(None) };
+    match v.value() {
+        [v] if *v > CURRENT => Err(newer(format!("{} (file marker)", what()), (*v).into(), CURRENT.into())),
+        [v] => Ok(Some(*v)),
+        other => Err(invalid(what(), format!("format marker of {} bytes, expected 1", other.len()))),
+    }
+}
+
+/// Brings a redb file to the current version inside `txn` (the transaction that opens its tables): a file
+/// without a marker (v0, or new and empty) has every value rewritten in the current format, then gets the
+/// marker. `found` is what [`file_version`] read.
+pub fn upgrade_log_file(txn: &WriteTransaction, found: Option<Version>) -> io::Result<()> {
+    if found == Some(CURRENT) {
+        return Ok(());
+    }
+    let from = found.unwrap_or(V0);
+    {
+        let mut log = txn.open_table(LOG).map_err(|e| invalid("raft log", e))?;
+        let mut after: Option<u64> = None;
+        loop {
+            let chunk: Vec<(u64, Vec<u8>)> = {
+                let lo = after.map_or(Bound::Unbounded, Bound::Excluded);
+                let range = log.range::<u64>((lo, Bound::Unbounded)).map_err(|e| invalid("raft log", e))?;
+                let mut chunk = Vec::new();
+                for item in range.take(UPGRADE_CHUNK) {
+                    let (k, v) = item.map_err(|e| invalid("raft log", e))?;
+                    chunk.push((k.value(), upgrade::<Entry>(from, v.value(), "log entry")?.1.into_owned()));
+                }
+                chunk
+            };
+            let Some(last) = chunk.last().map(|(k, _)| *k) else { break };
+            for (k, v) in &chunk {
+                log.insert(*k, v.as_slice()).map_err(|e| invalid("raft log", e))?;
+            }
+            after = Some(last);
+        }
+    }
+    let mut meta = txn.open_table(LOG_META).map_err(|e| invalid("raft log meta", e))?;
+    upgrade_meta::<Vote>(&mut meta, from, META_VOTE, "vote")?;
+    upgrade_meta::<Option<LogId>>(&mut meta, from, META_COMMITTED, "committed log id")?;
+    upgrade_meta::<LogId>(&mut meta, from, META_LAST_PURGED, "last purged log id")?;
+    meta.insert(META_FORMAT, [CURRENT].as_slice()).map_err(|e| invalid("raft log meta", e))?;
+    Ok(())
+}
+
+/// As [`upgrade_log_file`], for a shard file.
+pub fn upgrade_shard_file(txn: &WriteTransaction, found: Option<Version>) -> io::Result<()> {
+    if found == Some(CURRENT) {
+        return Ok(());
+    }
+    let from = found.unwrap_or(V0);
+    upgrade_table(txn, TASKS, |_, v| Ok(upgrade::<Task>(from, v, "task record")?.1.into_owned()))?;
+    upgrade_table(txn, IDEMPOTENCY_KEYS, |_, v| {
+        Ok(upgrade::<KeyRecord>(from, v, "idempotency key record")?.1.into_owned())
+    })?;
+    upgrade_table(txn, WEBHOOK_OUTBOX, |_, v| {
+        Ok(upgrade::<WebhookDelivery>(from, v, "webhook delivery record")?.1.into_owned())
+    })?;
+    upgrade_table(txn, SHARD_RECORDS, |k, v| upgrade_shard_record(from, k, v).map(Cow::into_owned))?;
+    let mut meta = txn.open_table(SHARD_META).map_err(|e| invalid("shard meta", e))?;
+    upgrade_meta::<Option<LogId>>(&mut meta, from, META_LAST_APPLIED, "last applied log id")?;
+    upgrade_meta::<StoredMembership>(&mut meta, from, META_MEMBERSHIP, "membership")?;
+    upgrade_meta::<TimeMs>(&mut meta, from, META_NOW, "state machine time")?;
+    meta.insert(META_FORMAT, [CURRENT].as_slice()).map_err(|e| invalid("shard meta", e))?;
+    Ok(())
+}
+
+/// A `SHARD_RECORDS` value stored in `version`, in the current format: a schedule, or a paused queue's value
+/// (empty in v0, the encoded unit value in v1).
+pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
+    if RecordKey::is_schedule(key) {
+        Ok(upgrade::<Schedule>(version, v, "schedule record")?.1)
+    } else {
+        Ok(upgrade::<()>(version, v, "shard record")?.1)
+    }
+}
+
+/// Records rewritten per read pass of an upgrade: redb allows no writes to a table while it is being iterated.
+const UPGRADE_CHUNK: usize = 10_000;
+
+fn upgrade_table(
+    txn: &WriteTransaction,
+    def: TableDefinition<&[u8], &[u8]>,
+    f: impl Fn(&[u8], &[u8]) -> io::Result<Vec<u8>>,
+) -> io::Result<()> {
+    let name = def.to_string();
+    let mut table = txn.open_table(def).map_err(|e| invalid(&name, e))?;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let chunk: Vec<(Vec<u8>, Vec<u8>)> = {
+            let lo = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let range = table.range::<&[u8]>((lo, Bound::Unbounded)).map_err(|e| invalid(&name, e))?;
+            let mut chunk = Vec::new();
+            for item in range.take(UPGRADE_CHUNK) {
+                let (k, v) = item.map_err(|e| invalid(&name, e))?;
+                chunk.push((k.value().to_vec(), f(k.value(), v.value())?));
+            }
+            chunk
+        };
+        let Some(last) = chunk.last().map(|(k, _)| k.clone()) else { break };
+        for (k, v) in &chunk {
+            table.insert(k.as_slice(), v.as_slice()).map_err(|e| invalid(&name, e))?;
+        }
+        after = Some(last);
+    }
+    Ok(())
+}
+
+fn upgrade_meta<T: Serialize + DeserializeOwned>(
+    table: &mut redb::Table<&str, &[u8]>,
+    from: Version,
+    key: &str,
+    what: &str,
+) -> io::Result<()> {
+    let new = match table.get(key).map_err(|e| invalid(what, e))? {
+        Some(v) => upgrade::<T>(from, v.value(), what)?.1.into_owned(),
+        None => return Ok(()),
+    };
+    table.insert(key, new.as_slice()).map_err(|e| invalid(what, e))?;
+    Ok(())
+}
+
+// ---- snapshot files --------------------------------------------------------------------------------------------
+
+/// What a snapshot file's magic says about the rest of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotLayout {
+    /// The version of the records (and of the header) in its frames.
+    pub records: Version,
+    /// Whether the file ends with the SHA-256 of every byte before it.
+    pub digest: bool,
+}
+
+/// The layout of a snapshot file from its first [`SNAPSHOT_MAGIC_LEN`] bytes.
+pub fn snapshot_layout(magic: &[u8]) -> io::Result<SnapshotLayout> {
+    let what = "snapshot file";
+    let digit = match magic.strip_prefix(SNAPSHOT_MAGIC_PREFIX) {
+        Some([d, b'\n']) if d.is_ascii_digit() => d - b'0',
+        // A layout of two or more digits: newer than any this binary knows.
+        Some([d, e, ..]) if d.is_ascii_digit() && e.is_ascii_digit() => {
+            let n = [*d, *e].iter().fold(0u64, |n, c| n * 10 + u64::from(c - b'0'));
+            return Err(newer(format!("{what} (layout)"), n, SNAPSHOT_LAYOUT.into()));
+        }
+        _ => return Err(invalid(what, "not a raftq snapshot")),
+    };
+    match digit {
+        1 => Ok(SnapshotLayout { records: V0, digest: false }),
+        2 => Ok(SnapshotLayout { records: V0, digest: true }),
+        3 => Ok(SnapshotLayout { records: V1, digest: true }),
+        n if n > SNAPSHOT_LAYOUT => Err(newer(format!("{what} (layout)"), n.into(), SNAPSHOT_LAYOUT.into())),
+        _ => Err(invalid(what, "not a raftq snapshot")),
+    }
+}
+
+// ---- small metadata files --------------------------------------------------------------------------------------
+
+/// A small metadata file (the current snapshot's meta): [`META_FILE_MAGIC`], the version byte, bincode.
+pub fn encode_meta_file<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
+    let mut buf = META_FILE_MAGIC.to_vec();
+    encode_into(&mut buf, v)?;
+    Ok(buf)
+}
+
+/// Reads a metadata file of any version: v0 ones are bare bincode, whose first byte (an `Option` tag of the
+/// snapshot meta, 0 or 1) is never the magic's first.
+pub fn decode_meta_file<T: DeserializeOwned>(b: &[u8], what: &str) -> io::Result<T> {
+    match b.strip_prefix(META_FILE_MAGIC) {
+        Some(rest) => decode(rest, what),
+        None => decode_as(V0, b, what),
+    }
+}
+
+// ---- the data directory ----------------------------------------------------------------------------------------
+
+/// The data directory's version: its marker's, `Some(V0)` for a directory holding raftq files and no marker,
+/// `None` for a new one. Reads only; a marker newer than this binary is refused.
+pub fn data_dir_version(dir: &Path) -> io::Result<Option<Version>> {
+    let path = dir.join(DATA_DIR_MARKER);
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let holds_data = ["raft-log.redb", "sm", "sm.new", "snapshots"].iter().any(|f| dir.join(f).exists());
+            return Ok(holds_data.then_some(V0));
+        }
+        Err(e) => return Err(invalid(format!("{}", path.display()), e)),
+    };
+    let what = format!("data directory {}", dir.display());
+    let found: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| invalid(&what, format!("unreadable format marker {DATA_DIR_MARKER}: {:?}", text.trim())))?;
+    match Version::try_from(found) {
+        Ok(v) if v <= CURRENT => Ok(Some(v)),
+        _ => Err(newer(what, found, CURRENT.into())),
+    }
+}
+
+/// Writes the directory's marker with the current version (atomically: a temp file renamed over it).
+pub fn mark_data_dir(dir: &Path) -> io::Result<()> {
+    let path = dir.join(DATA_DIR_MARKER);
+    let tmp = dir.join(format!("{DATA_DIR_MARKER}.tmp"));
+    fs::write(&tmp, format!("{CURRENT}\n"))?;
+    fs::File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, &path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_its_version_byte_then_bincode_and_round_trips() {
+        let v = (7u64, "seven".to_string());
+        let mut buf = Vec::with_capacity(64);
+        let cap = buf.capacity();
+        encode_into(&mut buf, &v).expect("encode");
+        assert_eq!(buf[0], CURRENT);
+        assert_eq!(&buf[1..], bincode::serialize(&v).expect("bincode").as_slice());
+        assert_eq!(buf.capacity(), cap, "the version byte goes into the caller's buffer");
+        assert_eq!(decode::<(u64, String)>(&buf, "pair").expect("decode"), v);
+        let (back, bytes) = upgrade::<(u64, String)>(V0, &buf[1..], "pair").expect("upgrade");
+        assert_eq!((back, bytes.as_ref()), (v, buf.as_slice()), "a v0 value upgrades to the v1 bytes");
+    }
+
+    #[test]
+    fn a_record_of_a_newer_or_unknown_version_is_refused_by_name() {
+        let err = decode::<u64>(&[99, 1, 0, 0, 0, 0, 0, 0, 0], "task record").expect_err("v99");
+        let msg = err.to_string();
+        assert!(msg.starts_with("task record has format version 99"), "{msg}");
+        assert!(msg.contains("supports (version 1)"), "{msg}");
+        assert!(decode::<u64>(&[0, 1, 0, 0, 0, 0, 0, 0, 0], "x").expect_err("v0 byte").to_string().contains("unknown"));
+        assert!(decode::<u64>(&[], "x").expect_err("empty").to_string().contains("empty"));
+        assert!(decode::<u64>(&[CURRENT, 1], "x").is_err(), "cut short");
+    }
+
+    #[test]
+    fn meta_files_of_both_versions_decode_and_a_newer_one_is_refused() {
+        // A v0 meta file starts with an Option tag, 0 or 1: never the magic.
+        for v in [None, Some(5u64)] {
+            let v0 = bincode::serialize(&v).expect("bincode");
+            assert_eq!(decode_meta_file::<Option<u64>>(&v0, "meta").expect("v0"), v);
+            let v1 = encode_meta_file(&v).expect("encode");
+            assert!(v1.starts_with(META_FILE_MAGIC));
+            assert_eq!(decode_meta_file::<Option<u64>>(&v1, "meta").expect("v1"), v);
+        }
+        let mut newer = META_FILE_MAGIC.to_vec();
+        newer.extend([42, 0]);
+        let msg = decode_meta_file::<Option<u64>>(&newer, "meta").expect_err("v42").to_string();
+        assert!(msg.contains("format version 42") && msg.contains("(version 1)"), "{msg}");
+    }
+
+    #[test]
+    fn snapshot_layouts_map_to_record_versions_and_newer_ones_are_refused() {
+        assert_eq!(snapshot_layout(b"RAFTQSNAP1\n").expect("1"), SnapshotLayout { records: V0, digest: false });
+        assert_eq!(snapshot_layout(b"RAFTQSNAP2\n").expect("2"), SnapshotLayout { records: V0, digest: true });
+        assert_eq!(snapshot_layout(SNAPSHOT_MAGIC).expect("3"), SnapshotLayout { records: V1, digest: true });
+        for (magic, found) in [(&b"RAFTQSNAP4\n"[..], "4"), (b"RAFTQSNAP12", "12")] {
+            let msg = snapshot_layout(magic).expect_err("newer").to_string();
+            assert!(msg.contains(&format!("format version {found}")) && msg.contains("(version 3)"), "{msg}");
+        }
+        for bad in [&b"RAFTQSNAP0\n"[..], b"RAFTQSNAPX\n", b"hello world"] {
+            assert!(snapshot_layout(bad).expect_err("bad").to_string().contains("not a raftq snapshot"));
+        }
+    }
+
+    #[test]
+    fn the_data_dir_marker_says_new_v0_v1_or_refuses() {
+        let dir = tempfile::tempdir().expect("dir");
+        assert_eq!(data_dir_version(dir.path()).expect("new"), None);
+        fs::create_dir(dir.path().join("sm")).expect("mkdir");
+        assert_eq!(data_dir_version(dir.path()).expect("v0"), Some(V0));
+        mark_data_dir(dir.path()).expect("mark");
+        assert_eq!(data_dir_version(dir.path()).expect("v1"), Some(V1));
+        fs::write(dir.path().join(DATA_DIR_MARKER), "300\n").expect("write");
+        let msg = data_dir_version(dir.path()).expect_err("newer").to_string();
+        assert!(msg.contains("format version 300") && msg.contains("(version 1)"), "{msg}");
+        fs::write(dir.path().join(DATA_DIR_MARKER), "one\n").expect("write");
+        assert!(data_dir_version(dir.path()).expect_err("garbage").to_string().contains("unreadable"));
+    }
+}

@@ -16,10 +16,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
-use redb::Durability;
+use redb::{Database, Durability};
 
 use super::codec::io_err;
-use super::shard::{self, Layer};
+use super::shard::{self, Layer, ShardMeta};
 use super::state_machine::{Shards, SmShared};
 use super::tables::SHARD_META;
 
@@ -38,19 +38,8 @@ impl Shards {
     /// lock held (nothing else writes meanwhile).
     pub(super) fn flush_locked(&mut self, durable: bool) -> io::Result<()> {
         for i in 0..self.dbs.len() {
-            let mut txn = self.dbs[i].begin_write().map_err(io_err)?;
-            if !durable {
-                txn.set_durability(Durability::None).map_err(io_err)?;
-            }
-            if let Some(f) = &self.flushing[i] {
-                f.write_to(&txn)?;
-            }
-            self.dirty[i].write_to(&txn)?;
-            {
-                let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
-                shard::write_meta(&mut t, &self.metas[i])?;
-            }
-            txn.commit().map_err(io_err)?;
+            let layers = self.flushing[i].as_deref().into_iter().chain([&self.dirty[i]]);
+            write_shard(&self.dbs[i], layers, &self.metas[i], durable)?;
             self.flushing[i] = None;
             self.dirty[i] = Layer::default();
         }
@@ -79,16 +68,7 @@ impl SmShared {
             (layers, g.metas.clone(), g.dbs.clone())
         };
         for ((db, layer), meta) in dbs.iter().zip(&layers).zip(&metas) {
-            let mut txn = db.begin_write().map_err(io_err)?;
-            if !durable {
-                txn.set_durability(Durability::None).map_err(io_err)?;
-            }
-            layer.write_to(&txn)?;
-            {
-                let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
-                shard::write_meta(&mut t, meta)?;
-            }
-            txn.commit().map_err(io_err)?;
+            write_shard(db, [&**layer], meta, durable)?;
         }
         let mut g = self.write();
         for (slot, layer) in g.flushing.iter_mut().zip(&layers) {
@@ -137,6 +117,27 @@ impl SmShared {
             None => Ok(()),
         }
     }
+}
+
+/// Writes `layers` (oldest first) and `meta` into one shard file in one transaction, synced when `durable`.
+fn write_shard<'a>(
+    db: &Database,
+    layers: impl IntoIterator<Item = &'a Layer>,
+    meta: &ShardMeta,
+    durable: bool,
+) -> io::Result<()> {
+    let mut txn = db.begin_write().map_err(io_err)?;
+    if !durable {
+        txn.set_durability(Durability::None).map_err(io_err)?;
+    }
+    for layer in layers {
+        layer.write_to(&txn)?;
+    }
+    {
+        let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
+        shard::write_meta(&mut t, meta)?;
+    }
+    txn.commit().map_err(io_err)
 }
 
 /// The flusher thread: ends when the state machine is dropped.

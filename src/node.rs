@@ -128,6 +128,7 @@ impl Node {
             credential: cluster_credential.as_deref().map(Arc::from),
             tls: tls.clone(),
         };
+        let peers = network.clone();
         let raft =
             Raft::new(cfg.node_id, raft_cfg, network, log, sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
 
@@ -277,6 +278,8 @@ impl Node {
         }
 
         leader::spawn(&proposer, &cfg, webhook_key, &leadership, &tasks);
+        let p = proposer.clone();
+        tasks.spawn(leadership.clone().while_leading(move || leader::versions::lead(p.clone(), peers.clone())));
 
         tracing::info!(
             node_id = cfg.node_id,

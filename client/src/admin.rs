@@ -61,6 +61,10 @@ pub struct NodeStatus {
     pub snapshot_index: u64,
     /// The last index purged from its log.
     pub purged_index: u64,
+    /// The newest cluster version its binary can apply (0: a build from before cluster versions).
+    pub version: u32,
+    /// The cluster version in force, as it has applied it.
+    pub cluster_version: u32,
 }
 
 impl NodeStatus {
@@ -78,6 +82,8 @@ impl NodeStatus {
             members,
             snapshot_index,
             purged_index,
+            version,
+            cluster_version,
         } = s;
         NodeStatus {
             node_id,
@@ -91,6 +97,8 @@ impl NodeStatus {
             members: members.into_iter().map(Member::from_proto).collect(),
             snapshot_index,
             purged_index,
+            version,
+            cluster_version,
         }
     }
 }

@@ -85,11 +85,14 @@ pub enum Reason {
     TooManyStreams,
     /// REST: the path exists, not with this method.
     MethodNotAllowed,
+    /// The request needs a cluster version the cluster does not run yet (a node still runs an older binary);
+    /// nothing was applied.
+    FeatureNotActive,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::InvalidArgument,
         Reason::NotFound,
         Reason::AlreadyExists,
@@ -116,6 +119,7 @@ impl Reason {
         Reason::RateLimited,
         Reason::TooManyStreams,
         Reason::MethodNotAllowed,
+        Reason::FeatureNotActive,
     ];
 
     /// The code as it travels.
@@ -147,6 +151,7 @@ impl Reason {
             Reason::RateLimited => "RATE_LIMITED",
             Reason::TooManyStreams => "TOO_MANY_STREAMS",
             Reason::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            Reason::FeatureNotActive => "FEATURE_NOT_ACTIVE",
         }
     }
 

@@ -116,6 +116,8 @@ impl AdminApi {
             members: members(&s.members),
             snapshot_index: s.snapshot_index,
             purged_index: s.purged_index,
+            version: crate::raft::version::SUPPORTED,
+            cluster_version: self.shared.cluster_version(),
         })
     }
 

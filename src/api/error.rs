@@ -51,6 +51,9 @@ pub enum ApiError {
     /// REST: the path is served, not with this method.
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// The request needs a newer cluster version than the cluster runs; nothing was applied.
+    #[error("{0}")]
+    FeatureNotActive(String),
     /// The leader's refusal of a request this node forwarded to it, passed on as the leader gave it.
     #[error("{}", .0.message)]
     Leader(Box<LeaderAnswer>),
@@ -99,6 +102,7 @@ impl ApiError {
             ApiError::RateLimited { .. } => Reason::RateLimited,
             ApiError::TooManyStreams { .. } => Reason::TooManyStreams,
             ApiError::MethodNotAllowed(_) => Reason::MethodNotAllowed,
+            ApiError::FeatureNotActive(_) => Reason::FeatureNotActive,
             ApiError::Leader(a) => a.reason,
         }
     }
@@ -195,6 +199,7 @@ pub fn grpc_code(r: Reason) -> Code {
         Reason::RateLimited => Code::ResourceExhausted,
         Reason::TooManyStreams => Code::ResourceExhausted,
         Reason::MethodNotAllowed => Code::Unimplemented,
+        Reason::FeatureNotActive => Code::FailedPrecondition,
     }
 }
 
@@ -227,6 +232,7 @@ pub fn http_status(r: Reason) -> StatusCode {
         Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Reason::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Reason::FeatureNotActive => StatusCode::CONFLICT,
     }
 }
 
@@ -252,6 +258,7 @@ impl From<ProposeError> for ApiError {
             ProposeError::Unknown(m) => ApiError::Unknown(m),
             ProposeError::Fatal(m) => ApiError::Unavailable(m),
             ProposeError::Storage(m) => ApiError::Internal(m),
+            e @ ProposeError::FeatureNotActive { .. } => ApiError::FeatureNotActive(e.to_string()),
         }
     }
 }

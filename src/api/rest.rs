@@ -547,7 +547,7 @@ async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
     ok(json!({
         "node_id": s.node_id, "role": s.role, "term": s.term, "leader_id": s.has_leader.then_some(s.leader_id),
         "last_log_index": s.last_log_index, "applied_index": s.applied_index, "committed_index": s.committed_index,
-        "replication_lag": s.replication_lag,
+        "replication_lag": s.replication_lag, "version": s.version, "cluster_version": s.cluster_version,
         "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "raft_addr": m.raft_addr,
             "api_addr": m.api_addr, "voter": m.voter})).collect::<Vec<_>>(),
     }))

@@ -11,7 +11,8 @@ use super::client::{print_json, ClientArgs, Output};
 
 #[derive(clap::Subcommand)]
 pub enum ClusterCmd {
-    /// Every node's role, term, log and applied index, replication lag and reachability.
+    /// Every node's role, term, log and applied index, replication lag, reachability, the cluster version each
+    /// binary supports and the one in force.
     Status {
         #[command(flatten)]
         client: ClientArgs,
@@ -61,6 +62,8 @@ pub async fn run(cmd: ClusterCmd) -> Result<()> {
             let rows = client.connect().await?.admin().cluster_status().await?;
             let leader = rows.iter().find_map(|r| r.status.as_ref().ok().filter(|s| s.role == "LEADER"));
             let lag = |id: u64| leader.and_then(|l| l.replication_lag.get(&id).copied());
+            // The version in force, as the leader has applied it (any node's answer, without a leader).
+            let active = leader.or_else(|| rows.iter().find_map(|r| r.status.as_ref().ok())).map(|s| s.cluster_version);
             match client.output() {
                 Output::Json => {
                     let nodes: Vec<serde_json::Value> = rows
@@ -75,27 +78,43 @@ pub async fn run(cmd: ClusterCmd) -> Result<()> {
                                 "last_log_index": s.map(|s| s.last_log_index),
                                 "applied_index": s.map(|s| s.applied_index),
                                 "replication_lag": lag(m.node_id),
+                                "version": s.map(|s| s.version),
+                                "cluster_version": s.map(|s| s.cluster_version),
                             })
                         })
                         .collect();
-                    print_json(&json!({ "leader": leader.map(|l| l.node_id), "nodes": nodes }));
+                    print_json(
+                        &json!({ "leader": leader.map(|l| l.node_id), "cluster_version": active, "nodes": nodes }),
+                    );
                 }
                 Output::Table => {
+                    match active {
+                        Some(v) => println!("cluster version {v}"),
+                        None => println!("cluster version unknown (no node answered)"),
+                    }
                     println!(
-                        "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  reachable",
-                        "id", "api", "voter", "role", "term", "last_log", "applied", "lag"
+                        "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8} {:>7}  reachable",
+                        "id", "api", "voter", "role", "term", "last_log", "applied", "lag", "version"
                     );
                     for r in &rows {
                         let m = &r.member;
                         let lag = lag(m.node_id).map_or_else(|| "-".to_string(), |v| v.to_string());
                         match &r.status {
                             Ok(s) => println!(
-                                "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  yes",
-                                m.node_id, m.api_addr, m.voter, s.role, s.term, s.last_log_index, s.applied_index, lag
+                                "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8} {:>7}  yes",
+                                m.node_id,
+                                m.api_addr,
+                                m.voter,
+                                s.role,
+                                s.term,
+                                s.last_log_index,
+                                s.applied_index,
+                                lag,
+                                s.version
                             ),
                             Err(e) => println!(
-                                "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8}  no ({e})",
-                                m.node_id, m.api_addr, m.voter, "-", "-", "-", "-", lag
+                                "{:<5} {:<22} {:<6} {:<10} {:>6} {:>10} {:>10} {:>8} {:>7}  no ({e})",
+                                m.node_id, m.api_addr, m.voter, "-", "-", "-", "-", lag, "-"
                             ),
                         }
                     }

@@ -7,6 +7,7 @@
 //! - `resolver`: proposes `ResolveDependencies` for tasks whose dependencies ended.
 //! - `scheduler`: proposes `FireSchedule` for due schedule occurrences.
 //! - `webhooks`: sends the outbox's due deliveries and proposes their outcomes.
+//! - `versions`: the cluster version gate: raises the cluster version once every member can apply it.
 //!
 //! Everything they act on is replicated state, so a new leader carries on at once where the last one stopped.
 //! Leadership comes from openraft's leader-change callback (`Leadership::follow`). The ticker, resolver, scheduler
@@ -19,6 +20,7 @@ pub mod proposer;
 pub mod resolver;
 pub mod scheduler;
 pub mod ticker;
+pub mod versions;
 pub mod webhooks;
 
 use std::future::Future;

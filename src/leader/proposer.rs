@@ -32,6 +32,28 @@ pub enum ProposeError {
     Fatal(String),
     #[error("storage error: {0}")]
     Storage(String),
+    /// The command needs a newer cluster version (`raft::version`); nothing was proposed.
+    #[error(
+        "this request needs cluster version {required}; the cluster runs at version {active} until every node runs \
+         a binary that supports it"
+    )]
+    FeatureNotActive { required: u32, active: u32 },
+}
+
+/// The gate on proposals: a command newer than the cluster version is refused (a replica of an older binary
+/// could not apply it). `SetClusterVersion` is the gate's own, checked against every member by it.
+pub fn check_version(command: &Command, active: u32) -> Result<(), ProposeError> {
+    if matches!(command, Command::SetClusterVersion { .. }) {
+        return Ok(());
+    }
+    check_required(command.required_version(), active)
+}
+
+fn check_required(required: u32, active: u32) -> Result<(), ProposeError> {
+    if required > active {
+        return Err(ProposeError::FeatureNotActive { required, active });
+    }
+    Ok(())
 }
 
 pub fn wall_clock_ms() -> TimeMs {
@@ -87,6 +109,7 @@ impl Proposer {
 
     /// Proposes one command and waits for it to be applied.
     pub async fn write(&self, command: Command) -> Result<Response, ProposeError> {
+        check_version(&command, self.shared.cluster_version())?;
         write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await
     }
 
@@ -282,5 +305,20 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_newer_than_the_cluster_version_is_refused_by_the_gate() {
+        assert!(check_version(&Command::Tick, 0).is_ok(), "version-0 commands always pass");
+        // The gate's own command is checked against every member by the gate, not here.
+        assert!(check_version(&Command::SetClusterVersion { version: 1 }, 0).is_ok());
+        assert!(check_required(1, 1).is_ok() && check_required(1, 2).is_ok());
+        let msg = check_required(2, 1).expect_err("refused").to_string();
+        assert!(msg.contains("needs cluster version 2") && msg.contains("runs at version 1"), "{msg}");
     }
 }

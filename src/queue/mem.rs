@@ -24,6 +24,7 @@ pub struct MemStore {
     pub outbox: BTreeMap<DeliveryId, WebhookDelivery>,
     pub schedules: BTreeMap<TaskId, Schedule>,
     pub paused: BTreeSet<QueueKey>,
+    pub cluster_version: Option<u32>,
 }
 
 impl TaskStore for MemStore {
@@ -75,6 +76,10 @@ impl TaskStore for MemStore {
     }
     fn remove_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error> {
         self.paused.remove(qk);
+        Ok(())
+    }
+    fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error> {
+        self.cluster_version = Some(version);
         Ok(())
     }
 }
@@ -138,6 +143,9 @@ impl MemMachine {
         for (i, core) in m.shards.iter_mut().enumerate() {
             let store = &m.stores[i];
             core.now = self.shards[i].now;
+            if let Some(v) = store.cluster_version {
+                core.index_cluster_version(v);
+            }
             for qk in &store.paused {
                 core.index_paused(qk.clone());
             }

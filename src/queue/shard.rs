@@ -19,6 +19,8 @@ pub struct ShardCore {
     pub shards: usize,
     /// State-machine time of this shard: the max `time_ms` of every entry applied.
     pub now: TimeMs,
+    /// The cluster version in force (`SetClusterVersion`); every shard holds it, as a record and here.
+    pub cluster_version: u32,
     pub(super) idx: ShardIndex,
 }
 
@@ -52,5 +54,9 @@ impl ShardCore {
 
     pub fn index_paused(&mut self, qk: QueueKey) {
         self.idx.paused.insert(qk);
+    }
+
+    pub fn index_cluster_version(&mut self, version: u32) {
+        self.cluster_version = self.cluster_version.max(version);
     }
 }

@@ -29,4 +29,7 @@ pub trait TaskStore {
     // ---- paused queues: every shard holds the whole set ---------------------------------------------------
     fn put_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
     fn remove_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
+
+    // ---- the cluster version: every shard holds it ------------------------------------------------------
+    fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error>;
 }

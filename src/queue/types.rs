@@ -602,6 +602,24 @@ pub enum Command {
         occurrence: TimeMs,
         task: Option<Box<NewTask>>,
     },
+    /// Raises the cluster version (`crate::raft::version`): proposed by the leader once every member's binary
+    /// can apply `version`. Never lowers it. New variants go after this one (bincode numbers variants in order),
+    /// and each names, in `required_version`, the cluster version that introduced it.
+    SetClusterVersion {
+        version: u32,
+    },
+}
+
+impl Command {
+    /// The cluster version a command needs: a replica of an older binary could not decode or apply it, so the
+    /// proposer refuses it until the cluster runs that version. Every command of version 0 is understood by every
+    /// build; `SetClusterVersion` is proposed only by the version gate, which checks every member itself.
+    pub fn required_version(&self) -> u32 {
+        match self {
+            Command::SetClusterVersion { .. } => 1,
+            _ => 0,
+        }
+    }
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
@@ -629,6 +647,7 @@ impl fmt::Display for Request {
             Command::CreateSchedule(_) => ("schedule-create", 1),
             Command::UpdateSchedule { .. } => ("schedule-update", 1),
             Command::FireSchedule { .. } => ("schedule-fire", 1),
+            Command::SetClusterVersion { .. } => ("cluster-version", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -703,6 +722,8 @@ pub enum Response {
     Schedule(ItemResult<Option<Box<Schedule>>>),
     /// Whether a `FireSchedule` took effect (false: an occurrence already fired, or no such schedule).
     Fired(bool),
+    /// The cluster version in force after a `SetClusterVersion`.
+    ClusterVersion(u32),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -9,6 +9,7 @@ pub mod errors;
 pub mod network;
 pub mod service;
 pub mod types;
+pub mod version;
 
 use openraft::storage::RaftStateMachine;
 use openraft::type_config::async_runtime::watch::WatchReceiver;

@@ -60,6 +60,29 @@ fn channel(addr: &str, tls: Option<&crate::tls::Tls>) -> Result<Channel, String>
         .connect_lazy())
 }
 
+impl Network {
+    /// The cluster version peer `target` at `raft_addr` can apply (`version.rs`): 0 for a build from before
+    /// cluster versions (it does not serve the call), an error when the peer cannot be asked.
+    pub async fn peer_version(&self, target: NodeId, raft_addr: &str) -> Result<u32, String> {
+        let ch = channel(raft_addr, self.tls.as_deref())?;
+        let peer = PeerClient {
+            from: self.node_id,
+            credential: self.credential.clone(),
+            target,
+            client: None,
+            addr: raft_addr.to_string(),
+        };
+        let mut req = tonic::Request::new(RaftMessage { from: self.node_id, to: target, data: Default::default() });
+        req.set_timeout(Duration::from_secs(2));
+        peer.sign(&mut req);
+        match RaftServiceClient::new(ch).version(req).await {
+            Ok(r) => bincode::deserialize(&r.into_inner().data).map_err(|e| format!("node {target}: {e}")),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(0),
+            Err(s) => Err(format!("node {target}: {}", s.message())),
+        }
+    }
+}
+
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 

@@ -65,6 +65,12 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServi
         self.reply(&self.raft.handle_transfer_leader(rpc).await)
     }
 
+    async fn version(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let m = req.get_ref();
+        self.check(m.from, m.to)?;
+        self.reply(&super::version::SUPPORTED)
+    }
+
     async fn install_snapshot(&self, req: Request<Streaming<SnapshotChunk>>) -> Result<Response<RaftMessage>, Status> {
         let mut stream = req.into_inner();
         let io = |e: std::io::Error| Status::internal(e.to_string());

@@ -13,8 +13,9 @@ use openraft::{EntryPayload, OptionalSend};
 use super::codec::io_err;
 use super::shard::CachedStore;
 use super::state_machine::{Shards, SmShared, StateMachine};
-use crate::queue::{ApplyContext, Effects, Response};
+use crate::queue::{ApplyContext, Command, Effects, Response};
 use crate::raft::types::{Entry, StoredMembership, TypeConfig};
+use crate::raft::version;
 
 impl StateMachine {
     /// `RaftStateMachine::apply`: applies the entries off the async runtime, answers each entry's responder,
@@ -88,6 +89,9 @@ impl StateMachine {
                         Response::None
                     }
                     EntryPayload::Normal(req) => {
+                        if let Command::SetClusterVersion { version } = req.command {
+                            version::check_can_apply(version)?;
+                        }
                         let mut cx = ApplyContext::new(idx, req, &mut fx);
                         for i in 0..cores.len() {
                             if behind[i] {

@@ -49,6 +49,12 @@ fn new_task(i: u16, max_attempts: u32) -> NewTask {
     }
 }
 
+/// Applies the switch to cluster version 1 at `index`, after which snapshots carry v1 records.
+async fn raise_cluster_version(sm: &mut StateMachine, index: u64) {
+    let e = entry(index, 1_100, Command::SetClusterVersion { version: 1 });
+    sm.apply(futures::stream::iter([Ok((e, None))])).await.expect("apply");
+}
+
 fn entry(index: u64, time_ms: TimeMs, command: Command) -> Entry {
     Entry { log_id: log_id(index), payload: openraft::EntryPayload::Normal(Request { time_ms, seed: index, command }) }
 }
@@ -283,7 +289,14 @@ async fn a_v0_snapshot_installs_and_a_v1_snapshot_round_trips() {
     assert_fixture_state(&sm, false);
     assert_eq!(sm.shared.now(), 1_005);
 
-    // Built again by this code: a v1 snapshot, which installs to the same state.
+    // Built again by this code at cluster version 0: v0 records still, as a member of the old binary reads them.
+    let mut again = sm.get_snapshot_builder().await.build_snapshot().await.expect("build").snapshot;
+    let mut magic = [0u8; 11];
+    tokio::io::AsyncSeekExt::seek(&mut again, std::io::SeekFrom::Start(0)).await.expect("seek");
+    again.read_exact(&mut magic).await.expect("read");
+    assert_eq!(&magic, b"RAFTQSNAP2\n", "v0 records until the cluster version is raised");
+    // Once the cluster runs version 1: a v1 snapshot, which installs to the same state.
+    raise_cluster_version(&mut sm, 100).await;
     let built = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
     let mut bytes = Vec::new();
     let mut f = built.snapshot;
@@ -379,6 +392,7 @@ async fn newer_records_and_log_entries_are_refused_by_name() {
 async fn a_newer_snapshot_is_refused_and_the_state_stays() {
     let tmp = copy_v0();
     let (_log, mut sm) = super::open_data_dir(tmp.path(), 1).expect("open");
+    raise_cluster_version(&mut sm, 100).await;
     let built = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
     let meta = built.meta.clone();
     let cur = sm.get_current_snapshot().await.expect("current").expect("some");

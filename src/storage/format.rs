@@ -132,6 +132,34 @@ pub fn decode_as<T: DeserializeOwned>(version: Version, b: &[u8], what: &str) ->
     }
 }
 
+/// `v` in `version`: the current format, or an older one a peer of an older binary reads (a snapshot sent
+/// before the cluster version allows newer records, see [`snapshot_records_for`]).
+pub fn encode_as<T: Serialize>(version: Version, v: &T) -> io::Result<Vec<u8>> {
+    match version {
+        V0 => bincode::serialize(v).map_err(|e| invalid("encoding a record (v0)", e)),
+        _ => encode(v),
+    }
+}
+
+/// A value stored in the current format, as `version` stores it. v1 is v0 behind a version byte, so the v0 form
+/// is the same bytes without it (no decoding).
+pub fn stored_as<'a>(version: Version, b: &'a [u8], what: &str) -> io::Result<&'a [u8]> {
+    match (version, b.split_first()) {
+        (V0, Some((&V1, rest))) => Ok(rest),
+        (V0, _) => Err(invalid(what, "not a v1 value")),
+        _ => Ok(b),
+    }
+}
+
+/// The state a value stores, whatever its format: the bincode body, without a version byte. Replicas whose
+/// files are of different versions (a rolling upgrade) hash the same state alike (`digest`).
+pub fn body(version: Version, b: &[u8]) -> &[u8] {
+    match version {
+        V0 => b,
+        _ => b.get(1..).unwrap_or_default(),
+    }
+}
+
 /// The upgrade path: a value stored in `version`, decoded, and its bytes in the current format (borrowed when
 /// they already are). v1 records are v0 records behind a version byte, so upgrading re-encodes the decoded value.
 pub fn upgrade<'a, T: Serialize + DeserializeOwned>(
@@ -260,6 +288,8 @@ pub fn upgrade_shard_file(txn: &WriteTransaction, found: Option<Version>) -> io:
 pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
     if RecordKey::is_schedule(key) {
         Ok(upgrade::<Schedule>(version, v, "schedule record")?.1)
+    } else if key == RecordKey::CLUSTER_VERSION {
+        Ok(upgrade::<u32>(version, v, "cluster version record")?.1)
     } else {
         Ok(upgrade::<()>(version, v, "shard record")?.1)
     }
@@ -319,6 +349,26 @@ pub struct SnapshotLayout {
     pub records: Version,
     /// Whether the file ends with the SHA-256 of every byte before it.
     pub digest: bool,
+}
+
+/// The version of the records in the snapshots a cluster at `cluster_version` builds: they are sent to every
+/// member, and a member of a binary from before cluster versions (cluster version 0) reads only v0 records. The
+/// cluster version rises past 0 only once every member's binary reads v1.
+pub fn snapshot_records_for(cluster_version: u32) -> Version {
+    if cluster_version == 0 {
+        V0
+    } else {
+        CURRENT
+    }
+}
+
+/// The magic of a snapshot file whose records are of `records`: layout 2 for v0 records (what a build from before
+/// versions reads), [`SNAPSHOT_MAGIC`] otherwise. Both end with a digest.
+pub fn snapshot_magic(records: Version) -> &'static [u8] {
+    match records {
+        V0 => b"RAFTQSNAP2\n",
+        _ => SNAPSHOT_MAGIC,
+    }
 }
 
 /// The layout of a snapshot file from its first [`SNAPSHOT_MAGIC_LEN`] bytes.

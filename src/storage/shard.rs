@@ -84,6 +84,9 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value(), "schedule record")?);
         }
+        if k.value() == RecordKey::CLUSTER_VERSION {
+            core.index_cluster_version(decode(v.value(), "cluster version record")?);
+        }
     }
     let tasks = txn.open_table(TASKS).map_err(io_err)?;
     for item in tasks.iter().map_err(io_err)? {
@@ -302,6 +305,11 @@ impl TaskStore for CachedStore<'_> {
 
     fn remove_paused(&mut self, qk: &QueueKey) -> io::Result<()> {
         self.dirty.records.insert(RecordKey::paused(qk), None);
+        Ok(())
+    }
+
+    fn put_cluster_version(&mut self, version: u32) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::CLUSTER_VERSION.to_vec(), Some(encode(&version)?));
         Ok(())
     }
 }

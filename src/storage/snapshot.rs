@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec::io_err;
 use super::files::{self, snap_dir, sync_dir};
-use super::format::{self, encode};
+use super::format;
 use super::shard::{self, ShardMeta};
 use super::state_machine::{Shards, SmShared, StateMachine};
 use super::tables::*;
@@ -101,6 +101,8 @@ pub struct SnapshotBuilder {
     txns: Vec<ReadTransaction>,
     header: SnapHeader,
     dir: PathBuf,
+    /// The version of the records written: what every member can read (`format::snapshot_records_for`).
+    records: format::Version,
 }
 
 impl SnapshotBuilder {
@@ -114,32 +116,35 @@ impl SnapshotBuilder {
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
         let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
-        w.write_all(format::SNAPSHOT_MAGIC)?;
-        write_frame(&mut w, FRAME_HEADER, &encode(&self.header)?)?;
+        let version = self.records;
+        let value =
+            |v: &'_ [u8]| -> io::Result<Vec<u8>> { Ok(format::stored_as(version, v, "stored record")?.to_vec()) };
+        w.write_all(format::snapshot_magic(version))?;
+        write_frame(&mut w, FRAME_HEADER, &format::encode_as(version, &self.header)?)?;
         let mut records: u64 = 0;
         for txn in &self.txns {
             let tasks = txn.open_table(TASKS).map_err(io_err)?;
             for item in tasks.iter().map_err(io_err)? {
                 let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_TASK, v.value())?;
+                write_frame(&mut w, FRAME_TASK, format::stored_as(version, v.value(), "task record")?)?;
                 records += 1;
             }
             let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
             for item in keys.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), v.value())?)?;
+                write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), &value(v.value())?)?)?;
                 records += 1;
             }
             let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
             for item in outbox.iter().map_err(io_err)? {
                 let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
+                write_frame(&mut w, FRAME_WEBHOOK, format::stored_as(version, v.value(), "webhook record")?)?;
                 records += 1;
             }
             let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
             for item in recs.iter().map_err(io_err)? {
                 let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), v.value())?)?;
+                write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), &value(v.value())?)?)?;
                 records += 1;
             }
         }
@@ -189,6 +194,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 now: self.header.now,
             },
             dir: self.dir.clone(),
+            records: self.records,
         };
         let (meta, path) = tokio::task::spawn_blocking(move || me.write()).await.map_err(io_err)??;
         let file = tokio::fs::File::open(&path).await?;
@@ -324,7 +330,9 @@ impl StateMachine {
             shared.with_flushed(true, |g| {
                 let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
                 let (last_applied, membership) = g.applied();
-                Ok(SnapshotBuilder { txns, header: SnapHeader { last_applied, membership, now: g.now() }, dir })
+                let header = SnapHeader { last_applied, membership, now: g.now() };
+                let records = format::snapshot_records_for(g.cluster_version());
+                Ok(SnapshotBuilder { txns, header, dir, records })
             })
         })
         .await;
@@ -337,6 +345,7 @@ impl StateMachine {
                     txns: vec![],
                     header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
                     dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
+                    records: format::CURRENT,
                 }
             }
             Err(e) => panic!("snapshot preparation panicked: {e}"),

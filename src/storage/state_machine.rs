@@ -74,6 +74,11 @@ impl Shards {
         (m.last_applied, m.membership.clone())
     }
 
+    /// The cluster version every shard has applied.
+    pub fn cluster_version(&self) -> u32 {
+        self.cores.iter().map(|c| c.cluster_version).min().unwrap_or(0)
+    }
+
     pub fn now(&self) -> TimeMs {
         self.cores.iter().map(|c| c.now).max().unwrap_or(0)
     }
@@ -109,6 +114,11 @@ pub struct SmShared {
 impl SmShared {
     pub fn read(&self) -> RwLockReadGuard<'_, Shards> {
         self.shards.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cluster version this replica has applied (`raft::version`).
+    pub fn cluster_version(&self) -> u32 {
+        self.read().cluster_version()
     }
 
     /// The shards for a change: apply, a snapshot's sync, an install's swap.

@@ -72,6 +72,8 @@ impl RecordKey {
     pub const PAUSED: u8 = b'p';
     /// `s` + 16-byte schedule id: a schedule (bincode `Schedule`), in the shard of its id.
     pub const SCHEDULE: u8 = b's';
+    /// `v`: the cluster version in force (bincode `u32`), in every shard. Absent: version 0.
+    pub const CLUSTER_VERSION: &'static [u8] = b"v";
 
     pub fn schedule(id: &TaskId) -> Vec<u8> {
         let mut v = vec![Self::SCHEDULE];

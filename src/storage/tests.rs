@@ -349,3 +349,71 @@ async fn reads_see_unflushed_changes_and_a_reopen_finds_them_written() {
     assert_eq!(listed(&sm), before);
     assert_eq!(sm.shared.digest().expect("digest"), (applied, digest, tasks));
 }
+
+/// The snapshot file of a built snapshot, whole.
+async fn snapshot_bytes(sm: &mut StateMachine) -> (crate::raft::types::Snapshot, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let mut bytes = Vec::new();
+    snap.snapshot.seek(std::io::SeekFrom::Start(0)).await.expect("seek");
+    snap.snapshot.read_to_end(&mut bytes).await.expect("read");
+    snap.snapshot.seek(std::io::SeekFrom::Start(0)).await.expect("seek");
+    (snap, bytes)
+}
+
+fn set_version(index: u64, version: u32) -> Entry {
+    entry(index, Request { time_ms: 1_400, seed: index, command: Command::SetClusterVersion { version } })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_keep_v0_records_until_the_cluster_version_is_raised_and_the_version_travels() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    assert_eq!(leader.shared.cluster_version(), 0, "a cluster starts at version 0");
+
+    // At version 0 a member of an older binary may receive the snapshot: layout 2, records without a version
+    // byte (its first task frame decodes as bare bincode, as the older binary decodes it).
+    let (_, bytes) = snapshot_bytes(&mut leader).await;
+    assert!(bytes.starts_with(b"RAFTQSNAP2\n"), "{:?}", &bytes[..11]);
+    let mut at = 11;
+    let frame = |at: &mut usize| {
+        let (kind, len) = (bytes[*at], u32::from_be_bytes(bytes[*at + 1..*at + 5].try_into().expect("4")) as usize);
+        *at += 5 + len;
+        (kind, &bytes[*at - len..*at])
+    };
+    let _header = frame(&mut at);
+    let (kind, body) = frame(&mut at);
+    assert_eq!(kind, 2, "a task frame follows the header");
+    let task: Task = bincode::deserialize(body).expect("a v0 task record");
+    assert!(dump(&leader).contains_key(&task.id));
+
+    // The switch: raised once, never lowered, kept by every shard across a reopen.
+    apply(&mut leader, vec![set_version(8, 1), set_version(9, 0)]).await;
+    assert_eq!(leader.shared.cluster_version(), 1);
+    let (snap, bytes) = snapshot_bytes(&mut leader).await;
+    assert!(bytes.starts_with(crate::storage::format::SNAPSHOT_MAGIC), "v1 records once the cluster runs version 1");
+
+    // A follower installs it and runs at the same version; so does a reopen.
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(follower.shared.cluster_version(), 1);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
+    drop(follower);
+    assert_eq!(StateMachine::open(b.path(), 3).expect("reopen").shared.cluster_version(), 1);
+    drop(leader);
+    assert_eq!(StateMachine::open(a.path(), 2).expect("reopen").shared.cluster_version(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_version_past_this_binary_stops_apply_and_changes_nothing() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut sm = populated(a.path(), 2).await;
+    let before = sm.shared.digest().expect("digest");
+    let next = crate::raft::version::SUPPORTED + 1;
+    let stream = futures::stream::iter([Ok((set_version(8, next), None))]);
+    let msg = sm.apply(stream).await.expect_err("a version this binary cannot apply").to_string();
+    assert!(msg.contains(&format!("cluster runs at version {next}")), "{msg}");
+    assert_eq!(sm.shared.digest().expect("digest"), before, "nothing applied");
+    assert_eq!(sm.shared.cluster_version(), 0);
+}

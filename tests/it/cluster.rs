@@ -660,3 +660,30 @@ async fn sigterm_ends_a_node_in_bounded_time_whatever_it_has_in_flight() {
     calls.iter().for_each(|j| j.abort());
     c.node(f2).signal("CONT");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_one_binary_raises_its_cluster_version_through_the_log() {
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    // Every member answers the gate with this binary's version, so the leader switches at once; the switch is a
+    // log entry, so every replica ends at the same version (and the same digest).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut versions = Vec::new();
+        for id in 1..=3 {
+            let s = c.node(id).status().await.expect("status");
+            versions.push((s.version, s.cluster_version));
+        }
+        if versions.iter().all(|v| *v == (1, 1)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster version was never raised: {versions:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.wait_digests_agree(Duration::from_secs(20)).await;
+    // It survives a restart of the leader: the version is replicated state, not a node's memory.
+    c.node(leader).terminate();
+    c.node(leader).start();
+    c.node(leader).ready().await;
+    assert_eq!(c.node(leader).status().await.expect("status").cluster_version, 1);
+}

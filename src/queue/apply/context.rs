@@ -112,6 +112,7 @@ pub enum PartialResponse {
     Resolved(u64),
     Schedule(Option<ItemResult<Option<Box<Schedule>>>>),
     Fired(bool),
+    ClusterVersion(u32),
 }
 
 impl PartialResponse {
@@ -129,6 +130,7 @@ impl PartialResponse {
             Command::ResolveDependencies(_) => PartialResponse::Resolved(0),
             Command::CreateSchedule(_) | Command::UpdateSchedule { .. } => PartialResponse::Schedule(None),
             Command::FireSchedule { .. } => PartialResponse::Fired(false),
+            Command::SetClusterVersion { version } => PartialResponse::ClusterVersion(*version),
         }
     }
 
@@ -152,6 +154,7 @@ impl PartialResponse {
             PartialResponse::Resolved(n) => Response::Resolved(n),
             PartialResponse::Schedule(v) => Response::Schedule(v.unwrap_or(Err(Rejected::NotFound))),
             PartialResponse::Fired(f) => Response::Fired(f),
+            PartialResponse::ClusterVersion(v) => Response::ClusterVersion(v),
         }
     }
 }

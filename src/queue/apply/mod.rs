@@ -18,6 +18,7 @@
 //! | `ResolveDependencies`                  | `dependencies.rs`                  |
 //! | `CreateSchedule`, `UpdateSchedule`, `FireSchedule` | `schedules.rs`         |
 //! | `WebhookOutcome` (and outbox writes)   | `webhooks.rs`                      |
+//! | `SetClusterVersion`                    | `version.rs`                       |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -33,6 +34,7 @@ mod lifecycle;
 mod pause;
 mod schedules;
 mod tick;
+mod version;
 mod webhooks;
 
 pub use context::{ApplyContext, Effects, EventCounts, PartialResponse, RevokedLease};
@@ -99,6 +101,9 @@ impl ShardCore {
             }
             (Command::WebhookOutcome(reports), Out::WebhooksRecorded(n)) => {
                 self.apply_webhook_outcome(store, cx, reports, n)
+            }
+            (Command::SetClusterVersion { version }, Out::ClusterVersion(now)) => {
+                self.apply_set_cluster_version(store, *version, now)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

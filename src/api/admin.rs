@@ -27,6 +27,8 @@ pub struct AdminApi {
     pub shared: Arc<SmShared>,
     pub fwd: Arc<Forwarder>,
     pub node_id: u64,
+    /// Asks a joining node which cluster version its binary applies.
+    pub peers: crate::raft::network::Network,
 }
 
 type Res<T> = Result<Response<T>, Status>;
@@ -78,6 +80,18 @@ impl AdminApi {
         let pb::AddNodeRequest { node_id, raft_addr, api_addr, learner_only } = req.into_inner();
         if node_id == 0 || raft_addr.is_empty() || api_addr.is_empty() {
             return Err(invalid("add-node needs a node id > 0, a raft address and an api address"));
+        }
+        // After a cluster version switch, a node of an older binary could not apply the log: refused up front.
+        let active = self.shared.cluster_version();
+        if active > 0 {
+            if let Ok(version) = self.peers.peer_version(node_id, &raft_addr).await {
+                if version < active {
+                    return Err(ApiError::MembershipUnsafe(format!(
+                        "node {node_id} runs a binary of cluster version {version} and the cluster runs at version \
+                         {active}: it could not apply the log; upgrade it first"
+                    )));
+                }
+            }
         }
         control::add_node(&self.raft, node_id, NodeInfo { raft_addr, api_addr }, learner_only).await?;
         Ok(self.membership_response())

@@ -24,6 +24,7 @@ fn example(schema: &str) -> Value {
         "Claim" => json!({"worker_id": "w", "queues": ["oa"], "count": 1}),
         "Ack" => json!({"token": "1"}),
         "Selection" => json!({"all": true}),
+        "Group" => json!({"error": "boom"}),
         "Transfer" => json!({}),
         "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),

@@ -47,7 +47,9 @@ function table(head, rows, numeric) {
 }
 function button(label, action, opts) {
   opts = opts || {};
-  return h("button", { type: "button", class: opts.danger ? "danger" : null, "data-action": opts.id || null, onclick: async (ev) => {
+  // `data-action` marks the buttons that change something (a read-only token must see none); `nav` ones only move.
+  return h("button", { type: "button", class: opts.danger ? "danger" : null, id: opts.nav ? opts.id : null,
+    "data-action": opts.nav ? null : opts.id || "change", onclick: async (ev) => {
     if (opts.confirm && !window.confirm(opts.confirm)) return;
     ev.target.disabled = true;
     try { await action(); } catch (e) { say(e.message, "error"); } finally { ev.target.disabled = false; }
@@ -109,7 +111,7 @@ function signInPage() {
   h("p", { id: "token-help", class: "muted" }, "The token stays in this browser tab (session storage) and is sent only to this server."),
   h("div", { class: "actions" },
     h("button", { type: "submit", id: "signin-submit" }, "Sign in"),
-    button("Continue without a token", () => tryToken(""), { id: "open" })));
+    button("Continue without a token", () => tryToken(""), { id: "open", nav: true })));
   show(form);
   area.focus();
 }
@@ -270,8 +272,8 @@ async function queuePage([queue], query) {
     link("#/dead/" + enc(queue), "Dead letters by error"));
   const rows = page.tasks.map(t => [link("#/task/" + enc(t.id), t.id), t.state, `${t.attempts}/${t.max_attempts}`, when(t.created_at_ms), when(t.updated_at_ms), (t.last_error || "").slice(0, 80)]);
   const pager = h("div", { class: "actions" },
-    tokens.length ? button("Previous page", () => go({ pages: tokens.slice(0, -1) }), { id: "prev" }) : null,
-    page.next_page_token ? button("Next page", () => go({ pages: [...tokens, page.next_page_token] }), { id: "next" }) : null);
+    tokens.length ? button("Previous page", () => go({ pages: tokens.slice(0, -1) }), { id: "prev", nav: true }) : null,
+    page.next_page_token ? button("Next page", () => go({ pages: [...tokens, page.next_page_token] }), { id: "next", nav: true }) : null);
   show(h("h1", {}, "Queue ", queue, q.paused ? h("span", { class: "paused" }, "paused") : null), actions, filters,
     table(["Task", "State", "Attempts", "Created", "Updated", "Last error"], rows), pager);
 }

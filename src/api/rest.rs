@@ -69,8 +69,8 @@ rest_routes! {
     post "/v1/queues/{queue}/dead-letters/redrive" => redrive;
     post "/v1/queues/{queue}/dead-letters/purge" => purge;
     get "/v1/queues/{queue}/dead-letters/groups" => dead_letter_groups;
-    post "/v1/queues/{queue}/dead-letters/groups/redrive" => redrive_group;
-    post "/v1/queues/{queue}/dead-letters/groups/purge" => purge_group;
+    post "/v1/queues/{queue}/dead-letters/groups/redrive" => group_as(GroupAction::Redrive);
+    post "/v1/queues/{queue}/dead-letters/groups/purge" => group_as(GroupAction::Purge);
     post "/v1/queues/{queue}/pause" => pause_queue;
     post "/v1/queues/{queue}/resume" => resume_queue;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
@@ -426,6 +426,7 @@ enum AckKind {
     Exception,
 }
 
+/// The future of a handler built for one variant of a route family (`ack_as`, `group_as`).
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Res> + Send>>;
 
 /// The handler of one ack route.
@@ -613,37 +614,36 @@ async fn group_selection(
     Ok((!ids.is_empty()).then_some(pb::DeadLetterSelection { queue, ids, all: false }))
 }
 
-/// `POST /v1/queues/{queue}/dead-letters/groups/redrive {"error"}`: redrives every dead letter of the group.
-async fn redrive_group(
-    State(r): State<Rest>,
-    headers: HeaderMap,
-    Path(queue): Path<String>,
-    Body(b): Body<GroupBody>,
-) -> Res {
-    // The scope is checked before the listing, so a token that may not redrive learns nothing from trying.
-    let req = request(&r, &headers, ())?;
-    super::grpc::caller_with(&req, crate::auth::Scope::Enqueue)?;
-    let ids = match group_selection(&r, &headers, queue, &b.error).await? {
-        Some(sel) => r.tasks.redrive(request(&r, &headers, sel)?).await?.ids,
-        None => vec![],
-    };
-    ok(json!({"redriven": ids}))
+/// What a group route does to every dead letter of the group.
+#[derive(Debug, Clone, Copy)]
+enum GroupAction {
+    Redrive,
+    Purge,
 }
 
-/// `POST /v1/queues/{queue}/dead-letters/groups/purge {"error"}`: deletes every dead letter of the group.
-async fn purge_group(
-    State(r): State<Rest>,
-    headers: HeaderMap,
-    Path(queue): Path<String>,
-    Body(b): Body<GroupBody>,
-) -> Res {
-    let req = request(&r, &headers, ())?;
-    super::grpc::caller_with(&req, crate::auth::Scope::Admin)?;
-    let ids = match group_selection(&r, &headers, queue, &b.error).await? {
-        Some(sel) => r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?.ids,
-        None => vec![],
+/// The handler of one group route: `POST /v1/queues/{queue}/dead-letters/groups/{redrive|purge} {"error"}`.
+fn group_as(
+    action: GroupAction,
+) -> impl Fn(State<Rest>, HeaderMap, Path<String>, Body<GroupBody>) -> AckFuture + Clone + Send + Sync + 'static {
+    move |State(r), headers, Path(queue), Body(b)| Box::pin(act_on_group(r, headers, queue, b.error, action))
+}
+
+/// Redrives (scope `enqueue`) or purges (`admin`) every dead letter of the group with this last error.
+async fn act_on_group(r: Rest, headers: HeaderMap, queue: String, error: String, action: GroupAction) -> Res {
+    let (scope, key) = match action {
+        GroupAction::Redrive => (crate::auth::Scope::Enqueue, "redriven"),
+        GroupAction::Purge => (crate::auth::Scope::Admin, "purged"),
     };
-    ok(json!({"purged": ids}))
+    // The scope is checked before the listing, so a token that may not act learns nothing from trying.
+    super::grpc::caller_with(&request(&r, &headers, ())?, scope)?;
+    let ids = match group_selection(&r, &headers, queue, &error).await? {
+        None => vec![],
+        Some(sel) => match action {
+            GroupAction::Redrive => r.tasks.redrive(request(&r, &headers, sel)?).await?.ids,
+            GroupAction::Purge => r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?.ids,
+        },
+    };
+    ok(json!({ key: ids }))
 }
 
 fn node_status_json(s: &pb::NodeStatus) -> Value {

@@ -11,17 +11,8 @@ use crate::support::*;
 
 const SECRET: &str = "an-hs256-secret-for-the-console-test-0123456789";
 
-fn token(tenant: &str, scopes: &[Scope]) -> String {
-    let spec = raftq::auth::TokenSpec {
-        subject: "console",
-        tenant,
-        scopes,
-        queues: None,
-        ttl_s: 600,
-        issuer: None,
-        audience: None,
-    };
-    raftq::auth::issue(SECRET.as_bytes(), None, &spec).expect("token")
+fn token(tenant: &str, scopes: &[raftq::auth::Scope]) -> String {
+    hs256_token(SECRET, tenant, scopes)
 }
 
 async fn start() -> TestNode {

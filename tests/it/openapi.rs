@@ -109,18 +109,8 @@ async fn openapi_document_matches_the_routes_the_server_serves() {
 
 const SECRET: &str = "an-hs256-secret-for-the-openapi-test-0123456789";
 
-/// A token for tenant `tenant` with `scopes`.
 fn token(tenant: &str, scopes: &[raftq::auth::Scope]) -> String {
-    let spec = raftq::auth::TokenSpec {
-        subject: "openapi",
-        tenant,
-        scopes,
-        queues: None,
-        ttl_s: 600,
-        issuer: None,
-        audience: None,
-    };
-    raftq::auth::issue(SECRET.as_bytes(), None, &spec).expect("token")
+    hs256_token(SECRET, tenant, scopes)
 }
 
 /// One request with an optional bearer token and a raw body: status and body text.

@@ -20,6 +20,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -119,8 +120,10 @@ def claim_one(base, tok, queue, worker="w1"):
 def seed(base, tok):
     """Tasks of `emails` in every state (one worked at a time, so each claim takes the task just made)."""
     def enqueue(**kw):
-        return ok(base, tok, "POST", "/v1/tasks", {"queue": "emails", "payload": "To: ada@example.com", **kw},
-                  want=201)["task_id"]
+        body = {"queue": "emails", **kw}
+        if "payload_base64" not in kw:
+            body["payload"] = "To: ada@example.com"
+        return ok(base, tok, "POST", "/v1/tasks", body, want=201)["task_id"]
 
     def worked(ack, body, **kw):
         tid = enqueue(max_attempts=1, **kw)
@@ -154,7 +157,9 @@ def browser():
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     d = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
-    d.set_window_size(1280, 800)
+    # The page's viewport itself 1280×800 (what the screenshots show), whatever the window's frame takes.
+    d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                      {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
     return d
 
 
@@ -167,7 +172,19 @@ class Console:
         return WebDriverWait(self.d, limit).until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
 
     def until(self, what, f, limit=WAIT_S):
-        return WebDriverWait(self.d, limit).until(lambda _: f(), message=what)
+        # The pages redraw while polling: an element found a moment ago may be gone; look again.
+        return WebDriverWait(self.d, limit, ignored_exceptions=[StaleElementReferenceException]).until(
+            lambda _: f(), message=what)
+
+    def text(self, css):
+        return self.d.find_element(By.CSS_SELECTOR, css).text
+
+    def wait_text(self, css, *parts, limit=WAIT_S):
+        """Waits until the element shows every part; on timeout says what it showed."""
+        try:
+            self.until(f"{css} to show {parts}", lambda: all(p in self.text(css) for p in parts), limit)
+        except TimeoutException:
+            raise AssertionError(f"{css} does not show {parts}: {self.text(css)!r}") from None
 
     def go(self, hash_):
         self.d.get(self.base + "/ui/" + hash_)
@@ -258,8 +275,7 @@ def single_node(tmp, d):
 
         # A dead-lettered task, then its error group, redriven.
         c.go("#/task/" + dead[0])
-        c.until("the task page", lambda: dead[0] in c.find("#task-id").text)
-        assert "smtp: connection refused" in c.find("#facts").text
+        c.wait_text("main", dead[0], "smtp: connection refused")
         c.shot("task")
         c.find("main a[href^='#/dead/']").click()
         row = c.until("the smtp group", lambda: next(
@@ -268,27 +284,26 @@ def single_node(tmp, d):
         assert row.find_elements(By.TAG_NAME, "td")[1].text == "2"
         c.shot("dead-letters")
         row.find_element(By.CSS_SELECTOR, "button[data-action=redrive-group]").click()
-        c.until("the redrive to be reported", lambda: "Redrove 2 tasks" in c.find("#status").text)
+        c.wait_text("#status", "Redrove 2 tasks")
         groups = ok(base, admin, "GET", "/v1/queues/emails/dead-letters/groups")["groups"]
         assert [g["error"] for g in groups] == ["bad address"], groups
 
         # A worker completes the redriven tasks; the task page shows it.
         c.go("#/task/" + dead[0])
-        c.until("the task pending again", lambda: "PENDING" in c.find("#facts").text)
+        c.wait_text("main", dead[0], "PENDING")
         done = set()
         while len(done) < 2:
             t = claim_one(base, admin, "emails", worker="console-worker")
             ok(base, admin, "POST", f"/v1/tasks/{t['id']}/complete", {"token": t["lease"]["token"],
                                                                        "result": "delivered"})
             done.add(t["id"]) if t["id"] in dead else None
-        c.until("the task page to show COMPLETED",
-                lambda: "COMPLETED" in c.find("#facts").text and "delivered" in c.find("main").text, limit=15)
+        c.wait_text("main", "COMPLETED", "delivered", limit=15)
 
         c.go("#/schedules")
-        c.until("the schedule", lambda: "nightly-report" in c.find("main").text)
+        c.wait_text("main", "nightly-report")
         c.shot("schedules")
         c.go("#/cluster")
-        c.until("the cluster table", lambda: "LEADER" in c.find("main").text)
+        c.wait_text("main", "LEADER")
         c.shot("cluster-single")
 
         # A read-only token: every page without an action button, and its POSTs refused.

@@ -22,11 +22,11 @@ function h(tag, attrs, ...kids) {
     if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
     else e.setAttribute(k, v === true ? "" : v);
   }
-  for (const k of kids.flat()) if (k !== null && k !== undefined && k !== false) e.append(k instanceof Node ? k : String(k));
+  for (const k of kids.flat(Infinity)) if (k !== null && k !== undefined && k !== false) e.append(k instanceof Node ? k : String(k));
   return e;
 }
 const main = () => document.getElementById("main");
-function show(...nodes) { main().replaceChildren(...nodes); }
+function show(...nodes) { main().replaceChildren(...nodes.flat(Infinity).filter(n => n !== null && n !== undefined && n !== false)); }
 function say(msg, kind) {
   const s = document.getElementById("status");
   s.textContent = msg || "";

@@ -4,7 +4,8 @@ A single node with authentication on and tasks in every state: sign in with a to
 the API's, a dead-lettered task is opened and its error group redriven, a worker (REST claim/complete, here)
 completes it and the task page shows it; a read-only token sees no action button and its POSTs are refused;
 another tenant sees none of it; no URL the browser requested carries the token; every console answer carries the
-CSP. Then a 3-node cluster: the cluster page, opened on a follower, follows a leadership transfer made from it.
+CSP. A node without authentication is used without a token. Then a 3-node cluster: the cluster page, opened on a
+follower, follows a leadership transfer made from it.
 """
 
 import json
@@ -43,14 +44,14 @@ def free_port():
 class Node:
     """One `raftq serve` process on ephemeral ports; `peers` makes it a member of a cluster."""
 
-    def __init__(self, data, secret, node_id=1, ports=None, peers=None):
+    def __init__(self, data, secret, node_id=1, ports=None, peers=None, auth=True):
         self.id = node_id
         self.grpc, self.raft, self.http = ports or (free_port(), free_port(), free_port())
         self.url = f"http://127.0.0.1:{self.http}"
         cmd = [BIN, "serve", "--data-dir", data, "--node-id", str(node_id),
                "--grpc-addr", f"127.0.0.1:{self.grpc}", "--raft-addr", f"127.0.0.1:{self.raft}",
                "--http-addr", f"127.0.0.1:{self.http}",
-               "--auth-hs256-secret-file", secret, "--auth-hs256-secret-create"]
+               *(["--auth-hs256-secret-file", secret, "--auth-hs256-secret-create"] if auth else ["--auth", "none"])]
         for p in peers or []:
             cmd += ["--peer", p]
         self.log = open(data + ".log", "wb")
@@ -340,6 +341,25 @@ def single_node(tmp, d):
         node.stop()
 
 
+def without_auth(tmp, d):
+    """A node started with --auth none: the console works without a token."""
+    node = Node(os.path.join(tmp, "open"), None, auth=False)
+    try:
+        wait_for("the node to be ready", lambda: call(node.url, None, "GET", "/readyz")[0] == 200)
+        ok(node.url, None, "POST", "/v1/tasks", {"queue": "open-queue", "payload": "x"}, want=201)
+        c = Console(d, node.url)
+        d.get(node.url + "/ui/")
+        d.execute_script("sessionStorage.clear()")
+        d.get(node.url + "/ui/")
+        c.find("#open").click()
+        c.find("#queues table")
+        c.wait_text("#queues", "open-queue")
+        c.wait_text("#who", "no authentication")
+        print("no authentication: the console works without a token")
+    finally:
+        node.stop()
+
+
 def three_nodes(tmp, d):
     secret = os.path.join(tmp, "cluster-secret.hs256")
     ports = {i: (free_port(), free_port(), free_port()) for i in (1, 2, 3)}
@@ -382,6 +402,7 @@ def main():
     d = browser()
     try:
         single_node(tmp, d)
+        without_auth(tmp, d)
         three_nodes(tmp, d)
     finally:
         d.quit()

@@ -23,6 +23,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -197,7 +198,12 @@ class Console:
         area = self.find("#token")
         # Pasted, as a user would (send_keys of a long JWT types it slowly and the same).
         self.d.execute_script("arguments[0].value = arguments[1]", area, tok)
-        self.find("#signin-submit").click()
+        # With the keyboard only: the field has the focus, Tab reaches the button, Enter presses it.
+        assert self.d.switch_to.active_element == area
+        area.send_keys(Keys.TAB)
+        focused = self.d.switch_to.active_element
+        assert focused.get_attribute("id") == "signin-submit", focused.get_attribute("outerHTML")
+        focused.send_keys(Keys.ENTER)
         self.find("#nav:not([hidden])")
 
     def shot(self, name, docs=True):
@@ -322,6 +328,16 @@ def single_node(tmp, d):
               .then(r => r.json().then(b => done([r.status, b.error.code])));
         """)
         assert refused == [403, "SCOPE_REQUIRED"], refused
+
+        # On a phone: nothing wider than the screen but the tables, which scroll inside their box.
+        d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                          {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True})
+        c.go("#/queue/emails")
+        c.find("#f-state")
+        wide = d.execute_script("return document.documentElement.scrollWidth")
+        assert wide <= 390, f"the queue page is {wide} px wide on a 390 px screen"
+        d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                          {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
 
         # Another tenant sees only its own queue.
         c.sign_in(other)

@@ -510,7 +510,9 @@ pub fn schemas() -> Map<String, Value> {
                     ("applied_index", int()),
                     ("committed_index", int()),
                     ("replication_lag", json!({"type": "object"})),
-                    ("version", string()),
+                    ("version", int()),
+                    ("cluster_version", int()),
+                    ("release", string()),
                     (
                         "nodes",
                         array(object(
@@ -526,6 +528,8 @@ pub fn schemas() -> Map<String, Value> {
                                 ("applied_index", int()),
                                 ("committed_index", int()),
                                 ("replication_lag", json!({"type": "object"})),
+                                ("version", int()),
+                                ("cluster_version", int()),
                                 ("error", object(&[("code", string()), ("message", string())], &["code", "message"])),
                             ],
                             &["node_id", "reachable"],

@@ -25,17 +25,17 @@ use crate::queue::{self, Task, TimeMs, WebhookDelivery};
 use crate::raft::types::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// Hashes what passes through it: a snapshot file's digest, written and checked without a second pass.
-struct Hashing<T> {
-    inner: T,
+pub(super) struct Hashing<T> {
+    pub inner: T,
     hash: sha2::Sha256,
 }
 
 impl<T> Hashing<T> {
-    fn new(inner: T) -> Self {
+    pub fn new(inner: T) -> Self {
         Hashing { inner, hash: <sha2::Sha256 as sha2::Digest>::new() }
     }
 
-    fn digest(&self) -> [u8; 32] {
+    pub fn digest(&self) -> [u8; 32] {
         sha2::Digest::finalize(self.hash.clone()).into()
     }
 }
@@ -69,10 +69,10 @@ const FRAME_RECORD: u8 = 5;
 const FRAME_END: u8 = 0xff;
 
 #[derive(Serialize, Deserialize)]
-struct SnapHeader {
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    now: TimeMs,
+pub(super) struct SnapHeader {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub now: TimeMs,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -103,6 +103,67 @@ pub struct SnapshotBuilder {
     dir: PathBuf,
 }
 
+/// Which table a record comes from, for [`write_snapshot`]'s observer (the state digest, `read_view.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Table {
+    Tasks,
+    Keys,
+    Outbox,
+    Records,
+}
+
+/// Shown each record a snapshot writes: its table, its shard, its key and stored value.
+pub(super) type RecordSeen<'a> = dyn FnMut(Table, usize, &[u8], &[u8]) + 'a;
+
+/// Writes a whole snapshot (magic to digest) to `w` from read transactions taken at one applied point, one per
+/// shard in order. `seen` is shown every record as it is written (table, shard, key, value). The one pass over
+/// the records that snapshots and backups (`backup.rs`) make. Returns the count of records written.
+pub(super) fn write_snapshot(
+    txns: &[ReadTransaction],
+    header: &SnapHeader,
+    w: impl Write,
+    seen: &mut RecordSeen<'_>,
+) -> io::Result<u64> {
+    let mut w = Hashing::new(w);
+    w.write_all(format::SNAPSHOT_MAGIC)?;
+    write_frame(&mut w, FRAME_HEADER, &encode(header)?)?;
+    let mut records: u64 = 0;
+    for (i, txn) in txns.iter().enumerate() {
+        let tasks = txn.open_table(TASKS).map_err(io_err)?;
+        for item in tasks.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_TASK, v.value())?;
+            seen(Table::Tasks, i, k.value(), v.value());
+            records += 1;
+        }
+        let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+        for item in keys.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), v.value())?)?;
+            seen(Table::Keys, i, k.value(), v.value());
+            records += 1;
+        }
+        let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+        for item in outbox.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
+            seen(Table::Outbox, i, k.value(), v.value());
+            records += 1;
+        }
+        let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+        for item in recs.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), v.value())?)?;
+            seen(Table::Records, i, k.value(), v.value());
+            records += 1;
+        }
+    }
+    write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
+    let digest = w.digest();
+    w.inner.write_all(&digest)?;
+    Ok(records)
+}
+
 impl SnapshotBuilder {
     fn write(self) -> io::Result<(SnapshotMeta, PathBuf)> {
         let last = self.header.last_applied;
@@ -113,40 +174,8 @@ impl SnapshotBuilder {
         let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
-        let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
-        w.write_all(format::SNAPSHOT_MAGIC)?;
-        write_frame(&mut w, FRAME_HEADER, &encode(&self.header)?)?;
-        let mut records: u64 = 0;
-        for txn in &self.txns {
-            let tasks = txn.open_table(TASKS).map_err(io_err)?;
-            for item in tasks.iter().map_err(io_err)? {
-                let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_TASK, v.value())?;
-                records += 1;
-            }
-            let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
-            for item in keys.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), v.value())?)?;
-                records += 1;
-            }
-            let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
-            for item in outbox.iter().map_err(io_err)? {
-                let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_WEBHOOK, v.value())?;
-                records += 1;
-            }
-            let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
-            for item in recs.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), v.value())?)?;
-                records += 1;
-            }
-        }
-        write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
-        let digest = w.digest();
-        let mut w = w.inner;
-        w.write_all(&digest)?;
+        let mut w = BufWriter::new(fs::File::create(&tmp)?);
+        write_snapshot(&self.txns, &self.header, &mut w, &mut |_, _, _, _| {})?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -208,7 +237,45 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         io::copy(&mut file, &mut out)?;
         out.sync_all()?;
     }
-    let mut r = Hashing::new(BufReader::new(fs::File::open(&keep)?));
+    write_shards(BufReader::new(fs::File::open(&keep)?), &new, shards, |h| ShardMeta {
+        last_applied: meta.last_log_id,
+        membership: meta.last_membership.clone(),
+        now: h.now,
+    })?;
+    fs::File::create(files::complete_marker(&new))?.sync_all()?;
+    sync_dir(&new)?;
+    sync_dir(dir)?;
+
+    // No flush runs meanwhile, and the installed state replaces everything, unflushed changes included.
+    let _one = shared.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = shared.write();
+    g.dbs.clear();
+    files::recover_install(dir)?;
+    *g = Shards::open(&files::sm_dir(dir), shards)?;
+    shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
+    drop(g);
+    publish_current(dir, meta, &keep)?;
+    Ok(())
+}
+
+/// What a snapshot's header says: the applied point it was taken at, and the state machine's time then.
+pub(super) struct Installed {
+    pub last_applied: Option<LogId>,
+    pub now: TimeMs,
+    pub records: u64,
+}
+
+/// The install path: reads a whole snapshot from `r` (magic to digest; nothing after it is read) and writes its
+/// records into `shards` new shard files in `new`, each record decoded and upgraded by `format.rs`. The shard
+/// meta is `meta(header)` with the snapshot's time. Nothing is committed unless the whole snapshot checks out
+/// (count and digest), so a damaged or cut-short one leaves `new` without committed records.
+pub(super) fn write_shards(
+    r: impl Read,
+    new: &Path,
+    shards: usize,
+    meta: impl FnOnce(&Installed) -> ShardMeta,
+) -> io::Result<Installed> {
+    let mut r = Hashing::new(r);
     let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
     r.read_exact(&mut magic)?;
     // Records of an older format are upgraded as they are written into the new shard files.
@@ -220,9 +287,10 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     }
     let header: SnapHeader = format::decode_as(version, &head, "snapshot header")?;
     let dbs: Vec<Database> =
-        (0..shards).map(|i| shard::open_db(&files::shard_path(&new, i))).collect::<io::Result<_>>()?;
+        (0..shards).map(|i| shard::open_db(&files::shard_path(new, i))).collect::<io::Result<_>>()?;
     let txns: Vec<redb::WriteTransaction> =
         dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<_>>()?;
+    let mut records = 0u64;
     {
         let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut keys: Vec<_> =
@@ -231,7 +299,6 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
             txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
         let mut recs: Vec<_> =
             txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut records = 0u64;
         loop {
             let (kind, body) = read_frame(&mut r)?;
             match kind {
@@ -286,8 +353,8 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
             records += 1;
         }
     }
-    let sm_meta =
-        ShardMeta { last_applied: meta.last_log_id, membership: meta.last_membership.clone(), now: header.now };
+    let installed = Installed { last_applied: header.last_applied, now: header.now, records };
+    let sm_meta = meta(&installed);
     for txn in txns {
         {
             let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
@@ -295,21 +362,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         }
         txn.commit().map_err(io_err)?;
     }
-    drop(dbs);
-    fs::File::create(files::complete_marker(&new))?.sync_all()?;
-    sync_dir(&new)?;
-    sync_dir(dir)?;
-
-    // No flush runs meanwhile, and the installed state replaces everything, unflushed changes included.
-    let _one = shared.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
-    let mut g = shared.write();
-    g.dbs.clear();
-    files::recover_install(dir)?;
-    *g = Shards::open(&files::sm_dir(dir), shards)?;
-    shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
-    drop(g);
-    publish_current(dir, meta, &keep)?;
-    Ok(())
+    Ok(installed)
 }
 
 /// The snapshot side of `RaftStateMachine` (the trait impl in `state_machine.rs` calls these).

@@ -40,6 +40,9 @@ use crate::raft::types::{LogId, NodeId, NodeInfo, StoredMembership};
 const TRAILER_MAGIC: &[u8; 8] = b"RAFTQEND";
 /// The trailer (magic and four u64) and the SHA-256 after it.
 const TAIL_LEN: u64 = 8 + 4 * 8 + 32;
+/// Records a restore writes per (unsynced) commit: redb holds a transaction's pages in memory until it commits,
+/// so this bounds a restore's memory whatever the state's size; large enough that commits cost little.
+const RESTORE_COMMIT_RECORDS: u64 = 50_000;
 /// Read and hash buffer: large enough that a pass over a backup is bound by the disk, not by calls.
 const IO_BUF: usize = 1 << 20;
 
@@ -299,7 +302,7 @@ fn write_dir(path: &Path, info: &BackupInfo, target: &RestoreTarget, tmp: &Path)
     let fresh = StoredMembership::new(info.header.applied, membership);
     let mut r = BufReader::with_capacity(IO_BUF, fs::File::open(path)?);
     read_head(&mut r)?;
-    let installed = snapshot::write_shards(&mut r, &sm, shards, |h| ShardMeta {
+    let installed = snapshot::write_shards(&mut r, &sm, shards, Some(RESTORE_COMMIT_RECORDS), |h| ShardMeta {
         last_applied: info.header.applied,
         membership: fresh.clone(),
         now: h.now,
@@ -308,7 +311,9 @@ fn write_dir(path: &Path, info: &BackupInfo, target: &RestoreTarget, tmp: &Path)
         return Err(bad("backup header and snapshot disagree: the file is damaged"));
     }
     // The restored files, read back, must hold the state the source had: its digest at the backup's point.
-    let dbs = (0..shards).map(|i| shard::open_db(&files::shard_path(&sm, i))).collect::<io::Result<Vec<_>>>()?;
+    let lean = Some(snapshot::LEAN_CACHE_BYTES);
+    let dbs =
+        (0..shards).map(|i| shard::open_db_cached(&files::shard_path(&sm, i), lean)).collect::<io::Result<Vec<_>>>()?;
     let (state_digest, tasks) = StateDigest::of_dbs(dbs.iter(), installed.now)?;
     drop(dbs);
     if (state_digest, tasks) != (info.trailer.state_digest, info.trailer.tasks) {

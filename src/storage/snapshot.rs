@@ -237,7 +237,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         io::copy(&mut file, &mut out)?;
         out.sync_all()?;
     }
-    write_shards(BufReader::new(fs::File::open(&keep)?), &new, shards, |h| ShardMeta {
+    write_shards(BufReader::new(fs::File::open(&keep)?), &new, shards, None, |h| ShardMeta {
         last_applied: meta.last_log_id,
         membership: meta.last_membership.clone(),
         now: h.now,
@@ -258,6 +258,10 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     Ok(())
 }
 
+/// The page cache of each shard file a bounded install writes (and a restore reads back): a few MiB keep the
+/// B-tree's upper levels; the rest streams through the OS page cache.
+pub(super) const LEAN_CACHE_BYTES: usize = 16 << 20;
+
 /// What a snapshot's header says: the applied point it was taken at, and the state machine's time then.
 pub(super) struct Installed {
     pub last_applied: Option<LogId>,
@@ -267,12 +271,16 @@ pub(super) struct Installed {
 
 /// The install path: reads a whole snapshot from `r` (magic to digest; nothing after it is read) and writes its
 /// records into `shards` new shard files in `new`, each record decoded and upgraded by `format.rs`. The shard
-/// meta is `meta(header)` with the snapshot's time. Nothing is committed unless the whole snapshot checks out
-/// (count and digest), so a damaged or cut-short one leaves `new` without committed records.
+/// meta is `meta(header)`. With `commit_every: None` nothing is committed unless the whole snapshot checks out
+/// (count and digest), so a damaged or cut-short one leaves `new` without committed records (a follower's
+/// install). With `Some(n)`, the records are committed every `n` records without a sync (the last commit syncs),
+/// which keeps memory flat for a state of any size: for a caller that discards `new` on failure (a restore, which
+/// has checked the whole file first).
 pub(super) fn write_shards(
     r: impl Read,
     new: &Path,
     shards: usize,
+    commit_every: Option<u64>,
     meta: impl FnOnce(&Installed) -> ShardMeta,
 ) -> io::Result<Installed> {
     let mut r = Hashing::new(r);
@@ -286,72 +294,88 @@ pub(super) fn write_shards(
         return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
     }
     let header: SnapHeader = format::decode_as(version, &head, "snapshot header")?;
+    // Bounded batches come with a bounded page cache: redb keeps the pages it wrote in its cache.
+    let cache = commit_every.map(|_| LEAN_CACHE_BYTES);
     let dbs: Vec<Database> =
-        (0..shards).map(|i| shard::open_db(&files::shard_path(new, i))).collect::<io::Result<_>>()?;
-    let txns: Vec<redb::WriteTransaction> =
-        dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<_>>()?;
+        (0..shards).map(|i| shard::open_db_cached(&files::shard_path(new, i), cache)).collect::<io::Result<_>>()?;
+    let begin = || dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<Vec<_>>>();
+    let mut txns = begin()?;
     let mut records = 0u64;
-    {
-        let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut keys: Vec<_> =
-            txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut outboxes: Vec<_> =
-            txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut recs: Vec<_> =
-            txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
-        loop {
-            let (kind, body) = read_frame(&mut r)?;
-            match kind {
-                FRAME_TASK => {
-                    let (t, v) = format::upgrade::<Task>(version, &body, "task record")?;
-                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_KEY => {
-                    let (k, v) = format::decode_pair(&body)?;
-                    let (rec, v) = format::upgrade::<queue::KeyRecord>(version, &v, "idempotency key record")?;
-                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_WEBHOOK => {
-                    let (d, v) = format::upgrade::<WebhookDelivery>(version, &body, "webhook delivery record")?;
-                    let shard = d.id.task_id.shard(shards);
-                    outboxes[shard].insert(outbox_key(&d.id).as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_RECORD => {
-                    let (k, v) = format::decode_pair(&body)?;
-                    let v = format::upgrade_shard_record(version, &k, &v)?;
-                    let v = v.as_ref();
-                    match RecordKey::shard_of(&k, shards) {
-                        Some(i) => {
-                            recs[i].insert(k.as_slice(), v).map_err(io_err)?;
-                        }
-                        None => {
-                            for r in recs.iter_mut() {
-                                r.insert(k.as_slice(), v).map_err(io_err)?;
+    loop {
+        let mut ended = false;
+        {
+            let mut tasks: Vec<_> =
+                txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut keys: Vec<_> =
+                txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut outboxes: Vec<_> =
+                txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut recs: Vec<_> =
+                txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let batch_end = commit_every.map(|n| records + n);
+            while batch_end.is_none_or(|end| records < end) {
+                let (kind, body) = read_frame(&mut r)?;
+                match kind {
+                    FRAME_TASK => {
+                        let (t, v) = format::upgrade::<Task>(version, &body, "task record")?;
+                        tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_KEY => {
+                        let (k, v) = format::decode_pair(&body)?;
+                        let (rec, v) = format::upgrade::<queue::KeyRecord>(version, &v, "idempotency key record")?;
+                        keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_WEBHOOK => {
+                        let (d, v) = format::upgrade::<WebhookDelivery>(version, &body, "webhook delivery record")?;
+                        let shard = d.id.task_id.shard(shards);
+                        outboxes[shard].insert(outbox_key(&d.id).as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_RECORD => {
+                        let (k, v) = format::decode_pair(&body)?;
+                        let v = format::upgrade_shard_record(version, &k, &v)?;
+                        let v = v.as_ref();
+                        match RecordKey::shard_of(&k, shards) {
+                            Some(i) => {
+                                recs[i].insert(k.as_slice(), v).map_err(io_err)?;
+                            }
+                            None => {
+                                for r in recs.iter_mut() {
+                                    r.insert(k.as_slice(), v).map_err(io_err)?;
+                                }
                             }
                         }
                     }
-                }
-                FRAME_END => {
-                    let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
-                    if want != records {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
-                    }
-                    if layout.digest {
-                        // Nothing is committed before the whole file checks out: a damaged snapshot is refused
-                        // and the installed state stays as it was.
-                        let got = r.digest();
-                        let mut digest = [0u8; 32];
-                        r.inner.read_exact(&mut digest)?;
-                        if digest != got {
-                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
+                    FRAME_END => {
+                        let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
+                        if want != records {
+                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
                         }
+                        if layout.digest {
+                            // Nothing is committed before the whole file checks out: a damaged snapshot is refused
+                            // and the installed state stays as it was.
+                            let got = r.digest();
+                            let mut digest = [0u8; 32];
+                            r.inner.read_exact(&mut digest)?;
+                            if digest != got {
+                                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
+                            }
+                        }
+                        ended = true;
+                        break;
                     }
-                    break;
+                    _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
                 }
-                _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
+                records += 1;
             }
-            records += 1;
         }
+        if ended {
+            break;
+        }
+        // Synced: redb keeps the pages of unsynced commits in memory until a synced one.
+        for txn in std::mem::take(&mut txns) {
+            txn.commit().map_err(io_err)?;
+        }
+        txns = begin()?;
     }
     let installed = Installed { last_applied: header.last_applied, now: header.now, records };
     let sm_meta = meta(&installed);

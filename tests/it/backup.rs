@@ -191,8 +191,9 @@ async fn a_backup_under_load_from_a_follower_restores_into_a_new_three_node_clus
     }
 }
 
-/// A node with some of everything: tasks pending, in progress and completed, idempotency keys, a schedule.
-async fn filled_node() -> (TestNode, Vec<String>) {
+/// A node with some of everything: tasks pending, in progress and completed, idempotency keys, a schedule, and
+/// (the last id) a task in progress on a short lease.
+async fn filled_node() -> (TestNode, Vec<String>, String) {
     let n = TestNode::start().await;
     let mut c = n.client().await;
     let mut ids = Vec::new();
@@ -219,12 +220,16 @@ async fn filled_node() -> (TestNode, Vec<String>) {
         ..Default::default()
     };
     JobsClient::new(ch).create_schedule(sched).await.expect("schedule");
-    (n, ids)
+    let short = c.enqueue(enq("short", "s")).await.expect("enqueue").into_inner().task_id;
+    let claim =
+        pb::ClaimRequest { worker_id: "w".into(), queues: vec!["short".into()], count: 1, lease_ms: 1_000, wait_ms: 0 };
+    assert_eq!(c.claim(claim).await.expect("claim").into_inner().tasks.len(), 1);
+    (n, ids, short)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_newer_or_misplaced_backups_are_refused_and_nothing_is_half_applied() {
-    let (mut n, ids) = filled_node().await;
+    let (mut n, ids, short) = filled_node().await;
     // Over REST this time: the body is the file.
     let (status, _, good) =
         crate::rest::raw_bytes(n.node().http_addr, "GET", "/v1/admin/backup", &[], String::new()).await;
@@ -238,7 +243,7 @@ async fn damaged_newer_or_misplaced_backups_are_refused_and_nothing_is_half_appl
     };
     let good_file = put("good.backup", &good);
     let info = backup::verify(&good_file).expect("good");
-    assert_eq!(info.trailer.tasks, 300);
+    assert_eq!(info.trailer.tasks, 301);
     let targets = tempfile::tempdir().expect("targets");
     let target = |name: &str, force: bool| RestoreTarget {
         data_dir: targets.path().join(name),
@@ -317,5 +322,17 @@ async fn damaged_newer_or_misplaced_backups_are_refused_and_nothing_is_half_appl
     let ch = channel(&node.grpc_addr.to_string()).await;
     let s = JobsClient::new(ch).list_schedules(pb::ListSchedulesRequest {}).await.expect("schedules").into_inner();
     assert_eq!(s.schedules.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["nightly"]);
+    // A task in progress at the backup keeps its lease; once that has run out the restored leader expires it
+    // and it returns to pending for a retry, as after a failover.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let t = c.get_task(pb::GetTaskRequest { id: short.clone() }).await.expect("task").into_inner();
+        if t.state() == pb::TaskState::Pending {
+            assert_eq!(t.attempts, 1, "the expired attempt counts");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restored lease did not expire: {:?}", t.state());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     node.stop().await;
 }

@@ -49,6 +49,10 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cmd::cluster::ClusterCmd,
     },
+    /// Write a consistent, checksummed backup of the cluster's state to a file (from any node).
+    Backup(cmd::backup::BackupArgs),
+    /// Initialise a new node (and so a new cluster) from a backup file, offline; other nodes join with add-node.
+    Restore(cmd::backup::RestoreArgs),
     /// Tokens: mint one from an HS256 secret (by default the local node's).
     Token {
         #[command(subcommand)]
@@ -97,6 +101,8 @@ async fn run() -> Result<()> {
         Cmd::Cluster { cmd } => cmd::cluster::run(cmd).await,
         Cmd::Token { cmd } => cmd::token::run(cmd),
         Cmd::Data { cmd } => cmd::data::run(cmd),
+        Cmd::Backup(a) => cmd::backup::backup(a).await,
+        Cmd::Restore(a) => cmd::backup::restore(a).await,
         Cmd::Worker(a) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();
@@ -133,6 +139,7 @@ mod cli_tests {
             &["jobs", "list"],
             &["cluster", "status"],
             &["cluster", "digest"],
+            &["backup", "--out", "f"],
             &["worker", "--queue", "q"],
         ];
         for c in commands {

@@ -149,6 +149,37 @@ fn admin(ch: Channel) -> AdminClient<Channel> {
     AdminClient::new(ch)
 }
 
+/// One piece of a backup file (see [`Admin::backup`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct BackupChunk {
+    /// The file's next bytes.
+    pub data: bytes::Bytes,
+    /// Records written so far.
+    pub records: u64,
+    /// The applied index the backup is taken at.
+    pub applied_index: u64,
+}
+
+/// A backup as it streams from the server.
+#[derive(Debug)]
+pub struct BackupStream {
+    inner: tonic::Streaming<pb::BackupChunk>,
+}
+
+impl BackupStream {
+    /// The next chunk; `None` once the server has sent the whole file.
+    pub async fn next(&mut self) -> Result<Option<BackupChunk>> {
+        match self.inner.message().await {
+            Ok(Some(pb::BackupChunk { data, records, applied_index })) => {
+                Ok(Some(BackupChunk { data, records, applied_index }))
+            }
+            Ok(None) => Ok(None),
+            Err(s) => Err(Error::from_status(s, false)),
+        }
+    }
+}
+
 /// Cluster operations; from [`Producer::admin`].
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -261,6 +292,20 @@ impl Admin {
             })
             .await?;
         Ok(r.members.into_iter().map(Member::from_proto).collect())
+    }
+
+    /// A backup of the cluster's state at a linearizable point, as the backup file's chunks in order (any
+    /// node serves it; a follower streams it from the leader). Only opening the stream is retried: a stream
+    /// that breaks ends with its error, and the backup is taken again.
+    pub async fn backup(&self) -> Result<BackupStream> {
+        let s = self
+            .producer
+            .call_on(Kind::Read, Duration::ZERO, admin, |mut c, conn| {
+                let req = conn.request(pb::BackupRequest {});
+                async move { c.backup(req).await }
+            })
+            .await?;
+        Ok(BackupStream { inner: s })
     }
 
     /// One call to the node at `addr` itself (no leader following, no retry), with this client's token and

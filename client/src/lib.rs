@@ -51,7 +51,7 @@ mod queues;
 mod task;
 mod worker;
 
-pub use admin::{Admin, Digest, Member, MemberStatus, NodeStatus, Transfer};
+pub use admin::{Admin, BackupChunk, BackupStream, Digest, Member, MemberStatus, NodeStatus, Transfer};
 pub use backoff::Backoff;
 pub use claims::{Acked, Claim};
 pub use connection::DEFAULT_ADDR;

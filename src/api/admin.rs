@@ -1,5 +1,6 @@
-//! The Admin service: node status, leadership transfer, membership changes, state digests. Transfers and
-//! membership changes run on the leader (routed by `forward.rs`); status and digests answer for this node.
+//! The Admin service: node status, leadership transfer, membership changes, state digests, backups. Transfers,
+//! membership changes and backups run on the leader (routed by `forward.rs`; a follower streams a backup from
+//! the leader); status and digests answer for this node.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,12 +13,23 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::error::{invalid, not_found, reply, ApiError};
-use super::forward::{Forwarder, Kind};
+use super::forward::{copy, forwarded, Forwarder, Kind, Plan};
 use super::grpc::caller_with;
 use crate::auth::Scope;
 use crate::raft::control::{self, Member};
 use crate::raft::types::NodeInfo;
 use crate::storage::{Raft, SmShared};
+
+/// A backup as it streams: chunks of the file, in order.
+pub type ChunkStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
+
+/// Bytes per backup chunk: large enough that per-message costs vanish, small enough to stay far below gRPC's
+/// message limit; with [`BACKUP_CHUNKS_IN_FLIGHT`] this bounds a backup's memory on every node it passes.
+const BACKUP_CHUNK_BYTES: usize = 1 << 20;
+/// Chunks queued between the thread reading the shards and the stream: a slow reader stops the writer.
+const BACKUP_CHUNKS_IN_FLIGHT: usize = 4;
+/// How long a backup waits for this node to apply up to the leader's read index.
+const BACKUP_READ_POINT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest a leadership transfer is waited for when the request gives no timeout.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,6 +131,84 @@ impl AdminApi {
     }
 }
 
+/// Cuts what the backup writer writes into chunks and hands them to the stream, waiting while it is full.
+struct ChunkWriter {
+    tx: tokio::sync::mpsc::Sender<Result<pb::BackupChunk, Status>>,
+    buf: Vec<u8>,
+    records: std::rc::Rc<std::cell::Cell<u64>>,
+    applied_index: u64,
+}
+
+impl ChunkWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BACKUP_CHUNK_BYTES));
+        let chunk =
+            pb::BackupChunk { data: data.into(), records: self.records.get(), applied_index: self.applied_index };
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the backup's reader went away"))
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= BACKUP_CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
+impl AdminApi {
+    /// On the leader: waits for a linearizable point, takes read transactions at this node's applied point
+    /// (at or after it), and streams the backup written from them by a blocking thread.
+    async fn backup_local(&self) -> Result<ChunkStream, ApiError> {
+        crate::leader::proposer::linearize(&self.raft, &self.shared, BACKUP_READ_POINT_TIMEOUT).await?;
+        let shared = self.shared.clone();
+        let source = tokio::task::spawn_blocking(move || shared.backup_source())
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .map_err(|e| ApiError::Internal(format!("cannot start a backup: {e}")))?;
+        let applied_index = source.applied().map(|l| l.index).unwrap_or(0);
+        let node_id = self.node_id;
+        let created_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let (tx, rx) = tokio::sync::mpsc::channel(BACKUP_CHUNKS_IN_FLIGHT);
+        tracing::info!(node_id, applied_index, "backup started");
+        // Ends when the file is written or the stream's reader goes away (a send fails).
+        tokio::task::spawn_blocking(move || {
+            let records = std::rc::Rc::new(std::cell::Cell::new(0));
+            let mut w = ChunkWriter {
+                tx: tx.clone(),
+                buf: Vec::with_capacity(BACKUP_CHUNK_BYTES),
+                records: records.clone(),
+                applied_index,
+            };
+            let done = source.write(node_id, created_ms, &mut w, &mut |n| records.set(n)).and_then(|t| {
+                std::io::Write::flush(&mut w)?;
+                Ok(t)
+            });
+            match done {
+                Ok(t) => tracing::info!(applied_index, records = t.records, bytes = t.body_len, "backup written"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "backup failed");
+                    let _ = tx.blocking_send(Err(Status::from(ApiError::Internal(format!("backup failed: {e}")))));
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
 /// The Admin operations, as gRPC (below) and REST call them.
 impl AdminApi {
     #[instrument(level = "debug", skip_all)]
@@ -210,6 +300,19 @@ impl AdminApi {
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         Ok(pb::DigestResponse { node_id: self.node_id, applied_index: applied, digest, tasks })
     }
+
+    /// A backup at a linearizable point, built on the leader; a follower passes the leader's stream on, chunk
+    /// by chunk. Only opening the stream is routed: a stream that breaks ends with its error, and the caller
+    /// takes the backup again.
+    #[instrument(level = "debug", skip_all)]
+    pub async fn backup(&self, req: Request<pb::BackupRequest>) -> Result<ChunkStream, ApiError> {
+        caller_with(&req, Scope::Admin)?;
+        let remote = |ch| {
+            let r = forwarded(copy(&req));
+            async move { AdminClient::new(ch).backup(r).await.map(|s| Box::pin(s.into_inner()) as ChunkStream) }
+        };
+        self.fwd.call(Plan::of(&req, Kind::Read), || self.backup_local(), remote).await
+    }
 }
 
 /// gRPC: each method is the operation of the same name above.
@@ -233,6 +336,12 @@ impl Admin for AdminApi {
 
     async fn digest(&self, req: Request<pb::DigestRequest>) -> Res<pb::DigestResponse> {
         reply(AdminApi::digest(self, req).await)
+    }
+
+    type BackupStream = ChunkStream;
+
+    async fn backup(&self, req: Request<pb::BackupRequest>) -> Res<ChunkStream> {
+        reply(AdminApi::backup(self, req).await)
     }
 }
 

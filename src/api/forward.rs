@@ -122,7 +122,7 @@ pub fn stale_read<T>(req: &Request<T>) -> bool {
 }
 
 /// A copy of a request: message, metadata (the caller's token) and extensions (the authenticated caller).
-fn copy<T: Clone>(req: &Request<T>) -> Request<T> {
+pub fn copy<T: Clone>(req: &Request<T>) -> Request<T> {
     Request::from_parts(req.metadata().clone(), req.extensions().clone(), req.get_ref().clone())
 }
 

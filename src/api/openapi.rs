@@ -159,6 +159,13 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ("post", "/v1/cluster/transfer-leader") => {
             op("transferLeader", "Hand the leadership to another voter", Some("Transfer"), (200, Some("Transferred")))
         }
+        ("get", "/v1/admin/backup") => op(
+            "backup",
+            "A consistent backup of the cluster's state (application/octet-stream, streamed; see docs/design.md, \
+             Backup files)",
+            None,
+            (200, None),
+        ),
         ("get", "/v1/openapi.json") => op("openapi", "This document", None, (200, None)),
         ("get", "/healthz") => op("healthz", "The process serves", None, (200, Some("Health"))),
         ("get", "/readyz") => {
@@ -703,7 +710,7 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "redriveGroup" => "enqueue",
         "purgeGroup" => "admin",
         "claim" | "complete" | "fail" | "nack" | "abandon" | "heartbeat" => "work",
-        "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" => "admin",
+        "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" | "backup" => "admin",
         "listTasks" | "queueCapacity" | "capacity" | "listSchedules" => "read",
         "exception" => "work",
         "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",

@@ -82,6 +82,7 @@ rest_routes! {
     post "/v1/schedules/{id}/resume" => resume_schedule;
     get "/v1/cluster/status" => cluster_status;
     post "/v1/cluster/transfer-leader" => transfer_leader;
+    get "/v1/admin/backup" => backup;
     get "/v1/openapi.json" => openapi;
 }
 
@@ -700,6 +701,21 @@ async fn transfer_leader(State(r): State<Rest>, headers: HeaderMap, Body(b): Bod
     let req = pb::TransferLeaderRequest { to: b.to, timeout_ms: b.timeout_ms };
     let t = r.admin.transfer_leader(request(&r, &headers, req)?).await?;
     ok(json!({"leader_id": t.leader_id, "took_ms": t.took_ms}))
+}
+
+/// The backup file as the body, streamed chunk by chunk as gRPC streams it. Refusals before the first byte are
+/// JSON errors; a failure after it cuts the body short (a file without its trailer, which no restore accepts).
+async fn backup(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    use futures::StreamExt;
+    let chunks = r.admin.backup(request(&r, &headers, pb::BackupRequest {})?).await?;
+    let body = axum::body::Body::from_stream(
+        chunks.map(|c| c.map(|c| c.data).map_err(|s| std::io::Error::other(s.message().to_string()))),
+    );
+    let headers = [
+        (axum::http::header::CONTENT_TYPE, "application/octet-stream"),
+        (axum::http::header::CONTENT_DISPOSITION, "attachment; filename=\"raftq.backup\""),
+    ];
+    Ok((headers, body).into_response())
 }
 
 async fn pause_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {

@@ -2,6 +2,7 @@
 //! connection through the `raftq-client` SDK, output); `serve` runs a node; `bench` speaks the wire protocol
 //! itself to measure the server; `bench-suite` runs the README's benchmark scenarios through the SDK.
 
+pub mod backup;
 pub mod bench;
 pub mod bench_suite;
 pub mod client;

@@ -75,6 +75,24 @@ pub struct Proposer {
     ack_tx: mpsc::UnboundedSender<Pending<AckItem, AckOutcome>>,
 }
 
+/// On the leader: waits until this node has applied everything committed before the call (a linearizable read
+/// point, by read index) and returns the index it waited for. `NOT_LEADER` elsewhere.
+pub async fn linearize(raft: &Raft, shared: &SmShared, timeout: Duration) -> Result<u64, ProposeError> {
+    let read_id = raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match RaftFailure::from(e) {
+        RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
+        f @ (RaftFailure::ShuttingDown | RaftFailure::Fatal(_)) => ProposeError::Fatal(f.to_string()),
+        f => ProposeError::Unknown(f.to_string()),
+    })?;
+    let want = read_id.log_id().index;
+    let mut applied = shared.applied.subscribe();
+    let wait = applied.wait_for(|a| *a >= want);
+    tokio::time::timeout(timeout, wait)
+        .await
+        .map_err(|_| ProposeError::Unknown("timed out waiting to apply".into()))?
+        .map_err(|_| ProposeError::Fatal("state machine closed".into()))?;
+    Ok(want)
+}
+
 impl Proposer {
     pub fn new(
         raft: Raft,
@@ -150,20 +168,7 @@ impl Proposer {
 
     /// Waits until this node has applied everything committed before the call (a linearizable read point).
     pub async fn linearize(&self) -> Result<(), ProposeError> {
-        let read_id =
-            self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await.map_err(|e| match RaftFailure::from(e) {
-                RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
-                f @ (RaftFailure::ShuttingDown | RaftFailure::Fatal(_)) => ProposeError::Fatal(f.to_string()),
-                f => ProposeError::Unknown(f.to_string()),
-            })?;
-        let want = read_id.log_id().index;
-        let mut applied = self.shared.applied.subscribe();
-        let wait = applied.wait_for(|a| *a >= want);
-        tokio::time::timeout(Duration::from_millis(self.cfg.write_timeout_ms), wait)
-            .await
-            .map_err(|_| ProposeError::Unknown("timed out waiting to apply".into()))?
-            .map_err(|_| ProposeError::Fatal("state machine closed".into()))?;
-        Ok(())
+        linearize(&self.raft, &self.shared, Duration::from_millis(self.cfg.write_timeout_ms)).await.map(|_| ())
     }
 
     /// Reads a task; `linearize` first waits for a linearizable read point (on the leader).

@@ -16,9 +16,20 @@ pub fn io_err(e: impl std::fmt::Display) -> io::Error {
 /// trusted, and the node would serve and replicate whatever the altered bytes decode to. Such a node now
 /// refuses to start; replace it (remove it, add a new node). The check reads the whole file once per start.
 pub fn open_db(path: &std::path::Path) -> io::Result<redb::Database> {
+    open_db_cached(path, None)
+}
+
+/// [`open_db`] with a page cache of at most `cache_bytes` (`None`: redb's default, 1 GiB). A pass over a whole
+/// file that must not grow with it (a restore) sets a small one.
+pub fn open_db_cached(path: &std::path::Path, cache_bytes: Option<usize>) -> io::Result<redb::Database> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
-        match redb::Builder::new().set_check_integrity_on_open(true).create(path) {
+        let mut b = redb::Builder::new();
+        b.set_check_integrity_on_open(true);
+        if let Some(c) = cache_bytes {
+            b.set_cache_size(c);
+        }
+        match b.create(path) {
             Ok(db) => return Ok(db),
             Err(redb::DatabaseError::DatabaseAlreadyOpen) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));

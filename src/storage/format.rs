@@ -437,6 +437,34 @@ pub fn snapshot_layout(magic: &[u8]) -> io::Result<SnapshotLayout> {
     }
 }
 
+// ---- backup files ----------------------------------------------------------------------------------------------
+
+/// The magic of backup files written now (`backup.rs`): a layout digit, a newline. The header after it is a
+/// record (version byte + bincode), and the snapshot inside says its own layout.
+pub const BACKUP_MAGIC: &[u8] = b"RAFTQBACKUP1\n";
+/// The length of every backup magic.
+pub const BACKUP_MAGIC_LEN: usize = BACKUP_MAGIC.len();
+const BACKUP_MAGIC_PREFIX: &[u8] = b"RAFTQBACKUP";
+/// The newest backup layout this binary reads.
+const BACKUP_LAYOUT: u8 = 1;
+
+/// Checks a backup file's first [`BACKUP_MAGIC_LEN`] bytes: the one layout there is, or a newer one refused by
+/// name.
+pub fn backup_layout(magic: &[u8]) -> io::Result<()> {
+    let what = "backup file";
+    match magic.strip_prefix(BACKUP_MAGIC_PREFIX) {
+        Some([d, b'\n']) if *d == b'0' + BACKUP_LAYOUT => Ok(()),
+        Some([d, b'\n']) if d.is_ascii_digit() && d - b'0' > BACKUP_LAYOUT => {
+            Err(newer(format!("{what} (layout)"), (d - b'0').into(), BACKUP_LAYOUT.into()))
+        }
+        Some([d, e]) if d.is_ascii_digit() && e.is_ascii_digit() => {
+            let n = [*d, *e].iter().fold(0u64, |n, c| n * 10 + u64::from(c - b'0'));
+            Err(newer(format!("{what} (layout)"), n, BACKUP_LAYOUT.into()))
+        }
+        _ => Err(invalid(what, "not a raftq backup (no RAFTQBACKUP magic)")),
+    }
+}
+
 // ---- small metadata files --------------------------------------------------------------------------------------
 
 /// A small metadata file (the current snapshot's meta): [`META_FILE_MAGIC`], the version byte, bincode.
@@ -546,6 +574,18 @@ mod tests {
         }
         for bad in [&b"RAFTQSNAP0\n"[..], b"RAFTQSNAPX\n", b"hello world"] {
             assert!(snapshot_layout(bad).expect_err("bad").to_string().contains("not a raftq snapshot"));
+        }
+    }
+
+    #[test]
+    fn backup_layouts_newer_than_this_binary_are_refused_by_name() {
+        backup_layout(BACKUP_MAGIC).expect("1");
+        for (magic, found) in [(&b"RAFTQBACKUP2\n"[..], "2"), (b"RAFTQBACKUP17", "17")] {
+            let msg = backup_layout(magic).expect_err("newer").to_string();
+            assert!(msg.contains(&format!("format version {found}")) && msg.contains("(version 1)"), "{msg}");
+        }
+        for bad in [&b"RAFTQBACKUP0\n"[..], b"RAFTQSNAP3\n\0\0", b"hello world!\n"] {
+            assert!(backup_layout(bad).expect_err("bad").to_string().contains("not a raftq backup"));
         }
     }
 

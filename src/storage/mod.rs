@@ -4,6 +4,7 @@
 //! never imports `storage`); the rules of the queue itself live in `crate::queue`.
 
 mod apply;
+pub mod backup;
 pub mod codec;
 pub mod downgrade;
 pub mod files;

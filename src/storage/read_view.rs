@@ -12,6 +12,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use super::codec::io_err;
 use super::format::{self, decode};
 use super::shard;
+use super::snapshot::Table;
 use super::state_machine::{Shards, SmShared};
 use super::tables::*;
 use crate::queue::{self, DeliveryId, StateCounts, Task, TaskId, TimeMs, WebhookDelivery};
@@ -236,42 +237,8 @@ impl SmShared {
 
     fn digest_files(g: &Shards) -> io::Result<(u64, u64, u64)> {
         let applied = g.applied().0.map(|l| l.index).unwrap_or(0);
-        let mut digest: u64 = 0;
-        let mut tasks = 0u64;
-        // The state, not its encoding: a replica whose files are of an older format hashes the same.
-        let mut add = |kind: u8, k: &[u8], v: &[u8]| {
-            let v = format::body(format::CURRENT, v);
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ kind as u64;
-            for b in k.iter().chain([0xffu8].iter()).chain(v.iter()) {
-                h ^= *b as u64;
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            digest = digest.wrapping_add(h);
-        };
-        for (i, db) in g.dbs.iter().enumerate() {
-            let txn = db.begin_read().map_err(io_err)?;
-            for item in txn.open_table(TASKS).map_err(io_err)?.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                add(1, k.value(), v.value());
-                tasks += 1;
-            }
-            for item in txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                add(2, k.value(), v.value());
-            }
-            for item in txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                add(3, k.value(), v.value());
-            }
-            for item in txn.open_table(SHARD_RECORDS).map_err(io_err)?.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                // A record every shard holds counts once, so replicas with other shard counts agree.
-                if i == 0 || RecordKey::shard_of(k.value(), g.count()).is_some() {
-                    add(4, k.value(), v.value());
-                }
-            }
-        }
-        Ok((applied, digest ^ g.now(), tasks))
+        let (digest, tasks) = StateDigest::of_dbs(g.dbs.iter().map(|d| d.as_ref()), g.now())?;
+        Ok((applied, digest, tasks))
     }
 
     /// Checks every shard's indexes against its records: a task is in exactly one index for its state.
@@ -369,4 +336,69 @@ fn merge_by_id<T>(
             (None, Some(_)) => newer.next().map(Ok),
         }
     })
+}
+
+/// The state digest: an order-independent sum of a hash of every record (its table, key and value), XOR the
+/// state machine's time. Fed by the digest call above and by a backup's one pass (`backup.rs`), so a backup
+/// carries the source's digest at its applied point.
+pub struct StateDigest {
+    sum: u64,
+    tasks: u64,
+    shards: usize,
+}
+
+impl StateDigest {
+    pub(super) fn new(shards: usize) -> StateDigest {
+        StateDigest { sum: 0, tasks: 0, shards }
+    }
+
+    /// A record of shard `shard`.
+    pub(super) fn add(&mut self, table: Table, shard: usize, k: &[u8], v: &[u8]) {
+        let kind: u8 = match table {
+            Table::Tasks => 1,
+            Table::Keys => 2,
+            Table::Outbox => 3,
+            Table::Records => 4,
+        };
+        // A record every shard holds counts once, so replicas with other shard counts agree.
+        if table == Table::Records && shard != 0 && RecordKey::shard_of(k, self.shards).is_none() {
+            return;
+        }
+        if table == Table::Tasks {
+            self.tasks += 1;
+        }
+        // The state, not its encoding: a replica whose files are of an older format hashes the same.
+        let v = format::body(format::CURRENT, v);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ kind as u64;
+        for b in k.iter().chain([0xffu8].iter()).chain(v.iter()) {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.sum = self.sum.wrapping_add(h);
+    }
+
+    /// The digest of the records in `dbs` (every shard, in order) and the state's time `now`: (digest, tasks).
+    pub(super) fn of_dbs<'a>(dbs: impl ExactSizeIterator<Item = &'a Database>, now: TimeMs) -> io::Result<(u64, u64)> {
+        let mut digest = StateDigest::new(dbs.len());
+        for (i, db) in dbs.enumerate() {
+            let txn = db.begin_read().map_err(io_err)?;
+            for (table, def) in [
+                (Table::Tasks, TASKS),
+                (Table::Keys, IDEMPOTENCY_KEYS),
+                (Table::Outbox, WEBHOOK_OUTBOX),
+                (Table::Records, SHARD_RECORDS),
+            ] {
+                for item in txn.open_table(def).map_err(io_err)?.iter().map_err(io_err)? {
+                    let (k, v) = item.map_err(io_err)?;
+                    digest.add(table, i, k.value(), v.value());
+                }
+            }
+        }
+        Ok(digest.finish(now))
+    }
+
+    /// (digest, task count) of a state whose time is `now`.
+    pub(super) fn finish(&self, now: TimeMs) -> (u64, u64) {
+        (self.sum ^ now, self.tasks)
+    }
 }

@@ -28,8 +28,13 @@ pub struct ShardMeta {
 /// Opens (or creates) a shard file, upgrading one of an older format (`format`); one of a newer format is
 /// refused before anything is written to it.
 pub fn open_db(path: &Path) -> io::Result<Database> {
+    open_db_cached(path, None)
+}
+
+/// [`open_db`] with a bounded page cache (`codec::open_db_cached`).
+pub fn open_db_cached(path: &Path, cache_bytes: Option<usize>) -> io::Result<Database> {
     format::refuse_newer_file(path, SHARD_META)?;
-    let db = super::codec::open_db(path)?;
+    let db = super::codec::open_db_cached(path, cache_bytes)?;
     let found = format::file_version(&db, SHARD_META, path)?;
     // A current file has its tables (made with its marker) and is not written at open.
     if found != Some(format::CURRENT) {

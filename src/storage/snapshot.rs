@@ -25,17 +25,17 @@ use crate::queue::{self, Task, TimeMs, WebhookDelivery};
 use crate::raft::types::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// Hashes what passes through it: a snapshot file's digest, written and checked without a second pass.
-struct Hashing<T> {
-    inner: T,
+pub(super) struct Hashing<T> {
+    pub inner: T,
     hash: sha2::Sha256,
 }
 
 impl<T> Hashing<T> {
-    fn new(inner: T) -> Self {
+    pub fn new(inner: T) -> Self {
         Hashing { inner, hash: <sha2::Sha256 as sha2::Digest>::new() }
     }
 
-    fn digest(&self) -> [u8; 32] {
+    pub fn digest(&self) -> [u8; 32] {
         sha2::Digest::finalize(self.hash.clone()).into()
     }
 }
@@ -69,10 +69,10 @@ const FRAME_RECORD: u8 = 5;
 const FRAME_END: u8 = 0xff;
 
 #[derive(Serialize, Deserialize)]
-struct SnapHeader {
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    now: TimeMs,
+pub(super) struct SnapHeader {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub now: TimeMs,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -105,6 +105,72 @@ pub struct SnapshotBuilder {
     records: format::Version,
 }
 
+/// Which table a record comes from, for [`write_snapshot`]'s observer (the state digest, `read_view.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Table {
+    Tasks,
+    Keys,
+    Outbox,
+    Records,
+}
+
+/// Shown each record a snapshot writes: its table, its shard, its key and stored value.
+pub(super) type RecordSeen<'a> = dyn FnMut(Table, usize, &[u8], &[u8]) + 'a;
+
+/// Writes a whole snapshot (magic to digest) to `w` from read transactions taken at one applied point, one per
+/// shard in order, with records of `version` (`format::snapshot_records_for`). `seen` is shown every record as it
+/// is stored (table, shard, key, value). The one pass over the records that snapshots and backups (`backup.rs`)
+/// make. Returns the count of records written.
+pub(super) fn write_snapshot(
+    txns: &[ReadTransaction],
+    header: &SnapHeader,
+    version: format::Version,
+    w: impl Write,
+    seen: &mut RecordSeen<'_>,
+) -> io::Result<u64> {
+    let mut w = Hashing::new(w);
+    w.write_all(format::snapshot_magic(version))?;
+    write_frame(&mut w, FRAME_HEADER, &format::encode_as(version, header)?)?;
+    fn as_written(version: format::Version, v: &[u8]) -> io::Result<&[u8]> {
+        format::stored_as(version, v, "stored record")
+    }
+    let mut records: u64 = 0;
+    for (i, txn) in txns.iter().enumerate() {
+        let tasks = txn.open_table(TASKS).map_err(io_err)?;
+        for item in tasks.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_TASK, as_written(version, v.value())?)?;
+            seen(Table::Tasks, i, k.value(), v.value());
+            records += 1;
+        }
+        let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
+        for item in keys.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), as_written(version, v.value())?)?)?;
+            seen(Table::Keys, i, k.value(), v.value());
+            records += 1;
+        }
+        let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
+        for item in outbox.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_WEBHOOK, as_written(version, v.value())?)?;
+            seen(Table::Outbox, i, k.value(), v.value());
+            records += 1;
+        }
+        let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
+        for item in recs.iter().map_err(io_err)? {
+            let (k, v) = item.map_err(io_err)?;
+            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), as_written(version, v.value())?)?)?;
+            seen(Table::Records, i, k.value(), v.value());
+            records += 1;
+        }
+    }
+    write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
+    let digest = w.digest();
+    w.inner.write_all(&digest)?;
+    Ok(records)
+}
+
 impl SnapshotBuilder {
     fn write(self) -> io::Result<(SnapshotMeta, PathBuf)> {
         let last = self.header.last_applied;
@@ -115,43 +181,8 @@ impl SnapshotBuilder {
         let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
-        let mut w = Hashing::new(BufWriter::new(fs::File::create(&tmp)?));
-        let version = self.records;
-        let value =
-            |v: &'_ [u8]| -> io::Result<Vec<u8>> { Ok(format::stored_as(version, v, "stored record")?.to_vec()) };
-        w.write_all(format::snapshot_magic(version))?;
-        write_frame(&mut w, FRAME_HEADER, &format::encode_as(version, &self.header)?)?;
-        let mut records: u64 = 0;
-        for txn in &self.txns {
-            let tasks = txn.open_table(TASKS).map_err(io_err)?;
-            for item in tasks.iter().map_err(io_err)? {
-                let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_TASK, format::stored_as(version, v.value(), "task record")?)?;
-                records += 1;
-            }
-            let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
-            for item in keys.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), &value(v.value())?)?)?;
-                records += 1;
-            }
-            let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
-            for item in outbox.iter().map_err(io_err)? {
-                let (_, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_WEBHOOK, format::stored_as(version, v.value(), "webhook record")?)?;
-                records += 1;
-            }
-            let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
-            for item in recs.iter().map_err(io_err)? {
-                let (k, v) = item.map_err(io_err)?;
-                write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), &value(v.value())?)?)?;
-                records += 1;
-            }
-        }
-        write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
-        let digest = w.digest();
-        let mut w = w.inner;
-        w.write_all(&digest)?;
+        let mut w = BufWriter::new(fs::File::create(&tmp)?);
+        write_snapshot(&self.txns, &self.header, self.records, &mut w, &mut |_, _, _, _| {})?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -214,94 +245,11 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
         io::copy(&mut file, &mut out)?;
         out.sync_all()?;
     }
-    let mut r = Hashing::new(BufReader::new(fs::File::open(&keep)?));
-    let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
-    r.read_exact(&mut magic)?;
-    // Records of an older format are upgraded as they are written into the new shard files.
-    let layout = format::snapshot_layout(&magic)?;
-    let version = layout.records;
-    let (kind, head) = read_frame(&mut r)?;
-    if kind != FRAME_HEADER {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
-    }
-    let header: SnapHeader = format::decode_as(version, &head, "snapshot header")?;
-    let dbs: Vec<Database> =
-        (0..shards).map(|i| shard::open_db(&files::shard_path(&new, i))).collect::<io::Result<_>>()?;
-    let txns: Vec<redb::WriteTransaction> =
-        dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<_>>()?;
-    {
-        let mut tasks: Vec<_> = txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut keys: Vec<_> =
-            txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut outboxes: Vec<_> =
-            txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut recs: Vec<_> =
-            txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
-        let mut records = 0u64;
-        loop {
-            let (kind, body) = read_frame(&mut r)?;
-            match kind {
-                FRAME_TASK => {
-                    let (t, v) = format::upgrade::<Task>(version, &body, "task record")?;
-                    tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_KEY => {
-                    let (k, v) = format::decode_pair(&body)?;
-                    let (rec, v) = format::upgrade::<queue::KeyRecord>(version, &v, "idempotency key record")?;
-                    keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_WEBHOOK => {
-                    let (d, v) = format::upgrade::<WebhookDelivery>(version, &body, "webhook delivery record")?;
-                    let shard = d.id.task_id.shard(shards);
-                    outboxes[shard].insert(outbox_key(&d.id).as_slice(), v.as_ref()).map_err(io_err)?;
-                }
-                FRAME_RECORD => {
-                    let (k, v) = format::decode_pair(&body)?;
-                    let v = format::upgrade_shard_record(version, &k, &v)?;
-                    let v = v.as_ref();
-                    match RecordKey::shard_of(&k, shards) {
-                        Some(i) => {
-                            recs[i].insert(k.as_slice(), v).map_err(io_err)?;
-                        }
-                        None => {
-                            for r in recs.iter_mut() {
-                                r.insert(k.as_slice(), v).map_err(io_err)?;
-                            }
-                        }
-                    }
-                }
-                FRAME_END => {
-                    let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
-                    if want != records {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
-                    }
-                    if layout.digest {
-                        // Nothing is committed before the whole file checks out: a damaged snapshot is refused
-                        // and the installed state stays as it was.
-                        let got = r.digest();
-                        let mut digest = [0u8; 32];
-                        r.inner.read_exact(&mut digest)?;
-                        if digest != got {
-                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
-                        }
-                    }
-                    break;
-                }
-                _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
-            }
-            records += 1;
-        }
-    }
-    let sm_meta =
-        ShardMeta { last_applied: meta.last_log_id, membership: meta.last_membership.clone(), now: header.now };
-    for txn in txns {
-        {
-            let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
-            shard::write_meta(&mut t, &sm_meta)?;
-        }
-        txn.commit().map_err(io_err)?;
-    }
-    drop(dbs);
+    write_shards(BufReader::new(fs::File::open(&keep)?), &new, shards, None, |h| ShardMeta {
+        last_applied: meta.last_log_id,
+        membership: meta.last_membership.clone(),
+        now: h.now,
+    })?;
     fs::File::create(files::complete_marker(&new))?.sync_all()?;
     sync_dir(&new)?;
     sync_dir(dir)?;
@@ -316,6 +264,137 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     drop(g);
     publish_current(dir, meta, &keep)?;
     Ok(())
+}
+
+/// The page cache of each shard file a bounded install writes (and a restore reads back): a few MiB keep the
+/// B-tree's upper levels; the rest streams through the OS page cache.
+pub(super) const LEAN_CACHE_BYTES: usize = 16 << 20;
+
+/// What a snapshot's header says: the applied point it was taken at, and the state machine's time then.
+pub(super) struct Installed {
+    pub last_applied: Option<LogId>,
+    pub now: TimeMs,
+    pub records: u64,
+}
+
+/// The install path: reads a whole snapshot from `r` (magic to digest; nothing after it is read) and writes its
+/// records into `shards` new shard files in `new`, each record decoded and upgraded by `format.rs`. The shard
+/// meta is `meta(header)`. With `commit_every: None` nothing is committed unless the whole snapshot checks out
+/// (count and digest), so a damaged or cut-short one leaves `new` without committed records (a follower's
+/// install). With `Some(n)`, the records are committed every `n` records without a sync (the last commit syncs),
+/// which keeps memory flat for a state of any size: for a caller that discards `new` on failure (a restore, which
+/// has checked the whole file first).
+pub(super) fn write_shards(
+    r: impl Read,
+    new: &Path,
+    shards: usize,
+    commit_every: Option<u64>,
+    meta: impl FnOnce(&Installed) -> ShardMeta,
+) -> io::Result<Installed> {
+    let mut r = Hashing::new(r);
+    let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
+    r.read_exact(&mut magic)?;
+    // Records of an older format are upgraded as they are written into the new shard files.
+    let layout = format::snapshot_layout(&magic)?;
+    let version = layout.records;
+    let (kind, head) = read_frame(&mut r)?;
+    if kind != FRAME_HEADER {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot without header"));
+    }
+    let header: SnapHeader = format::decode_as(version, &head, "snapshot header")?;
+    // Bounded batches come with a bounded page cache: redb keeps the pages it wrote in its cache.
+    let cache = commit_every.map(|_| LEAN_CACHE_BYTES);
+    let dbs: Vec<Database> =
+        (0..shards).map(|i| shard::open_db_cached(&files::shard_path(new, i), cache)).collect::<io::Result<_>>()?;
+    let begin = || dbs.iter().map(|d| d.begin_write().map_err(io_err)).collect::<io::Result<Vec<_>>>();
+    let mut txns = begin()?;
+    let mut records = 0u64;
+    loop {
+        let mut ended = false;
+        {
+            let mut tasks: Vec<_> =
+                txns.iter().map(|t| t.open_table(TASKS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut keys: Vec<_> =
+                txns.iter().map(|t| t.open_table(IDEMPOTENCY_KEYS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut outboxes: Vec<_> =
+                txns.iter().map(|t| t.open_table(WEBHOOK_OUTBOX).map_err(io_err)).collect::<io::Result<_>>()?;
+            let mut recs: Vec<_> =
+                txns.iter().map(|t| t.open_table(SHARD_RECORDS).map_err(io_err)).collect::<io::Result<_>>()?;
+            let batch_end = commit_every.map(|n| records + n);
+            while batch_end.is_none_or(|end| records < end) {
+                let (kind, body) = read_frame(&mut r)?;
+                match kind {
+                    FRAME_TASK => {
+                        let (t, v) = format::upgrade::<Task>(version, &body, "task record")?;
+                        tasks[t.id.shard(shards)].insert(t.id.0.as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_KEY => {
+                        let (k, v) = format::decode_pair(&body)?;
+                        let (rec, v) = format::upgrade::<queue::KeyRecord>(version, &v, "idempotency key record")?;
+                        keys[rec.task_id.shard(shards)].insert(k.as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_WEBHOOK => {
+                        let (d, v) = format::upgrade::<WebhookDelivery>(version, &body, "webhook delivery record")?;
+                        let shard = d.id.task_id.shard(shards);
+                        outboxes[shard].insert(outbox_key(&d.id).as_slice(), v.as_ref()).map_err(io_err)?;
+                    }
+                    FRAME_RECORD => {
+                        let (k, v) = format::decode_pair(&body)?;
+                        let v = format::upgrade_shard_record(version, &k, &v)?;
+                        let v = v.as_ref();
+                        match RecordKey::shard_of(&k, shards) {
+                            Some(i) => {
+                                recs[i].insert(k.as_slice(), v).map_err(io_err)?;
+                            }
+                            None => {
+                                for r in recs.iter_mut() {
+                                    r.insert(k.as_slice(), v).map_err(io_err)?;
+                                }
+                            }
+                        }
+                    }
+                    FRAME_END => {
+                        let want = u64::from_be_bytes(body.as_slice().try_into().map_err(io_err)?);
+                        if want != records {
+                            return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot record count mismatch"));
+                        }
+                        if layout.digest {
+                            // Nothing is committed before the whole file checks out: a damaged snapshot is refused
+                            // and the installed state stays as it was.
+                            let got = r.digest();
+                            let mut digest = [0u8; 32];
+                            r.inner.read_exact(&mut digest)?;
+                            if digest != got {
+                                return Err(io::Error::new(io::ErrorKind::InvalidData, "snapshot checksum mismatch"));
+                            }
+                        }
+                        ended = true;
+                        break;
+                    }
+                    _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "unknown snapshot frame")),
+                }
+                records += 1;
+            }
+        }
+        if ended {
+            break;
+        }
+        // Synced: redb keeps the pages of unsynced commits in memory until a synced one.
+        for txn in std::mem::take(&mut txns) {
+            txn.commit().map_err(io_err)?;
+        }
+        txns = begin()?;
+    }
+    let installed = Installed { last_applied: header.last_applied, now: header.now, records };
+    let sm_meta = meta(&installed);
+    for txn in txns {
+        {
+            let mut t = txn.open_table(SHARD_META).map_err(io_err)?;
+            shard::write_meta(&mut t, &sm_meta)?;
+        }
+        txn.commit().map_err(io_err)?;
+    }
+    Ok(installed)
 }
 
 /// The snapshot side of `RaftStateMachine` (the trait impl in `state_machine.rs` calls these).

@@ -309,6 +309,10 @@ async fn run_op(
         "queue_stats" => c.queue_stats(with(pb::QueueStatsRequest { queues: vec![] }, tok)).await.map(drop),
         "status" => a.status(with(pb::NodeStatusRequest {}, tok)).await.map(drop),
         "digest" => a.digest(with(pb::DigestRequest {}, tok)).await.map(drop),
+        "backup" => match a.backup(with(pb::BackupRequest {}, tok)).await {
+            Ok(s) => s.into_inner().message().await.map(drop),
+            Err(e) => Err(e),
+        },
         "transfer_leader" => {
             a.transfer_leader(with(pb::TransferLeaderRequest { to: 9, timeout_ms: 100 }, tok)).await.map(drop)
         }
@@ -376,6 +380,7 @@ async fn each_operation_needs_its_scope() {
         ("purge", "admin"),
         ("status", "admin"),
         ("digest", "admin"),
+        ("backup", "admin"),
         ("transfer_leader", "admin"),
         ("remove_node", "admin"),
         ("pause_queue", "admin"),
@@ -1165,4 +1170,26 @@ async fn a_tls_cluster_replicates_over_mutual_tls_and_refuses_peers_without_a_ce
     for n in nodes.iter_mut() {
         n.kill9();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_over_rest_needs_the_admin_scope() {
+    let (n, _keys) = auth_node(&["hs"], |_| {}).await;
+    let a = n.node().http_addr;
+    let get = |tok: Option<String>| async move {
+        let auth = tok.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth.iter().map(|v| ("authorization", v.as_str())).collect();
+        crate::rest::raw_bytes(a, "GET", "/v1/admin/backup", &headers, String::new()).await
+    };
+    for (tok, status, code) in
+        [(None, 401, "TOKEN_MISSING"), (Some(token("t1", "enqueue work read")), 403, "SCOPE_REQUIRED")]
+    {
+        let (s, _, body) = get(tok).await;
+        let body: Value = serde_json::from_slice(&body).expect("a JSON error body");
+        assert_eq!((s, body["error"]["code"].as_str()), (status, Some(code)), "{body}");
+    }
+    let (s, headers, body) = get(Some(token("t1", "admin"))).await;
+    assert_eq!(s, 200);
+    assert!(headers.contains(&("content-type".into(), "application/octet-stream".into())), "{headers:?}");
+    assert!(body.starts_with(raftq::storage::format::BACKUP_MAGIC), "a backup file");
 }

@@ -3,6 +3,7 @@
 
 mod api;
 mod auth;
+mod backup;
 mod cli;
 mod cluster;
 mod console;

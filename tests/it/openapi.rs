@@ -7,13 +7,13 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 
-use crate::rest::exchange;
+use crate::rest::raw_bytes;
 use crate::support::*;
 
-/// One HTTP/1.1 exchange: status and body text (any content type).
+/// One HTTP/1.1 exchange: status and body text (any content type; a backup's bytes are not text).
 async fn raw(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let (status, _, body) = exchange(addr, method, path, body).await;
-    (status, body)
+    let (status, _, body) = raw_bytes(addr, method, path, &[], body.map(|b| b.to_string()).unwrap_or_default()).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// A request body for a schema: small, valid where the server can accept it.
@@ -117,8 +117,8 @@ fn token(tenant: &str, scopes: &[raftq::auth::Scope]) -> String {
 async fn call(a: SocketAddr, method: &str, path: &str, tok: Option<&str>, body: &str) -> (u16, String) {
     let bearer = tok.map(|t| format!("Bearer {t}"));
     let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("authorization", b.as_str())).collect();
-    let (status, _, body) = crate::rest::raw(a, method, path, &headers, body.to_string()).await;
-    (status, body)
+    let (status, _, body) = raw_bytes(a, method, path, &headers, body.to_string()).await;
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Drives every documented operation into the answers it can give (success; no token; a token without the

@@ -56,6 +56,18 @@ pub async fn raw(
     headers: &[(&str, &str)],
     body: String,
 ) -> (u16, Vec<(String, String)>, String) {
+    let (status, headers, body) = raw_bytes(addr, method, path, headers, body).await;
+    (status, headers, String::from_utf8(body).expect("utf-8 response body"))
+}
+
+/// [`raw`] with the body as bytes (a backup).
+pub async fn raw_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: String,
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let req = format!(
@@ -65,8 +77,9 @@ pub async fn raw(
     s.write_all(req.as_bytes()).await.expect("write");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8(raw[..split].to_vec()).expect("utf-8 response head");
+    let body = &raw[split + 4..];
     let mut lines = head.lines();
     let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("status");
     let headers = lines
@@ -74,17 +87,19 @@ pub async fn raw(
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    (status, headers, if chunked { dechunk(body) } else { body.to_string() })
+    (status, headers, if chunked { dechunk(body) } else { body.to_vec() })
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
+fn dechunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
+        let len = std::str::from_utf8(&s[..eol]).unwrap_or("0");
         let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
         if n == 0 {
             break;
         }
-        out.push_str(&rest[..n]);
+        let rest = &s[eol + 2..];
+        out.extend_from_slice(&rest[..n]);
         s = &rest[n + 2..];
     }
     out

@@ -285,12 +285,15 @@ def single_node(tmp, d):
         c.wait_text("main", dead[0], "smtp: connection refused")
         c.shot("task")
         c.find("main a[href^='#/dead/']").click()
-        row = c.until("the smtp group", lambda: next(
-            (tr for tr in d.find_elements(By.CSS_SELECTOR, "main tbody tr") if "smtp: connection refused" in tr.text),
-            None))
-        assert row.find_elements(By.TAG_NAME, "td")[1].text == "2"
+        def smtp_group():
+            return next((tr for tr in d.find_elements(By.CSS_SELECTOR, "main tbody tr")
+                         if "smtp: connection refused" in tr.text), None)
+        # Read within the wait: the page redraws while polling, and a row found a moment ago may be gone.
+        count = c.until("the smtp group", lambda: (smtp_group() or None) and smtp_group().find_elements(By.TAG_NAME, "td")[1].text)
+        assert count == "2", count
         c.shot("dead-letters")
-        row.find_element(By.CSS_SELECTOR, "button[data-action=redrive-group]").click()
+        c.until("the smtp group's redrive", lambda: smtp_group().find_element(
+            By.CSS_SELECTOR, "button[data-action=redrive-group]").click() or True)
         c.wait_text("#status", "Redrove 2 tasks")
         groups = ok(base, admin, "GET", "/v1/queues/emails/dead-letters/groups")["groups"]
         assert [g["error"] for g in groups] == ["bad address"], groups

@@ -54,6 +54,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cmd::token::TokenCmd,
     },
+    /// Offline operations on a stopped node's data directory (downgrade to the previous release).
+    Data {
+        #[command(subcommand)]
+        cmd: cmd::data::DataCmd,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -91,6 +96,7 @@ async fn run() -> Result<()> {
         Cmd::BenchSuite(a) => cmd::bench_suite::run(a).await,
         Cmd::Cluster { cmd } => cmd::cluster::run(cmd).await,
         Cmd::Token { cmd } => cmd::token::run(cmd),
+        Cmd::Data { cmd } => cmd::data::run(cmd),
         Cmd::Worker(a) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();

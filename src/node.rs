@@ -233,6 +233,7 @@ impl Node {
             shared: shared.clone(),
             fwd: fwd.clone(),
             node_id: cfg.node_id,
+            peers: peers.clone(),
         });
         let admin_svc = raftq_proto::v1::admin_server::AdminServer::from_arc(admin_api.clone());
         let admin_svc = tonic::service::interceptor::InterceptedService::new(admin_svc, api::grpc::interceptor(auth));

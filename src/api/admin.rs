@@ -22,14 +22,26 @@ use crate::storage::{Raft, SmShared};
 /// Longest a leadership transfer is waited for when the request gives no timeout.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest another member's status is waited for in a cluster view: an unreachable node must not hold the
+/// answer about the reachable ones (the console polls it every few seconds).
+const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+
 pub struct AdminApi {
     pub raft: Raft,
     pub shared: Arc<SmShared>,
     pub fwd: Arc<Forwarder>,
     pub node_id: u64,
+    /// Asks a joining node which cluster version its binary applies.
+    pub peers: crate::raft::network::Network,
 }
 
 type Res<T> = Result<Response<T>, Status>;
+
+/// One member of the cluster view and what it answered about itself.
+pub struct MemberStatus {
+    pub member: pb::Member,
+    pub status: Result<pb::NodeStatus, ApiError>,
+}
 
 fn members(m: &[Member]) -> Vec<pb::Member> {
     m.iter()
@@ -78,6 +90,18 @@ impl AdminApi {
         let pb::AddNodeRequest { node_id, raft_addr, api_addr, learner_only } = req.into_inner();
         if node_id == 0 || raft_addr.is_empty() || api_addr.is_empty() {
             return Err(invalid("add-node needs a node id > 0, a raft address and an api address"));
+        }
+        // After a cluster version switch, a node of an older binary could not apply the log: refused up front.
+        let active = self.shared.cluster_version();
+        if active > 0 {
+            if let Ok(version) = self.peers.peer_version(node_id, &raft_addr).await {
+                if version < active {
+                    return Err(ApiError::MembershipUnsafe(format!(
+                        "node {node_id} runs a binary of cluster version {version} and the cluster runs at version \
+                         {active}: it could not apply the log; upgrade it first"
+                    )));
+                }
+            }
         }
         control::add_node(&self.raft, node_id, NodeInfo { raft_addr, api_addr }, learner_only).await?;
         Ok(self.membership_response())
@@ -130,6 +154,36 @@ impl AdminApi {
         caller_with(&req, Scope::Admin)?;
         let remote = |ch, r| async move { AdminClient::new(ch).transfer_leader(r).await };
         self.fwd.unary(req, Kind::Transfer, |r| self.transfer_local(r), remote).await
+    }
+
+    /// Every member with the status it reports itself, asked at its public address with the caller's token
+    /// (this node answers for itself); a member that does not answer in time carries the error.
+    #[instrument(level = "debug", skip_all)]
+    pub async fn cluster(&self, req: Request<pb::NodeStatusRequest>) -> Result<Vec<MemberStatus>, ApiError> {
+        caller_with(&req, Scope::Admin)?;
+        let md = req.metadata().clone();
+        let own = self.status(req).await?;
+        let asked = own.members.clone().into_iter().map(|m| {
+            let (md, own) = (md.clone(), own.clone());
+            async move {
+                if m.node_id == self.node_id {
+                    return MemberStatus { member: m, status: Ok(own) };
+                }
+                let status = async {
+                    let ch = self.fwd.channel(&m.api_addr)?;
+                    let r = Request::from_parts(md, Default::default(), pb::NodeStatusRequest {});
+                    match tokio::time::timeout(MEMBER_STATUS_TIMEOUT, AdminClient::new(ch).status(r)).await {
+                        Ok(Ok(s)) => Ok(s.into_inner()),
+                        Ok(Err(s)) => Err(ApiError::from_status(&s)
+                            .unwrap_or_else(|| ApiError::Unavailable(format!("unreachable: {}", s.message())))),
+                        Err(_) => Err(ApiError::Unavailable(format!("no answer within {MEMBER_STATUS_TIMEOUT:?}"))),
+                    }
+                };
+                let status = status.await;
+                MemberStatus { member: m, status }
+            }
+        });
+        Ok(futures::future::join_all(asked).await)
     }
 
     #[instrument(level = "debug", skip_all, fields(node_id = req.get_ref().node_id))]

@@ -290,7 +290,7 @@ impl Forwarder {
         crate::raft::control::leader(&self.raft)
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, ApiError> {
+    pub fn channel(&self, addr: &str) -> Result<Channel, ApiError> {
         let mut map = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());

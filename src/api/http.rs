@@ -24,6 +24,7 @@ pub fn router(proposer: Arc<Proposer>, log: Arc<LogStats>, rest: super::rest::Re
         .with_state(proposer.clone())
         .route("/metrics", get(metrics))
         .with_state((proposer, log))
+        .merge(super::ui::routes())
         .merge(super::rest::routes(rest))
         .method_not_allowed_fallback(super::rest::method_not_allowed)
 }

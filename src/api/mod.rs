@@ -1,4 +1,4 @@
-//! Public surfaces: the gRPC services (task, streams, jobs, admin), REST, HTTP health and metrics, gRPC
+//! Public surfaces: the gRPC services (task, streams, jobs, admin), REST, HTTP health and metrics, the web console, gRPC
 //! reflection and health names, proto <-> domain conversions, the one leader-routing path (`forward`) and the
 //! error mapping (`error`). Nothing here names an openraft type: Raft is reached through `raft::control`,
 //! `raft::errors` and the proposer.
@@ -17,3 +17,4 @@ pub mod openapi;
 pub mod rest;
 pub mod revoke;
 pub mod stream;
+pub mod ui;

@@ -13,6 +13,11 @@ use super::rest;
 /// The routes of `http.rs` (health, readiness, metrics): (method, path).
 pub const HTTP_ROUTES: &[(&str, &str)] = &[("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics")];
 
+/// The web console's routes (`ui.rs`): its page and the files the page loads, served without a token (the
+/// page asks for one and sends it to the API).
+pub const UI_ROUTES: &[(&str, &str)] =
+    &[("get", "/ui"), ("get", "/ui/"), ("get", "/ui/app.js"), ("get", "/ui/app.css"), ("get", "/ui/icon.svg")];
+
 /// What the document says about one operation.
 pub struct Operation {
     pub id: &'static str,
@@ -125,9 +130,32 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ("post", "/v1/queues/{queue}/dead-letters/purge") => {
             op("purge", "Delete dead-lettered tasks", Some("Selection"), (200, Some("Purged")))
         }
-        ("get", "/v1/cluster/status") => {
-            op("clusterStatus", "This node's Raft status", None, (200, Some("ClusterStatus")))
+        ("get", "/v1/queues/{queue}/dead-letters/groups") => op(
+            "deadLetterGroups",
+            "A queue's dead letters grouped by last error, with counts and example ids (over the oldest 10000)",
+            None,
+            (200, Some("DeadLetterGroups")),
+        ),
+        ("post", "/v1/queues/{queue}/dead-letters/groups/redrive") => op(
+            "redriveGroup",
+            "Make every dead letter with this last error pending again",
+            Some("Group"),
+            (200, Some("Redriven")),
+        ),
+        ("post", "/v1/queues/{queue}/dead-letters/groups/purge") => {
+            op("purgeGroup", "Delete every dead letter with this last error", Some("Group"), (200, Some("Purged")))
         }
+        ("get", "/v1/cluster/status") => op(
+            "clusterStatus",
+            "This node's Raft status, and every member's own (reachable or not)",
+            None,
+            (200, Some("ClusterStatus")),
+        ),
+        ("get", "/ui") => op("consoleAlias", "The web console (HTML), as at /ui/", None, (200, None)),
+        ("get", "/ui/") => op("console", "The web console (HTML)", None, (200, None)),
+        ("get", "/ui/app.js") => op("consoleScript", "The web console's script", None, (200, None)),
+        ("get", "/ui/app.css") => op("consoleStyle", "The web console's style sheet", None, (200, None)),
+        ("get", "/ui/icon.svg") => op("consoleIcon", "The web console's icon", None, (200, None)),
         ("post", "/v1/cluster/transfer-leader") => {
             op("transferLeader", "Hand the leadership to another voter", Some("Transfer"), (200, Some("Transferred")))
         }
@@ -444,6 +472,30 @@ pub fn schemas() -> Map<String, Value> {
             ),
         ),
         ("Selection", object(&[("ids", array(string())), ("all", boolean())], &[])),
+        ("Group", object(&[("error", string())], &["error"])),
+        (
+            "DeadLetterGroups",
+            object(
+                &[
+                    (
+                        "groups",
+                        array(object(
+                            &[
+                                ("error", string()),
+                                ("count", int()),
+                                ("example_ids", array(string())),
+                                ("first_dead_lettered_at_ms", int()),
+                                ("last_dead_lettered_at_ms", int()),
+                            ],
+                            &["error", "count", "example_ids"],
+                        )),
+                    ),
+                    ("scanned", int()),
+                    ("truncated", boolean()),
+                ],
+                &["groups", "scanned", "truncated"],
+            ),
+        ),
         ("Redriven", object(&[("redriven", array(string()))], &["redriven"])),
         ("Purged", object(&[("purged", array(string()))], &["purged"])),
         (
@@ -458,6 +510,31 @@ pub fn schemas() -> Map<String, Value> {
                     ("applied_index", int()),
                     ("committed_index", int()),
                     ("replication_lag", json!({"type": "object"})),
+                    ("version", int()),
+                    ("cluster_version", int()),
+                    ("release", string()),
+                    (
+                        "nodes",
+                        array(object(
+                            &[
+                                ("node_id", int()),
+                                ("api_addr", string()),
+                                ("voter", boolean()),
+                                ("reachable", boolean()),
+                                ("role", string()),
+                                ("term", int()),
+                                ("leader_id", json!({"type": ["integer", "null"]})),
+                                ("last_log_index", int()),
+                                ("applied_index", int()),
+                                ("committed_index", int()),
+                                ("replication_lag", json!({"type": "object"})),
+                                ("version", int()),
+                                ("cluster_version", int()),
+                                ("error", object(&[("code", string()), ("message", string())], &["code", "message"])),
+                            ],
+                            &["node_id", "reachable"],
+                        )),
+                    ),
                     (
                         "members",
                         array(object(
@@ -495,9 +572,9 @@ pub fn schemas() -> Map<String, Value> {
     all.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-/// Every route the HTTP port serves: the REST routes, then health and metrics.
+/// Every route the HTTP port serves: the REST routes, then health and metrics, then the console.
 pub fn all_routes() -> impl Iterator<Item = (&'static str, &'static str)> {
-    rest::ROUTES.iter().chain(HTTP_ROUTES).copied()
+    rest::ROUTES.iter().chain(HTTP_ROUTES).chain(UI_ROUTES).copied()
 }
 
 /// The OpenAPI 3.1 document.
@@ -622,7 +699,9 @@ fn error_statuses(method: &str, path: &str, o: &Operation) -> Vec<(u16, &'static
 fn scope_of(id: &str) -> Option<&'static str> {
     Some(match id {
         "enqueue" | "enqueueBatch" | "cancel" | "redrive" => "enqueue",
-        "getTask" | "getResult" | "queues" | "deadLetters" => "read",
+        "getTask" | "getResult" | "queues" | "deadLetters" | "deadLetterGroups" => "read",
+        "redriveGroup" => "enqueue",
+        "purgeGroup" => "admin",
         "claim" | "complete" | "fail" | "nack" | "abandon" | "heartbeat" => "work",
         "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" => "admin",
         "listTasks" | "queueCapacity" | "capacity" | "listSchedules" => "read",
@@ -650,7 +729,20 @@ mod tests {
             }
         }
         public.sort();
-        assert_eq!(public, ["/healthz", "/metrics", "/readyz", "/v1/openapi.json"]);
+        assert_eq!(
+            public,
+            [
+                "/healthz",
+                "/metrics",
+                "/readyz",
+                "/ui",
+                "/ui/",
+                "/ui/app.css",
+                "/ui/app.js",
+                "/ui/icon.svg",
+                "/v1/openapi.json"
+            ]
+        );
     }
 
     use super::*;

@@ -68,6 +68,9 @@ rest_routes! {
     get "/v1/queues/{queue}/dead-letters" => dead_letters;
     post "/v1/queues/{queue}/dead-letters/redrive" => redrive;
     post "/v1/queues/{queue}/dead-letters/purge" => purge;
+    get "/v1/queues/{queue}/dead-letters/groups" => dead_letter_groups;
+    post "/v1/queues/{queue}/dead-letters/groups/redrive" => group_as(GroupAction::Redrive);
+    post "/v1/queues/{queue}/dead-letters/groups/purge" => group_as(GroupAction::Purge);
     post "/v1/queues/{queue}/pause" => pause_queue;
     post "/v1/queues/{queue}/resume" => resume_queue;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
@@ -423,6 +426,7 @@ enum AckKind {
     Exception,
 }
 
+/// The future of a handler built for one variant of a route family (`ack_as`, `group_as`).
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Res> + Send>>;
 
 /// The handler of one ack route.
@@ -542,15 +546,145 @@ async fn purge(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<Stri
     ok(json!({"purged": d.ids}))
 }
 
-async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
-    let s = r.admin.status(request(&r, &headers, pb::NodeStatusRequest {})?).await?;
-    ok(json!({
+/// How many dead letters of a queue the groups are computed over (the oldest first): the most one listing
+/// returns (`list_dead_letters`), so a group's redrive or purge takes at most this many; repeat it for more.
+const GROUP_SCAN: u32 = 10_000;
+
+/// Example task ids kept per group: enough to open one, small enough for a page of many groups.
+const GROUP_EXAMPLES: usize = 5;
+
+/// The last error a dead letter is grouped by.
+fn group_key(t: &pb::Task) -> &str {
+    &t.last_error
+}
+
+/// The oldest `GROUP_SCAN` dead letters of a queue, read through the same operation as `ListDeadLetters`.
+async fn scan_dead_letters(r: &Rest, headers: &HeaderMap, queue: String) -> Result<Vec<pb::Task>, RestError> {
+    let req = pb::ListDeadLettersRequest { queue, limit: GROUP_SCAN };
+    Ok(r.tasks.list_dead_letters(request(r, headers, req)?).await?.tasks)
+}
+
+/// `GET /v1/queues/{queue}/dead-letters/groups`: the queue's dead letters grouped by last error, the largest
+/// group first, each with its count, a few example ids and when its first and last task died.
+async fn dead_letter_groups(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    let tasks = scan_dead_letters(&r, &headers, queue).await?;
+    let mut groups: Vec<(&str, u64, Vec<&str>, i64, i64)> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for t in &tasks {
+        let at = t.dead_lettered_at_ms;
+        let i = *index.entry(group_key(t)).or_insert_with(|| {
+            groups.push((group_key(t), 0, Vec::new(), at, at));
+            groups.len() - 1
+        });
+        let g = &mut groups[i];
+        g.1 += 1;
+        if g.2.len() < GROUP_EXAMPLES {
+            g.2.push(&t.id);
+        }
+        g.3 = g.3.min(at);
+        g.4 = g.4.max(at);
+    }
+    groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(error, count, examples, first, last)| {
+            json!({"error": error, "count": count, "example_ids": examples,
+                "first_dead_lettered_at_ms": first, "last_dead_lettered_at_ms": last})
+        })
+        .collect();
+    ok(json!({"groups": groups, "scanned": tasks.len(), "truncated": tasks.len() as u32 >= GROUP_SCAN}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupBody {
+    /// The last error text of the group, exactly as the groups list gives it ("" is the group without one).
+    error: String,
+}
+
+/// The selection of one group's dead letters (by id: what the group listed), or `None` when it has none.
+async fn group_selection(
+    r: &Rest,
+    headers: &HeaderMap,
+    queue: String,
+    error: &str,
+) -> Result<Option<pb::DeadLetterSelection>, RestError> {
+    let tasks = scan_dead_letters(r, headers, queue.clone()).await?;
+    let ids: Vec<String> = tasks.into_iter().filter(|t| group_key(t) == error).map(|t| t.id).collect();
+    Ok((!ids.is_empty()).then_some(pb::DeadLetterSelection { queue, ids, all: false }))
+}
+
+/// What a group route does to every dead letter of the group.
+#[derive(Debug, Clone, Copy)]
+enum GroupAction {
+    Redrive,
+    Purge,
+}
+
+/// The handler of one group route: `POST /v1/queues/{queue}/dead-letters/groups/{redrive|purge} {"error"}`.
+fn group_as(
+    action: GroupAction,
+) -> impl Fn(State<Rest>, HeaderMap, Path<String>, Body<GroupBody>) -> AckFuture + Clone + Send + Sync + 'static {
+    move |State(r), headers, Path(queue), Body(b)| Box::pin(act_on_group(r, headers, queue, b.error, action))
+}
+
+/// Redrives (scope `enqueue`) or purges (`admin`) every dead letter of the group with this last error.
+async fn act_on_group(r: Rest, headers: HeaderMap, queue: String, error: String, action: GroupAction) -> Res {
+    let (scope, key) = match action {
+        GroupAction::Redrive => (crate::auth::Scope::Enqueue, "redriven"),
+        GroupAction::Purge => (crate::auth::Scope::Admin, "purged"),
+    };
+    // The scope is checked before the listing, so a token that may not act learns nothing from trying.
+    super::grpc::caller_with(&request(&r, &headers, ())?, scope)?;
+    let ids = match group_selection(&r, &headers, queue, &error).await? {
+        None => vec![],
+        Some(sel) => match action {
+            GroupAction::Redrive => r.tasks.redrive(request(&r, &headers, sel)?).await?.ids,
+            GroupAction::Purge => r.tasks.purge_dead_letters(request(&r, &headers, sel)?).await?.ids,
+        },
+    };
+    ok(json!({ key: ids }))
+}
+
+fn node_status_json(s: &pb::NodeStatus) -> Value {
+    json!({
         "node_id": s.node_id, "role": s.role, "term": s.term, "leader_id": s.has_leader.then_some(s.leader_id),
         "last_log_index": s.last_log_index, "applied_index": s.applied_index, "committed_index": s.committed_index,
         "replication_lag": s.replication_lag, "version": s.version, "cluster_version": s.cluster_version,
-        "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "raft_addr": m.raft_addr,
-            "api_addr": m.api_addr, "voter": m.voter})).collect::<Vec<_>>(),
-    }))
+    })
+}
+
+/// This node's status, its members, and in `nodes` every member's own status (`reachable: false` and the
+/// `error` when it did not answer).
+async fn cluster_status(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    let nodes = r.admin.cluster(request(&r, &headers, pb::NodeStatusRequest {})?).await?;
+    let own = nodes
+        .iter()
+        .find_map(|n| n.status.as_ref().ok().filter(|s| s.node_id == r.admin.node_id))
+        .ok_or_else(|| RestError(ApiError::Internal("this node is not among its members".into())))?;
+    let mut v = node_status_json(own);
+    // `version` is the cluster version this node's binary applies (each node's own, in `nodes`), `release` the
+    // build's package version.
+    v["release"] = json!(env!("CARGO_PKG_VERSION"));
+    v["members"] = json!(own
+        .members
+        .iter()
+        .map(|m| json!({"node_id": m.node_id, "raft_addr": m.raft_addr, "api_addr": m.api_addr, "voter": m.voter}))
+        .collect::<Vec<_>>());
+    v["nodes"] = json!(nodes
+        .iter()
+        .map(|n| {
+            let mut j = match &n.status {
+                Ok(s) => node_status_json(s),
+                Err(e) => json!({"node_id": n.member.node_id, "error": {"code": e.reason().as_str(), "message": e.to_string()}}),
+            };
+            j["api_addr"] = json!(n.member.api_addr);
+            j["voter"] = json!(n.member.voter);
+            j["reachable"] = json!(n.status.is_ok());
+            j
+        })
+        .collect::<Vec<_>>());
+    ok(v)
 }
 
 #[derive(Deserialize)]
@@ -749,7 +883,8 @@ mod tests {
 
     #[test]
     fn request_schemas_name_exactly_the_fields_the_routes_accept() {
-        let cases: [(&str, Vec<&str>); 7] = [
+        let cases: [(&str, Vec<&str>); 8] = [
+            ("Group", field_names::<GroupBody>()),
             ("Schedule", field_names::<ScheduleBody>()),
             ("NewTask", field_names::<NewTaskBody>()),
             ("NewTaskBatch", field_names::<BatchBody>()),

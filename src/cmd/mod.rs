@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_suite;
 pub mod client;
 pub mod cluster;
+pub mod data;
 pub mod dlq;
 pub mod jobs;
 pub mod queues;

@@ -427,3 +427,80 @@ async fn a_newer_snapshot_is_refused_and_the_state_stays() {
     .expect("write");
     assert_newer(super::open_data_dir(tmp.path(), 1).err().expect("refused at start"), "9", "3");
 }
+
+/// Every stored value of a data directory, by (file, table, key): what a release reads, whatever the file bytes.
+fn contents(dir: &Path) -> std::collections::BTreeMap<(String, String, Vec<u8>), Vec<u8>> {
+    use super::tables::*;
+    use redb::{ReadableDatabase, ReadableTable};
+    let mut out = std::collections::BTreeMap::new();
+    let mut files = vec![files::log_path(dir)];
+    files.extend((0..).map(|i| files::shard_path(&files::sm_dir(dir), i)).take_while(|p| p.exists()));
+    for path in files {
+        let name = path.file_name().expect("name").to_string_lossy().to_string();
+        let db = redb::ReadOnlyDatabase::open(&path).expect("open");
+        let txn = db.begin_read().expect("read");
+        let mut put = |table: &str, k: Vec<u8>, v: &[u8]| out.insert((name.clone(), table.to_string(), k), v.to_vec());
+        if path == files::log_path(dir) {
+            for item in txn.open_table(LOG).expect("log").iter().expect("iter") {
+                let (k, v) = item.expect("item");
+                put("log", k.value().to_be_bytes().to_vec(), v.value());
+            }
+        } else {
+            for def in [TASKS, IDEMPOTENCY_KEYS, WEBHOOK_OUTBOX, SHARD_RECORDS] {
+                for item in txn.open_table(def).expect("table").iter().expect("iter") {
+                    let (k, v) = item.expect("item");
+                    put(&def.to_string(), k.value().to_vec(), v.value());
+                }
+            }
+        }
+        let meta = if path == files::log_path(dir) { LOG_META } else { SHARD_META };
+        for item in txn.open_table(meta).expect("meta").iter().expect("iter") {
+            let (k, v) = item.expect("item");
+            put("meta", k.value().as_bytes().to_vec(), v.value());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_before_the_switch_gives_back_the_v0_values_and_after_it_is_refused() {
+    let tmp = copy_v0();
+    let dir = tmp.path();
+    let v0 = contents(dir);
+    let v0_meta = std::fs::read(files::current_meta_path(dir)).expect("current snapshot meta");
+    drop(super::open_data_dir(dir, 1).expect("upgrade to v1"));
+    assert_ne!(contents(dir), v0, "upgraded");
+
+    // Before the switch: every value is the v0 one again, markers and all, and the directory reads as v0.
+    let done = super::downgrade::downgrade_data_dir(dir).expect("downgrade").expect("was v1");
+    assert_eq!(done.files, 2, "the log and the one shard");
+    assert_eq!(contents(dir), v0, "value for value what the previous release wrote");
+    assert_eq!(std::fs::read(files::current_meta_path(dir)).expect("meta"), v0_meta);
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::V0));
+    assert_eq!(super::downgrade::downgrade_data_dir(dir).expect("again"), None, "already v0: nothing to do");
+
+    // Upgraded again, the node runs on with its state; then it applies the switch.
+    {
+        let (_log, mut sm) = super::open_data_dir(dir, 1).expect("upgrade again");
+        assert_fixture_state(&sm, true);
+        raise_cluster_version(&mut sm, 100).await;
+    }
+    let before = all_bytes(dir);
+    let msg = super::downgrade::downgrade_data_dir(dir).expect_err("after the switch").to_string();
+    assert!(msg.contains("applied cluster version 1") && msg.contains("nothing was changed"), "{msg}");
+    assert_unchanged(dir, &before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_is_refused_while_the_log_holds_the_switch_unapplied() {
+    let tmp = copy_v0();
+    let dir = tmp.path();
+    {
+        let (mut log, _sm) = super::open_data_dir(dir, 1).expect("upgrade to v1");
+        append(&mut log, &[entry(10, 1_100, Command::SetClusterVersion { version: 1 })]).await;
+    }
+    let before = all_bytes(dir);
+    let msg = super::downgrade::downgrade_data_dir(dir).expect_err("logged switch").to_string();
+    assert!(msg.contains("at index 10") && msg.contains("cluster version 1"), "{msg}");
+    assert_unchanged(dir, &before);
+}

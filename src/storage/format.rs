@@ -232,27 +232,7 @@ pub fn upgrade_log_file(txn: &WriteTransaction, found: Option<Version>) -> io::R
         return Ok(());
     }
     let from = found.unwrap_or(V0);
-    {
-        let mut log = txn.open_table(LOG).map_err(|e| invalid("raft log", e))?;
-        let mut after: Option<u64> = None;
-        loop {
-            let chunk: Vec<(u64, Vec<u8>)> = {
-                let lo = after.map_or(Bound::Unbounded, Bound::Excluded);
-                let range = log.range::<u64>((lo, Bound::Unbounded)).map_err(|e| invalid("raft log", e))?;
-                let mut chunk = Vec::new();
-                for item in range.take(UPGRADE_CHUNK) {
-                    let (k, v) = item.map_err(|e| invalid("raft log", e))?;
-                    chunk.push((k.value(), upgrade::<Entry>(from, v.value(), "log entry")?.1.into_owned()));
-                }
-                chunk
-            };
-            let Some(last) = chunk.last().map(|(k, _)| *k) else { break };
-            for (k, v) in &chunk {
-                log.insert(*k, v.as_slice()).map_err(|e| invalid("raft log", e))?;
-            }
-            after = Some(last);
-        }
-    }
+    rewrite_log(txn, |v| Ok(upgrade::<Entry>(from, v, "log entry")?.1.into_owned()))?;
     let mut meta = txn.open_table(LOG_META).map_err(|e| invalid("raft log meta", e))?;
     upgrade_meta::<Vote>(&mut meta, from, META_VOTE, "vote")?;
     upgrade_meta::<Option<LogId>>(&mut meta, from, META_COMMITTED, "committed log id")?;
@@ -295,13 +275,78 @@ pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io
     }
 }
 
+/// The way back, for a downgrade before the cluster version is raised: every value of a v1 file in `tables` and
+/// `meta` rewritten as v0 (the same bytes without the version byte), and the file's marker removed, inside `txn`
+/// (so a crash leaves the file all v1 or all v0). Returns the values rewritten.
+pub fn downgrade_file(
+    txn: &WriteTransaction,
+    tables: &[TableDefinition<&[u8], &[u8]>],
+    log: bool,
+    meta: TableDefinition<&str, &[u8]>,
+) -> io::Result<u64> {
+    let strip = |v: &[u8], what: &str| stored_as(V0, v, what).map(<[u8]>::to_vec);
+    let mut n = 0u64;
+    for def in tables {
+        upgrade_table(txn, *def, |_, v| {
+            n += 1;
+            strip(v, "stored record")
+        })?;
+    }
+    if log {
+        rewrite_log(txn, |v| {
+            n += 1;
+            strip(v, "log entry")
+        })?;
+    }
+    let mut m = txn.open_table(meta).map_err(|e| invalid("meta", e))?;
+    m.remove(META_FORMAT).map_err(|e| invalid("meta", e))?;
+    let keys: Vec<String> = m
+        .iter()
+        .map_err(|e| invalid("meta", e))?
+        .map(|item| item.map(|(k, _)| k.value().to_string()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid("meta", e))?;
+    for k in keys {
+        let v = match m.get(k.as_str()).map_err(|e| invalid("meta", e))? {
+            Some(v) => strip(v.value(), &k)?,
+            None => continue,
+        };
+        m.insert(k.as_str(), v.as_slice()).map_err(|e| invalid("meta", e))?;
+    }
+    Ok(n)
+}
+
+/// Rewrites every entry of the Raft log with `f`, in chunks.
+fn rewrite_log(txn: &WriteTransaction, mut f: impl FnMut(&[u8]) -> io::Result<Vec<u8>>) -> io::Result<()> {
+    let mut log = txn.open_table(LOG).map_err(|e| invalid("raft log", e))?;
+    let mut after: Option<u64> = None;
+    loop {
+        let chunk: Vec<(u64, Vec<u8>)> = {
+            let lo = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let range = log.range::<u64>((lo, Bound::Unbounded)).map_err(|e| invalid("raft log", e))?;
+            let mut chunk = Vec::new();
+            for item in range.take(UPGRADE_CHUNK) {
+                let (k, v) = item.map_err(|e| invalid("raft log", e))?;
+                chunk.push((k.value(), f(v.value())?));
+            }
+            chunk
+        };
+        let Some(last) = chunk.last().map(|(k, _)| *k) else { break };
+        for (k, v) in &chunk {
+            log.insert(*k, v.as_slice()).map_err(|e| invalid("raft log", e))?;
+        }
+        after = Some(last);
+    }
+    Ok(())
+}
+
 /// Records rewritten per read pass of an upgrade: redb allows no writes to a table while it is being iterated.
 const UPGRADE_CHUNK: usize = 10_000;
 
 fn upgrade_table(
     txn: &WriteTransaction,
     def: TableDefinition<&[u8], &[u8]>,
-    f: impl Fn(&[u8], &[u8]) -> io::Result<Vec<u8>>,
+    mut f: impl FnMut(&[u8], &[u8]) -> io::Result<Vec<u8>>,
 ) -> io::Result<()> {
     let name = def.to_string();
     let mut table = txn.open_table(def).map_err(|e| invalid(&name, e))?;

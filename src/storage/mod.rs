@@ -5,6 +5,7 @@
 
 mod apply;
 pub mod codec;
+pub mod downgrade;
 pub mod files;
 mod flush;
 pub mod format;

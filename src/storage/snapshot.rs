@@ -388,18 +388,39 @@ impl StateMachine {
 /// Refuses, at start, a current snapshot of a format newer than this binary (its meta file or its file's magic):
 /// it would be sent to followers and installed later. Reads only.
 pub(super) fn check_current(dir: &Path) -> io::Result<()> {
+    current_layout(dir).map(|_| ())
+}
+
+/// The layout of the current snapshot's file (`None`: no current snapshot). Reads only.
+pub(super) fn current_layout(dir: &Path) -> io::Result<Option<format::SnapshotLayout>> {
     let bytes = match fs::read(files::current_meta_path(dir)) {
         Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
     let mut file = match fs::File::open(snap_dir(dir).join(&cur.file)) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     let mut magic = [0u8; format::SNAPSHOT_MAGIC_LEN];
     file.read_exact(&mut magic)?;
-    format::snapshot_layout(&magic).map(|_| ())
+    format::snapshot_layout(&magic).map(Some)
+}
+
+/// Writes the current snapshot's meta file in the v0 encoding (a downgrade, `downgrade.rs`).
+pub(super) fn downgrade_current_meta(dir: &Path) -> io::Result<()> {
+    let path = files::current_meta_path(dir);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, format::encode_as(format::V0, &cur)?)?;
+    fs::File::open(&tmp)?.sync_all()?;
+    fs::rename(&tmp, &path)?;
+    sync_dir(&snap_dir(dir))
 }

@@ -5,6 +5,7 @@ mod api;
 mod auth;
 mod cli;
 mod cluster;
+mod console;
 mod crash;
 mod failover;
 mod http2;

@@ -24,6 +24,7 @@ fn example(schema: &str) -> Value {
         "Claim" => json!({"worker_id": "w", "queues": ["oa"], "count": 1}),
         "Ack" => json!({"token": "1"}),
         "Selection" => json!({"all": true}),
+        "Group" => json!({"error": "boom"}),
         "Transfer" => json!({}),
         "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),
@@ -108,18 +109,8 @@ async fn openapi_document_matches_the_routes_the_server_serves() {
 
 const SECRET: &str = "an-hs256-secret-for-the-openapi-test-0123456789";
 
-/// A token for tenant `tenant` with `scopes`.
 fn token(tenant: &str, scopes: &[raftq::auth::Scope]) -> String {
-    let spec = raftq::auth::TokenSpec {
-        subject: "openapi",
-        tenant,
-        scopes,
-        queues: None,
-        ttl_s: 600,
-        issuer: None,
-        audience: None,
-    };
-    raftq::auth::issue(SECRET.as_bytes(), None, &spec).expect("token")
+    hs256_token(SECRET, tenant, scopes)
 }
 
 /// One request with an optional bearer token and a raw body: status and body text.

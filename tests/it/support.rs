@@ -124,3 +124,17 @@ pub fn free_port() -> u16 {
     HELD.lock().unwrap_or_else(|p| p.into_inner()).push(lease);
     port
 }
+
+/// An HS256 token signed with `secret` for tenant `tenant` with `scopes`, valid for 10 minutes.
+pub fn hs256_token(secret: &str, tenant: &str, scopes: &[raftq::auth::Scope]) -> String {
+    let spec = raftq::auth::TokenSpec {
+        subject: "it",
+        tenant,
+        scopes,
+        queues: None,
+        ttl_s: 600,
+        issuer: None,
+        audience: None,
+    };
+    raftq::auth::issue(secret.as_bytes(), None, &spec).expect("token")
+}

@@ -9,8 +9,9 @@
 # transfer), waits for the cluster version to switch, and checks that the previous binary then refuses the data
 # (docs/jepsen.md, "Upgrades"). A clone without that commit (a shallow clone) skips the stage with a message.
 #
-# Times on a quiet 2-core machine: the previous binary's build about 4-5 minutes the first time (cached after),
-# the run about 90 s. UPGRADE_SEED overrides the workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
+# Times: the previous binary's dev build took 12 min on a shared, loaded 2-core machine (not measured on a quiet
+# one; cached after), the release build of this tree what jepsen-like/ci.sh left (seconds when warm), the run about
+# 40 s. UPGRADE_SEED overrides the workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +43,8 @@ echo "upgrade: current release build took $(( $(date +%s) - start )) s"
 
 seed=${UPGRADE_SEED:-401}
 out=target/jepsen/upgrade-$seed
+# A failed run keeps its nodes' data: the next one starts from empty directories.
+rm -rf "$out"
 status=0
 target/release/raftq-jepsen run --scenario upgrade --old-bin "$old_bin" --seed "$seed" --out "$out" || status=$?
 if [ "$status" -ne 0 ]; then

@@ -238,6 +238,19 @@ pub trait Backend {
     fn empty_positions(&self) -> Vec<usize> {
         Vec::new()
     }
+    /// Whether node `id` runs (or, stopped, will run) the previous release's binary.
+    fn runs_old_binary(&self, _id: u64) -> bool {
+        false
+    }
+    /// The binary node `id` runs from its next start: the previous release's (`old`) or the current one.
+    fn set_old_binary(&mut self, _id: u64, _old: bool) -> anyhow::Result<()> {
+        unsupported("another binary")
+    }
+    /// Rewrites a stopped node's files for the previous release (`raftq data downgrade` of the current
+    /// binary): its output, or why it failed (exit status and output).
+    async fn data_downgrade(&mut self, _id: u64) -> Result<String, String> {
+        Err("downgrading data is not available with this cluster".into())
+    }
 
     // -- the end of a run
 

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::history::{Event, FaultPhase, Op, Phase, ResultKind};
 use crate::nemesis::{EXITED, REFUSED_TO_START};
+use crate::upgrade::{STEP as UPGRADE_STEP, UPGRADED};
 
 /// Examples kept per finding in the summary.
 const EXAMPLES: usize = 20;
@@ -105,6 +106,36 @@ pub struct Availability {
     pub longest_leader_stop_to_next_leader_ms: u64,
 }
 
+/// One step of the upgrade scenario (a window of its `upgrade` fault on one node).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct UpgradeStep {
+    pub node: u64,
+    /// What the step did, as its start event says.
+    pub what: String,
+    pub from_ms: u64,
+    pub seconds: f64,
+    /// The longest time without any delivery within the step.
+    pub longest_claim_gap_ms: u64,
+    pub enqueues: usize,
+    pub ok_share: f64,
+}
+
+/// What the upgrade scenario recorded (empty in other runs).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct UpgradeAnalysis {
+    pub steps: Vec<UpgradeStep>,
+    /// (ms, node, binary version, cluster version) each time a node's status changed them.
+    pub versions: Vec<(u64, u64, u32, u32)>,
+    /// (ms, node, "old" or "new") each time a node's binary was swapped.
+    pub binaries: Vec<(u64, u64, String)>,
+    /// When no node ran the previous binary any more.
+    pub upgraded_at_ms: Option<u64>,
+    /// (what, passed, detail) of each expectation the scenario checked as it ran.
+    pub expectations: Vec<(String, bool, String)>,
+    /// A node reported cluster version 1 or more while another still ran the previous binary.
+    pub switched_early: Finding,
+}
+
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct Convergence {
     pub agree: bool,
@@ -146,6 +177,7 @@ pub struct Analysis {
     pub corrupted_nodes: Vec<u64>,
     pub availability: Availability,
     pub faults: BTreeMap<String, usize>,
+    pub upgrade: UpgradeAnalysis,
 }
 
 #[derive(Debug, Clone)]
@@ -223,6 +255,9 @@ pub fn check(events: &[Event]) -> Analysis {
     let mut open: HashMap<String, u64> = HashMap::new();
     let mut corrupted: BTreeSet<u64> = BTreeSet::new();
     let mut refusals: Vec<(String, u64, String)> = Vec::new();
+    // Upgrade windows: (node, what, start, stop).
+    let mut steps: Vec<(u64, String, u64, u64)> = Vec::new();
+    let mut open_steps: HashMap<u64, (String, u64)> = HashMap::new();
     let end_t = events.iter().map(|e| e.t).max().unwrap_or(0);
 
     for ev in events {
@@ -269,6 +304,15 @@ pub fn check(events: &[Event]) -> Analysis {
                 }
             }
             Op::Nemesis { fault, phase, detail, node } => match phase {
+                FaultPhase::Start if fault == UPGRADE_STEP => {
+                    *a.faults.entry(fault.clone()).or_default() += 1;
+                    open_steps.insert(node.unwrap_or(0), (detail.clone(), ev.t));
+                }
+                FaultPhase::Stop if fault == UPGRADE_STEP => {
+                    if let Some((what, s)) = open_steps.remove(&node.unwrap_or(0)) {
+                        steps.push((node.unwrap_or(0), what, s, ev.t));
+                    }
+                }
                 FaultPhase::Start => {
                     *a.faults.entry(fault.clone()).or_default() += 1;
                     open.insert(fault.clone(), ev.t);
@@ -323,8 +367,18 @@ pub fn check(events: &[Event]) -> Analysis {
             Op::Mark { what } => {
                 marks.insert(what.clone(), ev.t);
             }
+            Op::Binary { node, binary } => a.upgrade.binaries.push((ev.t, *node, binary.clone())),
+            Op::ClusterVersion { node, version, cluster_version } => {
+                a.upgrade.versions.push((ev.t, *node, *version, *cluster_version))
+            }
+            Op::Expect { what, passed, detail } => a.upgrade.expectations.push((what.clone(), *passed, detail.clone())),
         }
     }
+    for (node, (what, s)) in open_steps {
+        steps.push((node, what, s, end_t));
+    }
+    steps.sort_by_key(|w| w.2);
+    windows.extend(steps.iter().map(|(_, _, s, e)| (UPGRADE_STEP.to_string(), *s, *e)));
     // A fault still open when the history ends lasted until the end.
     for (f, s) in open {
         windows.push((f, s, end_t));
@@ -594,8 +648,46 @@ pub fn check(events: &[Event]) -> Analysis {
         fa.ok_share = share(mine.iter().filter(|e| e.phase == Phase::Ok).count(), mine.len());
     }
 
+    // The upgrade scenario: each step, and the cluster version against the binaries.
+    for (node, what, s, e) in &steps {
+        let mine: Vec<&&Enq> = done.iter().filter(|x| x.invoke_t >= *s && x.invoke_t <= *e).collect();
+        a.upgrade.steps.push(UpgradeStep {
+            node: *node,
+            what: what.clone(),
+            from_ms: *s,
+            seconds: (e - s) as f64 / 1000.0,
+            longest_claim_gap_ms: longest_gap(&claim_times, *s, *e).0,
+            enqueues: mine.len(),
+            ok_share: share(mine.iter().filter(|x| x.phase == Phase::Ok).count(), mine.len()),
+        });
+    }
+    a.upgrade.upgraded_at_ms = marks.get(UPGRADED).copied();
+    let mut old_nodes: BTreeSet<u64> = BTreeSet::new();
+    let mut binaries = a.upgrade.binaries.iter().peekable();
+    for (t, node, _, cv) in &a.upgrade.versions {
+        while let Some((_, n, b)) = binaries.next_if(|(bt, _, _)| bt <= t) {
+            if b == "old" {
+                old_nodes.insert(*n);
+            } else {
+                old_nodes.remove(n);
+            }
+        }
+        // After the upgrade the scenario starts the previous binary once more, to see it refuse the files.
+        let before_upgraded = a.upgrade.upgraded_at_ms.is_none_or(|u| *t < u);
+        if *cv >= 1 && before_upgraded && !old_nodes.is_empty() {
+            a.upgrade.switched_early.add(format!(
+                "at {t} ms node {node} reported cluster version {cv} while nodes {old_nodes:?} ran the previous binary"
+            ));
+        }
+    }
+
     // Verdict.
     let mut v = Vec::new();
+    for (what, passed, detail) in &a.upgrade.expectations {
+        if !passed {
+            v.push(format!("upgrade: {what}: {detail}"));
+        }
+    }
     let mut flag = |name: &str, f: &Finding| {
         if f.count > 0 {
             v.push(format!("{name}: {} (e.g. {})", f.count, f.examples.first().map(String::as_str).unwrap_or("")));
@@ -615,6 +707,7 @@ pub fn check(events: &[Event]) -> Analysis {
     flag("not terminal after drain", &a.not_terminal);
     flag("node refused to start without corruption", &a.refused_to_start);
     flag("node process exited by itself", &a.exited_by_itself);
+    flag("cluster version switched while a node ran the previous binary", &a.upgrade.switched_early);
     if a.unseen_on_server > 0 {
         v.push(format!("undrained: the server holds {} tasks the history never saw delivered", a.unseen_on_server));
     }
@@ -859,6 +952,77 @@ mod tests {
         let av = &a.availability;
         assert_eq!((av.leader_stops, av.leader_stops_without_successor), (3, 1));
         assert_eq!((av.longest_leaderless_after_leader_stop_ms, av.longest_leader_stop_to_next_leader_ms), (40, 300));
+    }
+
+    fn binary(h: &mut H, node: u64, b: &str) {
+        h.push(Op::Binary { node, binary: b.into() });
+    }
+
+    fn version(h: &mut H, node: u64, version: u32, cluster_version: u32) {
+        h.push(Op::ClusterVersion { node, version, cluster_version });
+    }
+
+    /// A rolling upgrade of nodes 1-3 that switches only after the last node runs the new binary; node 2 is
+    /// started on the old binary once more afterwards (the refusal step), while the others report version 1.
+    fn upgraded() -> H {
+        let mut h = clean();
+        for n in 1..=3 {
+            binary(&mut h, n, "old");
+            version(&mut h, n, 0, 0);
+        }
+        for n in 1..=3 {
+            h.push(Op::Nemesis {
+                fault: UPGRADE_STEP.into(),
+                phase: FaultPhase::Start,
+                detail: format!("upgrade node {n}"),
+                node: Some(n),
+            });
+            binary(&mut h, n, "new");
+            if n == 3 {
+                h.mark(UPGRADED);
+            }
+            version(&mut h, n, 1, 0);
+            h.push(Op::Nemesis {
+                fault: UPGRADE_STEP.into(),
+                phase: FaultPhase::Stop,
+                detail: String::new(),
+                node: Some(n),
+            });
+        }
+        for n in 1..=3 {
+            version(&mut h, n, 1, 1);
+        }
+        binary(&mut h, 2, "old");
+        version(&mut h, 1, 1, 1);
+        binary(&mut h, 2, "new");
+        h.push(Op::Expect { what: "the previous binary refuses".into(), passed: true, detail: "exit 1".into() });
+        h
+    }
+
+    #[test]
+    fn an_upgrade_that_switches_after_the_last_node_passes_and_each_step_is_measured() {
+        let a = upgraded().check();
+        assert!(a.valid, "{:?}", a.violations);
+        assert_eq!(a.upgrade.steps.len(), 3);
+        assert_eq!(a.upgrade.steps[0].node, 1);
+        assert_eq!(a.upgrade.expectations.len(), 1);
+        assert!(a.upgrade.upgraded_at_ms.is_some());
+        assert_eq!(a.faults.get(UPGRADE_STEP), Some(&3));
+    }
+
+    #[test]
+    fn a_switch_while_a_node_runs_the_old_binary_and_a_failed_expectation_are_flagged() {
+        let mut h = clean();
+        binary(&mut h, 1, "old");
+        binary(&mut h, 2, "new");
+        version(&mut h, 2, 1, 1);
+        let a = h.check();
+        assert_eq!(a.upgrade.switched_early.count, 1, "{a:#?}");
+        assert!(!a.valid);
+        let mut h = upgraded();
+        h.push(Op::Expect { what: "data downgrade refuses".into(), passed: false, detail: "exit 0".into() });
+        let a = h.check();
+        assert_eq!(a.violations, vec!["upgrade: data downgrade refuses: exit 0".to_string()]);
     }
 
     #[test]

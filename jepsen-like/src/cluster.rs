@@ -50,6 +50,8 @@ pub const FAKETIME_LIBS: &[&str] = &[
 
 /// A node waits this long for a clean exit after SIGTERM before it is killed (a node stops within about 6 s).
 const TERM_WAIT: Duration = Duration::from_secs(20);
+/// Longest `raftq data downgrade` of one node's files (it rewrites every redb file; seconds for a run's data).
+const DOWNGRADE_WAIT: Duration = Duration::from_secs(120);
 /// Pause before starting again a node whose port was taken.
 const CLASH_RETRY: Duration = Duration::from_millis(500);
 /// Starts of a whole cluster on new ports when a node's port was taken (by a program that takes no leases).
@@ -76,6 +78,9 @@ pub struct NodeProc {
     /// Its files were corrupted and it started anyway: it stays a member until the end, so the final
     /// convergence check compares its state with the others'.
     pub corrupted: bool,
+    /// The binary this node runs from its next start, when not `ClusterOptions::bin` (the upgrade scenario:
+    /// the previous release's).
+    pub bin: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -95,7 +100,10 @@ impl NodeProc {
 
 #[derive(Clone)]
 pub struct ClusterOptions {
+    /// The binary under test (the current build).
     pub bin: PathBuf,
+    /// The previous release's binary: every node of the first start runs it (the upgrade scenario).
+    pub old_bin: Option<PathBuf>,
     pub root: PathBuf,
     pub nodes: u64,
     /// TOML appended to every node's config.
@@ -243,6 +251,8 @@ impl Cluster {
             state: NodeState::Down,
             skew: None,
             corrupted: false,
+            // Nodes added later (a replacement under a new id) run the current binary.
+            bin: if join { None } else { self.opts.old_bin.clone() },
             child: None,
         });
         Ok(id)
@@ -277,9 +287,9 @@ impl Cluster {
 
     /// Starts the node's process (state Running); see `wait_serving` for whether it really started.
     pub fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
-        let bin = self.opts.bin.clone();
         let node_log = self.opts.node_log.clone();
         let faketime = self.faketime.clone();
+        let bin = self.binary(id).to_path_buf();
         let n = self.node_mut(id);
         if n.child.is_some() {
             bail!("node {id} already runs");
@@ -306,6 +316,11 @@ impl Cluster {
             self.net.set_pid(pid, id);
         }
         Ok(())
+    }
+
+    /// The binary node `id` runs from its next start.
+    fn binary(&self, id: u64) -> &Path {
+        self.node(id).bin.as_deref().unwrap_or(&self.opts.bin)
     }
 
     /// Waits until the node answers Status; `Err` with its exit status and last log lines if it exits.
@@ -635,6 +650,38 @@ impl Backend for Cluster {
         (0..self.slots.len()).filter(|s| !self.nodes.iter().any(|n| n.slot == *s && n.member())).collect()
     }
 
+    fn runs_old_binary(&self, id: u64) -> bool {
+        self.opts.old_bin.as_deref().is_some_and(|old| self.binary(id) == old)
+    }
+
+    fn set_old_binary(&mut self, id: u64, old: bool) -> anyhow::Result<()> {
+        let Some(old_bin) = self.opts.old_bin.clone() else { bail!("no previous binary (--old-bin)") };
+        self.node_mut(id).bin = old.then_some(old_bin);
+        Ok(())
+    }
+
+    /// `raftq data downgrade --data-dir <its data>` with the current binary, on the stopped node.
+    async fn data_downgrade(&mut self, id: u64) -> Result<String, String> {
+        if self.node(id).child.is_some() {
+            return Err(format!("node {id} runs"));
+        }
+        let mut cmd = Command::new(&self.opts.bin);
+        cmd.args(["data", "downgrade", "--data-dir"]).arg(self.node(id).data_dir()).stdin(Stdio::null());
+        cmd.kill_on_drop(true);
+        let out = match tokio::time::timeout(DOWNGRADE_WAIT, cmd.output()).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => return Err(format!("could not run {}: {e}", self.opts.bin.display())),
+            Err(_) => return Err(format!("no exit within {DOWNGRADE_WAIT:?}")),
+        };
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(format!("{}: {text}", out.status))
+        }
+    }
+
     fn external_connections(&self) -> u64 {
         self.net.external.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -671,8 +718,14 @@ mod tests {
             return eprintln!("no raftq binary under target/: build it first (cargo build -p raftq)");
         };
         let root = std::env::temp_dir().join(format!("raftq-jepsen-clash-{}", std::process::id()));
-        let opts =
-            ClusterOptions { bin, root: root.clone(), nodes: 1, settings: String::new(), node_log: "warn".into() };
+        let opts = ClusterOptions {
+            bin,
+            old_bin: None,
+            root: root.clone(),
+            nodes: 1,
+            settings: String::new(),
+            node_log: "warn".into(),
+        };
         let mut c = Cluster::new(opts).expect("cluster");
         let (grpc, raft) = (c.lease().expect("lease"), c.lease().expect("lease"));
         c.slots.push((grpc, raft));

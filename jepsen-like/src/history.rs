@@ -124,8 +124,18 @@ pub enum Op {
     },
     /// One node's state digest after heal and drain.
     Digest { node: u64, applied_index: u64, digest: u64, tasks: u64 },
-    /// A step of the run: workload_start, faults_start, faults_end, healed, drained, done.
+    /// A step of the run: workload_start, faults_start, faults_end, healed, drained, done; in the upgrade
+    /// scenario also `upgraded` (no node runs the previous binary any more).
     Mark { what: String },
+    /// The upgrade scenario: from this point node `node` runs `binary` ("old": the previous release, "new": the
+    /// build under test), from its next start if it is stopped.
+    Binary { node: u64, binary: String },
+    /// A node's status named another binary version or cluster version than the last one recorded for it
+    /// (polled every 250 ms; a node of the previous release reports 0 and 0).
+    ClusterVersion { node: u64, version: u32, cluster_version: u32 },
+    /// An expectation the upgrade scenario checked as it ran (a command's exit status, a bound on a wait):
+    /// the checker reports each one and counts a failed one as a violation.
+    Expect { what: String, passed: bool, detail: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,6 +10,7 @@
 //! | `relay` | fault-injecting TCP relays in front of every node's Raft and API ports (why: see there) |
 //! | `workload` | producers and workers through `raftq-client`, recording each operation |
 //! | `nemesis` | the faults and their schedule from the seed, on any backend; healing |
+//! | `upgrade` | the upgrade scenario: a rolling upgrade from the previous release, in place of the faults |
 //! | `history` | the event types and the JSON-lines history file |
 //! | `checker` | the checkers (pure) and their tests on crafted histories |
 //! | `report` | the JSON summary and the readable report |
@@ -26,6 +27,7 @@ mod nemesis;
 mod ports;
 mod relay;
 mod report;
+mod upgrade;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -46,6 +48,7 @@ use crate::cluster::{Cluster, ClusterOptions, SERVER_SETTINGS};
 use crate::compose::{Compose, ComposeOptions};
 use crate::history::{Op, Phase, Recorder};
 use crate::nemesis::{Fault, Nemesis, Schedule};
+use crate::upgrade::Upgrade;
 use crate::workload::WorkloadConfig;
 
 #[derive(Parser)]
@@ -66,11 +69,27 @@ enum Cmd {
     },
 }
 
+/// What happens to the cluster while the workload runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// Random faults among `--faults` for `--time-limit` seconds.
+    Faults,
+    /// A rolling upgrade from `--old-bin` to `--bin` (upgrade.rs), in place of the faults; `--faults` and
+    /// `--time-limit` do not apply.
+    Upgrade,
+}
+
 #[derive(Args, Clone)]
 struct RunArgs {
     /// The raftq binary (default: next to this binary, then target/release/raftq, then target/debug/raftq).
     #[arg(long)]
     bin: Option<PathBuf>,
+    /// What the run does to the cluster.
+    #[arg(long, value_enum, default_value = "faults")]
+    scenario: Scenario,
+    /// The previous release's raftq binary, which the nodes start on (`--scenario upgrade`).
+    #[arg(long)]
+    old_bin: Option<PathBuf>,
     /// Nodes in the cluster.
     #[arg(long, default_value_t = 3)]
     nodes: u64,
@@ -231,13 +250,18 @@ async fn main() {
     std::process::exit(code);
 }
 
-/// Polls every position's node for the leader and records each change.
+/// How long the workload runs on the previous release before the upgrade scenario's first step.
+const UPGRADE_LOAD: Duration = Duration::from_secs(5);
+
+/// Polls every position's node for the leader and records each change, and each node's binary and cluster
+/// versions when they change.
 async fn monitor(addrs: Vec<String>, token: Option<String>, rec: Arc<Recorder>, stop: CancellationToken) {
     let clients: Vec<_> = addrs
         .iter()
         .filter_map(|a| admin_client(a, token.as_deref(), Duration::from_millis(300), Duration::from_millis(800)).ok())
         .collect();
     let mut last: Option<(Option<u64>, u64)> = None;
+    let mut versions: HashMap<u64, (u32, u32)> = HashMap::new();
     while !stop.is_cancelled() {
         let mut set = tokio::task::JoinSet::new();
         for c in &clients {
@@ -248,6 +272,13 @@ async fn monitor(addrs: Vec<String>, token: Option<String>, rec: Arc<Recorder>, 
         let mut max_term = 0;
         while let Some(r) = set.join_next().await {
             if let Ok(Some(s)) = r {
+                if versions.insert(s.node_id, (s.version, s.cluster_version)) != Some((s.version, s.cluster_version)) {
+                    rec.record(Op::ClusterVersion {
+                        node: s.node_id,
+                        version: s.version,
+                        cluster_version: s.cluster_version,
+                    });
+                }
                 max_term = max_term.max(s.term);
                 if s.role == "LEADER" && best.is_none_or(|b| s.term > b.1) {
                     best = Some((s.node_id, s.term));
@@ -389,6 +420,20 @@ async fn drain(
 
 async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let mut faults = parse_faults(&args.faults)?;
+    let old_bin = match (args.scenario, &args.old_bin) {
+        (Scenario::Upgrade, _) if args.compose => bail!("the upgrade scenario needs node processes (not --compose)"),
+        (Scenario::Upgrade, None) => bail!("--scenario upgrade needs --old-bin (the previous release's raftq)"),
+        (Scenario::Upgrade, Some(b)) if !b.exists() => bail!("{} does not exist", b.display()),
+        (Scenario::Upgrade, Some(b)) => {
+            if args.nodes != 3 {
+                bail!("the upgrade scenario runs 3 nodes");
+            }
+            faults = vec![];
+            Some(b.clone())
+        }
+        (Scenario::Faults, Some(_)) => bail!("--old-bin goes with --scenario upgrade"),
+        (Scenario::Faults, None) => None,
+    };
     if args.compose {
         let all = args.faults.iter().any(|f| f.trim() == "all");
         faults = compose::check_faults(&faults, all)?;
@@ -418,22 +463,35 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let mut notes = Vec::new();
     let schedule = Schedule { quiet_ms: quiet, hold_ms: hold };
     if let Some(bin) = bin {
-        let mut settings = SERVER_SETTINGS.to_string();
+        let mut settings = match args.scenario {
+            Scenario::Faults => SERVER_SETTINGS.to_string(),
+            Scenario::Upgrade => upgrade::server_settings(SERVER_SETTINGS),
+        };
         if let Some(extra) = &args.server_config {
             settings.push_str(&std::fs::read_to_string(extra)?);
         }
-        eprintln!(
-            "raftq-jepsen: seed {seed}, {} nodes, {} s of faults [{}], binary {}, output {}",
-            args.nodes,
-            args.time_limit,
-            fault_names.join(","),
-            bin.display(),
-            out.display()
-        );
+        match &old_bin {
+            Some(old) => eprintln!(
+                "raftq-jepsen: seed {seed}, {} nodes, upgrade from {} to {}, output {}",
+                args.nodes,
+                old.display(),
+                bin.display(),
+                out.display()
+            ),
+            None => eprintln!(
+                "raftq-jepsen: seed {seed}, {} nodes, {} s of faults [{}], binary {}, output {}",
+                args.nodes,
+                args.time_limit,
+                fault_names.join(","),
+                bin.display(),
+                out.display()
+            ),
+        }
         let rec = Arc::new(Recorder::create(&out.join("history.jsonl"))?);
         let started = Instant::now();
         let cluster = Cluster::start(ClusterOptions {
             bin: bin.clone(),
+            old_bin,
             root: out.join("nodes"),
             nodes: args.nodes,
             settings,
@@ -493,7 +551,10 @@ async fn exercise_and_stop(mut cluster: impl Backend, run: Run<'_>) -> anyhow::R
 /// Workload, faults, heal, drain, final reads, convergence, checks and report.
 async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> {
     let Run { args, rec, started, seed, faults, schedule, mut notes, out } = run;
-    let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    let mut fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    if args.scenario == Scenario::Upgrade {
+        fault_names = vec![upgrade::STEP];
+    }
     let addrs = sut.client_addrs();
     let token = sut.token();
     let wl = Arc::new(WorkloadConfig {
@@ -528,12 +589,15 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
 
     rec.record(Op::Mark { what: "faults_start".into() });
     let until = Instant::now() + Duration::from_secs(args.time_limit);
-    if faults.is_empty() {
+    if args.scenario == Scenario::Upgrade {
+        Upgrade::new(sut, rec.clone()).run(UPGRADE_LOAD).await;
+    } else if faults.is_empty() {
         tokio::time::sleep_until(until).await;
     } else {
         Nemesis::new(sut, rec.clone(), StdRng::seed_from_u64(seed)).run(faults, until, &schedule).await;
     }
     rec.record(Op::Mark { what: "faults_end".into() });
+    let fault_phase = (until - Duration::from_secs(args.time_limit)).elapsed();
     producers_stop.cancel();
     for j in producer_jobs {
         let _ = tokio::time::timeout(Duration::from_secs(40), j).await;
@@ -611,7 +675,10 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
         seed,
         nodes: args.nodes,
         faults: fault_names.iter().map(|s| s.to_string()).collect(),
-        time_limit_s: args.time_limit,
+        time_limit_s: match args.scenario {
+            Scenario::Faults => args.time_limit,
+            Scenario::Upgrade => fault_phase.as_secs(),
+        },
         duration_s: started.elapsed().as_secs_f64(),
         history: out.join("history.jsonl").display().to_string(),
         notes,

@@ -154,9 +154,76 @@ pub fn text(s: &Summary) -> String {
             av.longest_leaderless_after_leader_stop_ms
         );
     }
+    upgrade(&mut o, s);
     let _ = writeln!(o, "\n== {}", if a.valid { "VALID: no violation" } else { "INVALID" });
     for v in &a.violations {
         let _ = writeln!(o, "  violation: {v}");
     }
     o
+}
+
+/// The upgrade scenario's section: each step, the cluster version timeline, the expectations, and a summary.
+fn upgrade(o: &mut String, s: &Summary) {
+    let a = &s.analysis;
+    let u = &a.upgrade;
+    if u.steps.is_empty() && u.expectations.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\n-- upgrade");
+    for st in &u.steps {
+        let _ = writeln!(
+            o,
+            "  {:>6.1} s  {:>5.1} s  node {}  longest claim gap {:>5} ms  enqueues ok {:>6} of {:<4} {}",
+            st.from_ms as f64 / 1000.0,
+            st.seconds,
+            st.node,
+            st.longest_claim_gap_ms,
+            pct(st.ok_share),
+            st.enqueues,
+            st.what
+        );
+    }
+    let mut timeline = String::new();
+    for (t, node, version, cv) in &u.versions {
+        let _ = write!(timeline, " {:.1}s:n{node}=v{version}/cv{cv}", *t as f64 / 1000.0);
+    }
+    let _ = writeln!(o, "  versions (binary/cluster) as each node reported them:{timeline}");
+    if let Some(at) = u.upgraded_at_ms {
+        let first: Vec<String> = u
+            .versions
+            .iter()
+            .filter(|(t, _, _, cv)| *t >= at && *cv >= 1)
+            .fold(Vec::<(u64, u64)>::new(), |mut acc, (t, n, _, _)| {
+                if !acc.iter().any(|(m, _)| m == n) {
+                    acc.push((*n, *t));
+                }
+                acc
+            })
+            .iter()
+            .map(|(n, t)| format!("node {n} +{} ms", t - at))
+            .collect();
+        let _ = writeln!(
+            o,
+            "  last node swapped at {:.1} s; cluster version 1 reported by {}",
+            at as f64 / 1000.0,
+            first.join(", ")
+        );
+    }
+    for (what, passed, detail) in &u.expectations {
+        let _ = writeln!(o, "  [{}] {what}: {detail}", if *passed { "ok" } else { "FAIL" });
+    }
+    finding(o, "cluster version 1 while a node was old", &u.switched_early);
+    let worst = u.steps.iter().map(|st| st.longest_claim_gap_ms).max().unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "  summary: {} tasks acknowledged, {} lost, {} duplicate deliveries ({} unexplained), worst claim gap of a \
+         step {} ms, {} of {} expectations met",
+        a.enqueues.ok,
+        a.lost.count,
+        a.redeliveries.duplicates,
+        a.redeliveries.unexplained.count,
+        worst,
+        u.expectations.iter().filter(|e| e.1).count(),
+        u.expectations.len()
+    );
 }

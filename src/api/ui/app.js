@@ -155,6 +155,8 @@ async function render() {
   const page = pages[parts[0]] || overviewPage;
   try {
     await page(parts.slice(1), query);
+    // When the page first showed its data (ms since navigation): what bench/console.sh measures.
+    if (!document.documentElement.dataset.renderedAt) document.documentElement.dataset.renderedAt = String(Math.round(performance.now()));
     main().focus({ preventScroll: true });
   } catch (e) {
     show(h("h1", {}, "Could not load this page"), h("p", {}, e.message));

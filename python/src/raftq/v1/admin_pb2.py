@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14raftq/v1/admin.proto\x12\x08raftq.v1\"\x13\n\x11NodeStatusRequest\"\xf3\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\x04\x12\x12\n\nhas_leader\x18\x05 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\x12\x41\n\x0freplication_lag\x18\t \x03(\x0b\x32(.raftq.v1.NodeStatus.ReplicationLagEntry\x12!\n\x07members\x18\n \x03(\x0b\x32\x10.raftq.v1.Member\x12\x16\n\x0esnapshot_index\x18\x0b \x01(\x04\x12\x14\n\x0cpurged_index\x18\x0c \x01(\x04\x1a\x35\n\x13ReplicationLagEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"M\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x11\n\traft_addr\x18\x02 \x01(\t\x12\x10\n\x08\x61pi_addr\x18\x03 \x01(\t\x12\r\n\x05voter\x18\x04 \x01(\x08\"7\n\x15TransferLeaderRequest\x12\n\n\x02to\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x04\"<\n\x16TransferLeaderResponse\x12\x11\n\tleader_id\x18\x01 \x01(\x04\x12\x0f\n\x07took_ms\x18\x02 \x01(\x04\"\\\n\x0e\x41\x64\x64NodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x11\n\traft_addr\x18\x02 \x01(\t\x12\x10\n\x08\x61pi_addr\x18\x03 \x01(\t\x12\x14\n\x0clearner_only\x18\x04 \x01(\x08\"3\n\x11RemoveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"7\n\x12MembershipResponse\x12!\n\x07members\x18\x01 \x03(\x0b\x32\x10.raftq.v1.Member\"\x0f\n\rDigestRequest\"W\n\x0e\x44igestResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x15\n\rapplied_index\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x04\x12\r\n\x05tasks\x18\x04 \x01(\x04\x32\xe2\x02\n\x05\x41\x64min\x12;\n\x06Status\x12\x1b.raftq.v1.NodeStatusRequest\x1a\x14.raftq.v1.NodeStatus\x12S\n\x0eTransferLeader\x12\x1f.raftq.v1.TransferLeaderRequest\x1a .raftq.v1.TransferLeaderResponse\x12\x41\n\x07\x41\x64\x64Node\x12\x18.raftq.v1.AddNodeRequest\x1a\x1c.raftq.v1.MembershipResponse\x12G\n\nRemoveNode\x12\x1b.raftq.v1.RemoveNodeRequest\x1a\x1c.raftq.v1.MembershipResponse\x12;\n\x06\x44igest\x12\x17.raftq.v1.DigestRequest\x1a\x18.raftq.v1.DigestResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14raftq/v1/admin.proto\x12\x08raftq.v1\"\x13\n\x11NodeStatusRequest\"\x9d\x03\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\x04\x12\x12\n\nhas_leader\x18\x05 \x01(\x08\x12\x16\n\x0elast_log_index\x18\x06 \x01(\x04\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ommitted_index\x18\x08 \x01(\x04\x12\x41\n\x0freplication_lag\x18\t \x03(\x0b\x32(.raftq.v1.NodeStatus.ReplicationLagEntry\x12!\n\x07members\x18\n \x03(\x0b\x32\x10.raftq.v1.Member\x12\x16\n\x0esnapshot_index\x18\x0b \x01(\x04\x12\x14\n\x0cpurged_index\x18\x0c \x01(\x04\x12\x0f\n\x07version\x18\r \x01(\r\x12\x17\n\x0f\x63luster_version\x18\x0e \x01(\r\x1a\x35\n\x13ReplicationLagEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"M\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x11\n\traft_addr\x18\x02 \x01(\t\x12\x10\n\x08\x61pi_addr\x18\x03 \x01(\t\x12\r\n\x05voter\x18\x04 \x01(\x08\"7\n\x15TransferLeaderRequest\x12\n\n\x02to\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x04\"<\n\x16TransferLeaderResponse\x12\x11\n\tleader_id\x18\x01 \x01(\x04\x12\x0f\n\x07took_ms\x18\x02 \x01(\x04\"\\\n\x0e\x41\x64\x64NodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x11\n\traft_addr\x18\x02 \x01(\t\x12\x10\n\x08\x61pi_addr\x18\x03 \x01(\t\x12\x14\n\x0clearner_only\x18\x04 \x01(\x08\"3\n\x11RemoveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"7\n\x12MembershipResponse\x12!\n\x07members\x18\x01 \x03(\x0b\x32\x10.raftq.v1.Member\"\x0f\n\rDigestRequest\"W\n\x0e\x44igestResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x15\n\rapplied_index\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x04\x12\r\n\x05tasks\x18\x04 \x01(\x04\"\x0f\n\rBackupRequest\"C\n\x0b\x42\x61\x63kupChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0f\n\x07records\x18\x02 \x01(\x04\x12\x15\n\rapplied_index\x18\x03 \x01(\x04\x32\x9e\x03\n\x05\x41\x64min\x12;\n\x06Status\x12\x1b.raftq.v1.NodeStatusRequest\x1a\x14.raftq.v1.NodeStatus\x12S\n\x0eTransferLeader\x12\x1f.raftq.v1.TransferLeaderRequest\x1a .raftq.v1.TransferLeaderResponse\x12\x41\n\x07\x41\x64\x64Node\x12\x18.raftq.v1.AddNodeRequest\x1a\x1c.raftq.v1.MembershipResponse\x12G\n\nRemoveNode\x12\x1b.raftq.v1.RemoveNodeRequest\x1a\x1c.raftq.v1.MembershipResponse\x12;\n\x06\x44igest\x12\x17.raftq.v1.DigestRequest\x1a\x18.raftq.v1.DigestResponse\x12:\n\x06\x42\x61\x63kup\x12\x17.raftq.v1.BackupRequest\x1a\x15.raftq.v1.BackupChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -26,25 +26,29 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_NODESTATUSREQUEST']._serialized_start=34
   _globals['_NODESTATUSREQUEST']._serialized_end=53
   _globals['_NODESTATUS']._serialized_start=56
-  _globals['_NODESTATUS']._serialized_end=427
-  _globals['_NODESTATUS_REPLICATIONLAGENTRY']._serialized_start=374
-  _globals['_NODESTATUS_REPLICATIONLAGENTRY']._serialized_end=427
-  _globals['_MEMBER']._serialized_start=429
-  _globals['_MEMBER']._serialized_end=506
-  _globals['_TRANSFERLEADERREQUEST']._serialized_start=508
-  _globals['_TRANSFERLEADERREQUEST']._serialized_end=563
-  _globals['_TRANSFERLEADERRESPONSE']._serialized_start=565
-  _globals['_TRANSFERLEADERRESPONSE']._serialized_end=625
-  _globals['_ADDNODEREQUEST']._serialized_start=627
-  _globals['_ADDNODEREQUEST']._serialized_end=719
-  _globals['_REMOVENODEREQUEST']._serialized_start=721
-  _globals['_REMOVENODEREQUEST']._serialized_end=772
-  _globals['_MEMBERSHIPRESPONSE']._serialized_start=774
-  _globals['_MEMBERSHIPRESPONSE']._serialized_end=829
-  _globals['_DIGESTREQUEST']._serialized_start=831
-  _globals['_DIGESTREQUEST']._serialized_end=846
-  _globals['_DIGESTRESPONSE']._serialized_start=848
-  _globals['_DIGESTRESPONSE']._serialized_end=935
-  _globals['_ADMIN']._serialized_start=938
-  _globals['_ADMIN']._serialized_end=1292
+  _globals['_NODESTATUS']._serialized_end=469
+  _globals['_NODESTATUS_REPLICATIONLAGENTRY']._serialized_start=416
+  _globals['_NODESTATUS_REPLICATIONLAGENTRY']._serialized_end=469
+  _globals['_MEMBER']._serialized_start=471
+  _globals['_MEMBER']._serialized_end=548
+  _globals['_TRANSFERLEADERREQUEST']._serialized_start=550
+  _globals['_TRANSFERLEADERREQUEST']._serialized_end=605
+  _globals['_TRANSFERLEADERRESPONSE']._serialized_start=607
+  _globals['_TRANSFERLEADERRESPONSE']._serialized_end=667
+  _globals['_ADDNODEREQUEST']._serialized_start=669
+  _globals['_ADDNODEREQUEST']._serialized_end=761
+  _globals['_REMOVENODEREQUEST']._serialized_start=763
+  _globals['_REMOVENODEREQUEST']._serialized_end=814
+  _globals['_MEMBERSHIPRESPONSE']._serialized_start=816
+  _globals['_MEMBERSHIPRESPONSE']._serialized_end=871
+  _globals['_DIGESTREQUEST']._serialized_start=873
+  _globals['_DIGESTREQUEST']._serialized_end=888
+  _globals['_DIGESTRESPONSE']._serialized_start=890
+  _globals['_DIGESTRESPONSE']._serialized_end=977
+  _globals['_BACKUPREQUEST']._serialized_start=979
+  _globals['_BACKUPREQUEST']._serialized_end=994
+  _globals['_BACKUPCHUNK']._serialized_start=996
+  _globals['_BACKUPCHUNK']._serialized_end=1063
+  _globals['_ADMIN']._serialized_start=1066
+  _globals['_ADMIN']._serialized_end=1480
 # @@protoc_insertion_point(module_scope)

@@ -10,7 +10,7 @@ class NodeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "has_leader", "last_log_index", "applied_index", "committed_index", "replication_lag", "members", "snapshot_index", "purged_index")
+    __slots__ = ("node_id", "role", "term", "leader_id", "has_leader", "last_log_index", "applied_index", "committed_index", "replication_lag", "members", "snapshot_index", "purged_index", "version", "cluster_version")
     class ReplicationLagEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,8 @@ class NodeStatus(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PURGED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     term: int
@@ -42,7 +44,9 @@ class NodeStatus(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     snapshot_index: int
     purged_index: int
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., has_leader: bool = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., replication_lag: _Optional[_Mapping[int, int]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ...) -> None: ...
+    version: int
+    cluster_version: int
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., has_leader: bool = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., committed_index: _Optional[int] = ..., replication_lag: _Optional[_Mapping[int, int]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ..., version: _Optional[int] = ..., cluster_version: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("node_id", "raft_addr", "api_addr", "voter")
@@ -113,3 +117,17 @@ class DigestResponse(_message.Message):
     digest: int
     tasks: int
     def __init__(self, node_id: _Optional[int] = ..., applied_index: _Optional[int] = ..., digest: _Optional[int] = ..., tasks: _Optional[int] = ...) -> None: ...
+
+class BackupRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BackupChunk(_message.Message):
+    __slots__ = ("data", "records", "applied_index")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    records: int
+    applied_index: int
+    def __init__(self, data: _Optional[bytes] = ..., records: _Optional[int] = ..., applied_index: _Optional[int] = ...) -> None: ...

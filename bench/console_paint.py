@@ -46,7 +46,13 @@ def main():
                 kb = d.execute_script(
                     "return (performance.getEntriesByType('navigation')[0].transferSize + performance"
                     ".getEntriesByType('resource').reduce((s, r) => s + r.transferSize, 0)) / 1024")
-            fmt = lambda v: f"{statistics.median(v):6.0f} ({min(v):.0f}-{max(v):.0f})"  # noqa: E731
+            def fmt(v):
+                # A load whose first paint Chromium did not record (it reuses a paint) is left out, and counted.
+                got = [x for x in v if x == x]
+                if not got:
+                    return "none recorded"
+                miss = f" [{len(v) - len(got)} none]" if len(got) < len(v) else ""
+                return f"{statistics.median(got):6.0f} ({min(got):.0f}-{max(got):.0f}){miss}"
             print(f"{name:<13} {fmt(fcp):>22} {fmt(shown):>22} {kb:6.0f}")
     finally:
         d.quit()

@@ -102,6 +102,10 @@ pub struct Metrics {
     pub snapshots_installed: AtomicU64,
     pub snapshots_built: AtomicU64,
     webhooks: [AtomicU64; WEBHOOK_EVENTS.len()],
+    /// Tasks whose enqueue was refused by a depth limit (on the leader).
+    pub refused_full: AtomicU64,
+    /// Times the leader held back claims because a queue was at its running cap.
+    pub capped_claims: AtomicU64,
 }
 
 impl Metrics {
@@ -137,6 +141,16 @@ impl Metrics {
                 "raftq_snapshots_installed_total",
                 "Snapshots received from a leader and installed.",
                 &self.snapshots_installed,
+            ),
+            (
+                "raftq_enqueue_refused_full_total",
+                "Tasks refused by this leader because their queue or tenant was at its depth limit.",
+                &self.refused_full,
+            ),
+            (
+                "raftq_claims_capped_total",
+                "Times this leader held back claims of a queue at its running cap.",
+                &self.capped_claims,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

@@ -89,6 +89,17 @@ impl Error {
         }
     }
 
+    /// An overload refusal (`RATE_LIMITED`, `QUEUE_FULL`, `TOO_MANY_STREAMS`): the request was refused whole
+    /// before anything was proposed, so even a write may be sent again after a backoff.
+    pub fn is_overload(&self) -> bool {
+        match self {
+            Error::Server { reason, .. } => {
+                matches!(Reason::parse(reason), Some(Reason::RateLimited | Reason::QueueFull | Reason::TooManyStreams))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the same request can succeed later, unchanged, and is safe to repeat: not the leader, the node
     /// unavailable or overloaded, the server unreachable. An unknown outcome is not retryable in this sense:
     /// the write may have happened (see [`Error::UnknownOutcome`]).
@@ -160,11 +171,14 @@ fn transport(status: Status) -> Error {
 }
 
 /// Reasons whose requests were not applied and may succeed later unchanged: raftq's `NOT_LEADER` and
-/// `UNAVAILABLE`, the overload refusals `RATE_LIMITED` and `TOO_MANY_STREAMS` (after their retry-after hint), and
+/// `UNAVAILABLE`, the overload refusals `RATE_LIMITED`, `TOO_MANY_STREAMS` and `QUEUE_FULL` (after their retry-after hint), and
 /// the gRPC code name `RESOURCE_EXHAUSTED` of a framework refusal. The Python SDK classifies the same way.
 fn retryable_reason(reason: &str) -> bool {
     match Reason::parse(reason) {
-        Some(r) => matches!(r, Reason::NotLeader | Reason::Unavailable | Reason::RateLimited | Reason::TooManyStreams),
+        Some(r) => matches!(
+            r,
+            Reason::NotLeader | Reason::Unavailable | Reason::RateLimited | Reason::TooManyStreams | Reason::QueueFull
+        ),
         None => reason == code_reason(Code::ResourceExhausted),
     }
 }

@@ -12,6 +12,29 @@ use crate::error::Result;
 use crate::producer::{Kind, Producer};
 use crate::task::{Task, TaskState};
 
+/// Flow-control limits of a queue, or of the tenant over all its queues (`queue` empty). `None`: no limit.
+/// An enqueue past `max_depth` waiting tasks is refused whole with `QUEUE_FULL` (retried by the SDK after a
+/// backoff); claims past `max_running` running tasks wait.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// The queue (empty: the tenant's own limit).
+    pub queue: String,
+    /// Running tasks at most (queues only).
+    pub max_running: Option<u32>,
+    /// Waiting (pending, delayed or held) tasks at most.
+    pub max_depth: Option<u64>,
+}
+
+impl From<pb::QueueLimits> for QueueLimits {
+    fn from(l: pb::QueueLimits) -> Self {
+        QueueLimits {
+            queue: l.queue,
+            max_running: (l.max_running > 0).then_some(l.max_running),
+            max_depth: (l.max_depth > 0).then_some(l.max_depth),
+        }
+    }
+}
+
 /// Which tasks [`Producer::list_tasks`] returns; every condition given must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskQuery {
@@ -195,6 +218,45 @@ impl Producer {
             })
             .await?;
         Ok(r.queues.into_iter().map(QueueCapacity::from_proto).collect())
+    }
+
+    /// Sets a queue's flow-control limits (see [`QueueLimits`]); both `None` removes them. Needs the admin
+    /// scope and cluster version 2. Idempotent, so retried like a read.
+    pub async fn set_queue_limits(
+        &self,
+        queue: &str,
+        max_running: Option<u32>,
+        max_depth: Option<u64>,
+    ) -> Result<QueueLimits> {
+        self.set_limits(queue, max_running.unwrap_or(0), max_depth.unwrap_or(0)).await
+    }
+
+    /// Sets the tenant's depth limit over all its queues (`None`: none).
+    pub async fn set_tenant_max_depth(&self, max_depth: Option<u64>) -> Result<QueueLimits> {
+        self.set_limits("", 0, max_depth.unwrap_or(0)).await
+    }
+
+    async fn set_limits(&self, queue: &str, max_running: u32, max_depth: u64) -> Result<QueueLimits> {
+        let req = pb::QueueLimits { queue: queue.to_string(), max_running, max_depth };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.set_queue_limits(req).await }
+            })
+            .await?;
+        Ok(QueueLimits::from(r))
+    }
+
+    /// The tenant's limits: each limited queue's, and the tenant's own (queue `""`).
+    pub async fn queue_limits(&self) -> Result<Vec<QueueLimits>> {
+        let stale = self.stale;
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.read_request(pb::ListQueueLimitsRequest {}, stale);
+                async move { c.list_queue_limits(req).await }
+            })
+            .await?;
+        Ok(r.limits.into_iter().map(QueueLimits::from).collect())
     }
 
     /// The tenant's paused queues.

@@ -135,13 +135,15 @@ pub(crate) enum Next {
 }
 
 /// The retry rule. Reads retry everything transient. Writes retry only what certainly was not applied: a
-/// NOT_LEADER answer and a connection that could not be made. An unknown outcome is never retried.
+/// NOT_LEADER answer, an overload refusal and a connection that could not be made. An unknown outcome is never retried.
 pub(crate) fn next_step(kind: Kind, e: &Error) -> Next {
     match e {
         Error::NotLeader { leader: Some(_) } => Next::Now,
         Error::NotLeader { leader: None } | Error::Transport { .. } => Next::Later,
         Error::UnknownOutcome { .. } if kind == Kind::Read => Next::Later,
         Error::Server { .. } if kind == Kind::Read && e.is_retryable() => Next::Later,
+        // Refused whole before anything was proposed: a write too may go again, after the backoff.
+        Error::Server { .. } if e.is_overload() => Next::Later,
         _ => Next::Stop,
     }
 }
@@ -389,6 +391,11 @@ mod tests {
         assert_eq!(next_step(Kind::Read, &unavailable), Next::Later);
         let not_found = Error::from_reason("NOT_FOUND", "", None);
         assert_eq!(next_step(Kind::Read, &not_found), Next::Stop);
+        // An overload refusal applied nothing: a write goes again after the backoff.
+        for r in ["QUEUE_FULL", "RATE_LIMITED", "TOO_MANY_STREAMS"] {
+            assert_eq!(next_step(Kind::Write, &Error::from_reason(r, "", None)), Next::Later, "{r}");
+        }
+        assert_eq!(next_step(Kind::Write, &not_found), Next::Stop);
     }
 
     #[test]

@@ -88,11 +88,14 @@ pub enum Reason {
     /// The request needs a cluster version the cluster does not run yet (a node still runs an older binary);
     /// nothing was applied.
     FeatureNotActive,
+    /// The queue (or the tenant) holds as many waiting tasks as its depth limit allows; nothing was applied; try
+    /// again after the retry hint.
+    QueueFull,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Reason::InvalidArgument,
         Reason::NotFound,
         Reason::AlreadyExists,
@@ -120,6 +123,7 @@ impl Reason {
         Reason::TooManyStreams,
         Reason::MethodNotAllowed,
         Reason::FeatureNotActive,
+        Reason::QueueFull,
     ];
 
     /// The code as it travels.
@@ -152,6 +156,7 @@ impl Reason {
             Reason::TooManyStreams => "TOO_MANY_STREAMS",
             Reason::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Reason::FeatureNotActive => "FEATURE_NOT_ACTIVE",
+            Reason::QueueFull => "QUEUE_FULL",
         }
     }
 

@@ -194,3 +194,33 @@ def test_pause_resume_listing_capacity_and_schedules(server, queue):
         assert p.pause_schedule(s.id).paused and not p.resume_schedule(s.id).paused
         p.delete_schedule(s.id)
         assert s.id not in [x.id for x in p.schedules()]
+
+
+def test_a_depth_limit_refuses_with_queue_full_and_the_sdk_backs_off_until_there_is_room(server, queue):
+    with producer(server, max_retries=10) as p:
+        # The limits need cluster version 2, which a fresh node raises within a second of starting.
+        wait_for(lambda: _try_set_limits(p, queue), limit=10, what="cluster version 2")
+        assert {"queue": queue, "max_running": None, "max_depth": 1} in p.queue_limits()
+        first = p.enqueue(queue, b"first")
+        with producer(server, max_retries=0) as quick:
+            with pytest.raises(raftq.errors.ServerError) as e:
+                quick.enqueue(queue, b"refused")
+            assert e.value.reason == "QUEUE_FULL" and e.value.retryable
+        got = threading.Event()
+        with Running(worker(server, queue), lambda t: got.set()):
+            # Refused until the worker takes the first task; the SDK retries after its backoff and gets in.
+            second = p.enqueue(queue, b"second")
+            assert got.wait(10)
+            assert p.result(second.task_id, wait=10).state == TaskState.COMPLETED
+        assert p.result(first.task_id, wait=10).state == TaskState.COMPLETED
+        p.set_queue_limits(queue)
+        assert all(l["queue"] != queue for l in p.queue_limits())
+
+
+def _try_set_limits(p, queue):  # type: ignore[no-untyped-def]
+    try:
+        return p.set_queue_limits(queue, max_depth=1)["max_depth"] == 1
+    except raftq.errors.ServerError as e:
+        if e.reason == "FEATURE_NOT_ACTIVE":
+            return False
+        raise

@@ -46,5 +46,5 @@ def _all_ops(ops):  # type: ignore[no-untyped-def]
         ops.queue_stats([]), ops.report_progress("x", 1, 1, ""), ops.pause_queue("q"), ops.resume_queue("q"),
         ops.paused_queues(), ops.list_tasks(None, None, None, None, 0, None), ops.capacity([]),
         ops.create_schedule("n", t, None, "", 60, False), ops.schedules(), ops.pause_schedule("x", True),
-        ops.pause_schedule("x", False), ops.delete_schedule("x"),
+        ops.pause_schedule("x", False), ops.delete_schedule("x"), ops.set_limits("q", 1, None), ops.queue_limits(),
     ]

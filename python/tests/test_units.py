@@ -110,6 +110,9 @@ def test_writes_retry_only_what_was_certainly_not_applied():
     assert step(True, errors.from_reason("NOT_LEADER", "", leader="a:1")) == _conn.Step.NOW
     assert step(True, errors.from_reason("NOT_LEADER", "")) == _conn.Step.LATER
     assert step(False, errors.from_reason("NOT_FOUND", "")) == _conn.Step.STOP
+    for overload in ("QUEUE_FULL", "RATE_LIMITED", "TOO_MANY_STREAMS"):
+        assert step(True, errors.from_reason(overload, "")) == _conn.Step.LATER, overload
+    assert step(True, errors.from_reason("NOT_FOUND", "")) == _conn.Step.STOP
 
 
 def test_addresses_are_normalized_and_bad_ones_named():

@@ -54,6 +54,9 @@ pub enum ApiError {
     /// The request needs a newer cluster version than the cluster runs; nothing was applied.
     #[error("{0}")]
     FeatureNotActive(String),
+    /// The queue or tenant is at its depth limit: nothing was applied; try again after `retry_after_ms`.
+    #[error("{message}")]
+    QueueFull { message: String, retry_after_ms: u64 },
     /// The leader's refusal of a request this node forwarded to it, passed on as the leader gave it.
     #[error("{}", .0.message)]
     Leader(Box<LeaderAnswer>),
@@ -103,6 +106,7 @@ impl ApiError {
             ApiError::TooManyStreams { .. } => Reason::TooManyStreams,
             ApiError::MethodNotAllowed(_) => Reason::MethodNotAllowed,
             ApiError::FeatureNotActive(_) => Reason::FeatureNotActive,
+            ApiError::QueueFull { .. } => Reason::QueueFull,
             ApiError::Leader(a) => a.reason,
         }
     }
@@ -119,9 +123,9 @@ impl ApiError {
     /// When to try again, for an overload answer.
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
-            ApiError::RateLimited { retry_after_ms, .. } | ApiError::TooManyStreams { retry_after_ms, .. } => {
-                Some(*retry_after_ms)
-            }
+            ApiError::RateLimited { retry_after_ms, .. }
+            | ApiError::TooManyStreams { retry_after_ms, .. }
+            | ApiError::QueueFull { retry_after_ms, .. } => Some(*retry_after_ms),
             ApiError::Leader(a) => a.retry_after_ms,
             _ => None,
         }
@@ -200,6 +204,7 @@ pub fn grpc_code(r: Reason) -> Code {
         Reason::TooManyStreams => Code::ResourceExhausted,
         Reason::MethodNotAllowed => Code::Unimplemented,
         Reason::FeatureNotActive => Code::FailedPrecondition,
+        Reason::QueueFull => Code::ResourceExhausted,
     }
 }
 
@@ -233,6 +238,7 @@ pub fn http_status(r: Reason) -> StatusCode {
         Reason::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Reason::FeatureNotActive => StatusCode::CONFLICT,
+        Reason::QueueFull => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -259,6 +265,17 @@ impl From<ProposeError> for ApiError {
             ProposeError::Fatal(m) => ApiError::Unavailable(m),
             ProposeError::Storage(m) => ApiError::Internal(m),
             e @ ProposeError::FeatureNotActive { .. } => ApiError::FeatureNotActive(e.to_string()),
+            ProposeError::QueueFull(f) => {
+                let whose =
+                    if f.queue.is_empty() { format!("tenant '{}'", f.tenant) } else { format!("queue '{}'", f.queue) };
+                ApiError::QueueFull {
+                    message: format!(
+                        "{whose} holds {} waiting tasks and its depth limit is {}: {} more do not fit; retry in {} ms",
+                        f.waiting, f.max_depth, f.adding, f.retry_after_ms
+                    ),
+                    retry_after_ms: f.retry_after_ms,
+                }
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::leader::dispatcher::Dispatcher;
 use crate::leader::proposer::wall_clock_ms;
 use crate::leader::proposer::Proposer;
 use crate::queue::{
-    self, Command, MissedPolicy, Response as SmResponse, Schedule, ScheduleSpec, TaskFilter, TaskId, TaskState,
+    self, Command, Limits, MissedPolicy, Response as SmResponse, Schedule, ScheduleSpec, TaskFilter, TaskId, TaskState,
 };
 
 /// Largest page a listing returns.
@@ -52,6 +52,10 @@ fn schedule_pb(s: &Schedule) -> pb::Schedule {
         next_occurrence_ms: queue::cron::next_due(s).map(ms).unwrap_or(0),
         fired: s.fired,
     }
+}
+
+fn limits_pb(queue: String, l: Limits) -> pb::QueueLimits {
+    pb::QueueLimits { queue, max_running: l.max_running.unwrap_or(0), max_depth: l.max_depth.unwrap_or(0) }
 }
 
 pub struct JobsApi {
@@ -116,6 +120,51 @@ impl JobsApi {
         }
         let pb::ListPausedQueuesRequest {} = req.into_inner();
         Ok(pb::ListPausedQueuesResponse { queues: self.proposer.shared.paused_queues(&who.tenant) })
+    }
+
+    async fn set_limits_local(&self, req: Request<pb::QueueLimits>) -> Result<pb::QueueLimits, ApiError> {
+        let who = caller_with(&req, Scope::Admin)?;
+        let pb::QueueLimits { queue, max_running, max_depth } = req.into_inner();
+        if queue.is_empty() {
+            if who.limited_to_queues() {
+                return Err(invalid("a token limited to some queues cannot set the tenant's limits"));
+            }
+            if max_running != 0 {
+                return Err(invalid("max_running caps one queue: give queue (the tenant's limit is max_depth)"));
+            }
+        } else {
+            convert::validate_queue(&self.proposer.cfg, &queue)?;
+            who.check_queue(&queue)?;
+        }
+        let limits = Limits {
+            max_running: (max_running > 0).then_some(max_running),
+            max_depth: (max_depth > 0).then_some(max_depth),
+        };
+        let cmd = Command::SetLimits { tenant: who.tenant, queue: queue.clone(), limits };
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::LimitsSet(l) => Ok(limits_pb(queue, l)),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    async fn list_limits_local(
+        &self,
+        req: Request<pb::ListQueueLimitsRequest>,
+    ) -> Result<pb::ListQueueLimitsResponse, ApiError> {
+        let who = caller_with(&req, Scope::Read)?;
+        if !stale_read(&req) {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let pb::ListQueueLimitsRequest {} = req.into_inner();
+        let limits = self
+            .proposer
+            .shared
+            .tenant_limits(&who.tenant)
+            .into_iter()
+            .filter(|(q, _)| q.is_empty() || who.check_queue(q).is_ok())
+            .map(|(q, l)| limits_pb(q, l))
+            .collect();
+        Ok(pb::ListQueueLimitsResponse { limits })
     }
 
     async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
@@ -351,6 +400,22 @@ impl JobsApi {
         self.fwd.unary(req, Kind::Read, |r| self.list_paused_local(r), remote).await
     }
 
+    /// Setting limits sets a state: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn set_queue_limits(&self, req: Request<pb::QueueLimits>) -> Result<pb::QueueLimits, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).set_queue_limits(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.set_limits_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all)]
+    pub async fn list_queue_limits(
+        &self,
+        req: Request<pb::ListQueueLimitsRequest>,
+    ) -> Result<pb::ListQueueLimitsResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_queue_limits(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_limits_local(r), remote).await
+    }
+
     #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, page_size = req.get_ref().page_size))]
     pub async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
         let remote = |ch, r| async move { jobs_on(ch).list_tasks(r).await };
@@ -415,6 +480,14 @@ impl Jobs for JobsApi {
 
     async fn list_paused_queues(&self, req: Request<pb::ListPausedQueuesRequest>) -> Res<pb::ListPausedQueuesResponse> {
         reply(JobsApi::list_paused_queues(self, req).await)
+    }
+
+    async fn set_queue_limits(&self, req: Request<pb::QueueLimits>) -> Res<pb::QueueLimits> {
+        reply(JobsApi::set_queue_limits(self, req).await)
+    }
+
+    async fn list_queue_limits(&self, req: Request<pb::ListQueueLimitsRequest>) -> Res<pb::ListQueueLimitsResponse> {
+        reply(JobsApi::list_queue_limits(self, req).await)
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {

@@ -98,6 +98,25 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ("post", "/v1/queues/{queue}/resume") => {
             op("resumeQueue", "Resume a paused queue", None, (200, Some("QueuePause")))
         }
+        ("put", "/v1/queues/{queue}/limits") => op(
+            "setQueueLimits",
+            "Set a queue's flow-control limits: max_running (claims past it wait) and max_depth (enqueues past it \
+             are refused with 429 QUEUE_FULL and Retry-After); null or absent: no limit",
+            Some("Limits"),
+            (200, Some("QueueLimits")),
+        ),
+        ("put", "/v1/limits") => op(
+            "setTenantLimits",
+            "Set the tenant's max_depth over all its queues (null or absent: no limit)",
+            Some("Limits"),
+            (200, Some("QueueLimits")),
+        ),
+        ("get", "/v1/limits") => op(
+            "listLimits",
+            "The tenant's limits: each queue's, and the tenant's own (queue \"\")",
+            None,
+            (200, Some("LimitsList")),
+        ),
         ("get", "/v1/queues/{queue}/capacity") => {
             op("queueCapacity", "A queue's backlog, throughput and workers needed", None, (200, Some("Capacity")))
         }
@@ -559,6 +578,9 @@ pub fn schemas() -> Map<String, Value> {
             ),
         ),
         ("Transfer", object(&[("to", int()), ("timeout_ms", int())], &[])),
+        ("Limits", object(&[("max_running", nint()), ("max_depth", nint())], &[])),
+        ("QueueLimits", object(&[("queue", string()), ("max_running", nint()), ("max_depth", nint())], &["queue"])),
+        ("LimitsList", object(&[("limits", array(reference("QueueLimits")))], &["limits"])),
         ("Transferred", object(&[("leader_id", int()), ("took_ms", int())], &["leader_id"])),
         ("Health", object(&[("status", string())], &["status"])),
         (
@@ -691,8 +713,15 @@ fn error_statuses(method: &str, path: &str, o: &Operation) -> Vec<(u16, &'static
     if conflicts {
         v.push((409, "LEASE_LOST, NOT_IN_PROGRESS, ALREADY_ENDED, ...: the task's state refuses this"));
     }
+    if matches!(o.id, "setQueueLimits" | "setTenantLimits") {
+        v.push((409, "FEATURE_NOT_ACTIVE: a node still runs a release without limits (cluster version 2)"));
+    }
     if method == "post" && matches!(o.id, "enqueue" | "enqueueBatch" | "claim") {
-        v.push((429, "RATE_LIMITED: over the tenant's rate; nothing was applied; see Retry-After"));
+        v.push((
+            429,
+            "RATE_LIMITED: over the tenant's rate; QUEUE_FULL (enqueues): the queue or tenant is at its depth limit; \
+             nothing was applied; see Retry-After",
+        ));
     }
     v.extend([
         (500, "INTERNAL"),
@@ -711,6 +740,8 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "purgeGroup" => "admin",
         "claim" | "complete" | "fail" | "nack" | "abandon" | "heartbeat" => "work",
         "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" | "backup" => "admin",
+        "setQueueLimits" | "setTenantLimits" => "admin",
+        "listLimits" => "read",
         "listTasks" | "queueCapacity" | "capacity" | "listSchedules" => "read",
         "exception" => "work",
         "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",

@@ -73,6 +73,9 @@ rest_routes! {
     post "/v1/queues/{queue}/dead-letters/groups/purge" => group_as(GroupAction::Purge);
     post "/v1/queues/{queue}/pause" => pause_queue;
     post "/v1/queues/{queue}/resume" => resume_queue;
+    put "/v1/queues/{queue}/limits" => set_queue_limits;
+    get "/v1/limits" => list_limits;
+    put "/v1/limits" => set_tenant_limits;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
     get "/v1/capacity" => capacity;
     post "/v1/schedules" => create_schedule;
@@ -728,6 +731,48 @@ async fn resume_queue(State(r): State<Rest>, headers: HeaderMap, Path(queue): Pa
     ok(json!({"queue": p.queue, "paused": p.paused}))
 }
 
+/// Flow-control limits: a missing or null limit is no limit.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsBody {
+    #[serde(default)]
+    max_running: Option<u32>,
+    #[serde(default)]
+    max_depth: Option<u64>,
+}
+
+fn limits_json(l: &pb::QueueLimits) -> Value {
+    let some = |n: u64| (n > 0).then_some(n);
+    json!({"queue": l.queue, "max_running": some(l.max_running.into()), "max_depth": some(l.max_depth)})
+}
+
+async fn set_limits(r: &Rest, headers: &HeaderMap, queue: String, b: LimitsBody) -> Res {
+    if b.max_running == Some(0) || b.max_depth == Some(0) {
+        return Err(RestError::bad("a limit is at least 1 (null or absent: no limit)"));
+    }
+    let msg = pb::QueueLimits { queue, max_running: b.max_running.unwrap_or(0), max_depth: b.max_depth.unwrap_or(0) };
+    let l = r.jobs.set_queue_limits(request(r, headers, msg)?).await?;
+    ok(limits_json(&l))
+}
+
+async fn set_queue_limits(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Body(b): Body<LimitsBody>,
+) -> Res {
+    set_limits(&r, &headers, queue, b).await
+}
+
+async fn set_tenant_limits(State(r): State<Rest>, headers: HeaderMap, Body(b): Body<LimitsBody>) -> Res {
+    set_limits(&r, &headers, String::new(), b).await
+}
+
+async fn list_limits(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    let l = r.jobs.list_queue_limits(request(&r, &headers, pb::ListQueueLimitsRequest {})?).await?;
+    ok(json!({"limits": l.limits.iter().map(limits_json).collect::<Vec<_>>()}))
+}
+
 fn capacity_json(c: &pb::QueueCapacity) -> Value {
     json!({
         "queue": c.queue, "paused": c.paused, "pending": c.pending, "ready": c.ready, "delayed": c.delayed,
@@ -899,7 +944,8 @@ mod tests {
 
     #[test]
     fn request_schemas_name_exactly_the_fields_the_routes_accept() {
-        let cases: [(&str, Vec<&str>); 8] = [
+        let cases: [(&str, Vec<&str>); 9] = [
+            ("Limits", field_names::<LimitsBody>()),
             ("Group", field_names::<GroupBody>()),
             ("Schedule", field_names::<ScheduleBody>()),
             ("NewTask", field_names::<NewTaskBody>()),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use raftq_client::{NewTask, QueueCapacity, Recurrence, Schedule, TaskQuery, TaskState};
+use raftq_client::{NewTask, QueueCapacity, QueueLimits, Recurrence, Schedule, TaskQuery, TaskState};
 use serde_json::json;
 
 use super::client::{print_json, task_json, ClientArgs, Output};
@@ -27,6 +27,25 @@ pub enum JobsCmd {
     },
     /// List the paused queues.
     Paused {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Set flow-control limits: a queue's (--queue) running cap and depth limit, or without --queue the
+    /// tenant's depth limit over all its queues. A limit not given is removed.
+    Limits {
+        #[arg(long)]
+        queue: Option<String>,
+        /// Running tasks at most; claims past it wait.
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Waiting tasks at most; enqueues past it are refused with QUEUE_FULL.
+        #[arg(long)]
+        max_depth: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the limits set (the tenant's own is the queue "").
+    LimitsList {
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -128,6 +147,23 @@ fn schedule_json(s: &Schedule) -> serde_json::Value {
     })
 }
 
+fn print_limits(out: Output, limits: &[QueueLimits]) {
+    match out {
+        // As REST answers `GET /v1/limits`.
+        Output::Json => print_json(&json!({"limits": limits.iter().map(|l| json!({
+            "queue": l.queue, "max_running": l.max_running, "max_depth": l.max_depth,
+        })).collect::<Vec<_>>()})),
+        Output::Table => {
+            let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            println!("{:<24} {:>12} {:>12}", "queue", "max_running", "max_depth");
+            for l in limits {
+                let q = if l.queue.is_empty() { "(tenant)" } else { &l.queue };
+                println!("{q:<24} {:>12} {:>12}", n(l.max_running.map(u64::from)), n(l.max_depth));
+            }
+        }
+    }
+}
+
 fn print_pause(out: Output, queue: &str, paused: bool) {
     match out {
         Output::Json => print_json(&json!({"queue": queue, "paused": paused})),
@@ -151,6 +187,19 @@ pub async fn run(cmd: JobsCmd) -> Result<()> {
                 Output::Json => print_json(&json!({ "queues": queues })),
                 Output::Table => queues.iter().for_each(|q| println!("{q}")),
             }
+        }
+        JobsCmd::Limits { queue, max_running, max_depth, client } => {
+            let p = client.connect().await?;
+            let l = match queue {
+                Some(q) => p.set_queue_limits(&q, max_running, max_depth).await?,
+                None if max_running.is_some() => bail!("--max-running caps one queue: give --queue"),
+                None => p.set_tenant_max_depth(max_depth).await?,
+            };
+            print_limits(client.output(), &[l]);
+        }
+        JobsCmd::LimitsList { client } => {
+            let limits = client.connect().await?.queue_limits().await?;
+            print_limits(client.output(), &limits);
         }
         JobsCmd::List { queue, state, from_ms, to_ms, page_size, page_token, client } => {
             let state = match state {

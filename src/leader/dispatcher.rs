@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::proposer::{not_leader, write, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, Response, Task, TaskId};
+use crate::queue::{ClaimItem, Command, QueueKey, Response, Task, TaskId};
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
@@ -75,6 +75,8 @@ impl WorkersSeen {
 struct Done {
     groups: Vec<(ClaimRequest, std::ops::Range<usize>)>,
     ids: Vec<TaskId>,
+    /// Tasks of capped queues in this claim, per queue (see `Dispatch::promised`).
+    capped: HashMap<QueueKey, u64>,
     result: Result<Response, ProposeError>,
 }
 
@@ -98,6 +100,9 @@ impl Dispatcher {
             write_timeout,
             parked: VecDeque::new(),
             reserved: HashSet::new(),
+            promised: HashMap::new(),
+            catching_up: false,
+            unsettled: Vec::new(),
             in_flight: 0,
         };
         tasks.spawn(d.run(rx));
@@ -159,12 +164,21 @@ struct Dispatch {
     write_timeout: Duration,
     parked: VecDeque<ClaimRequest>,
     reserved: HashSet<TaskId>,
+    /// Tasks of capped queues (`leader::limits`) in claims in flight, per queue: they count against the cap
+    /// until their claim is answered (by then apply counts them as running).
+    promised: HashMap<QueueKey, u64>,
+    /// Limits exist and this leader has not yet applied an entry of its term: assign again as apply moves.
+    catching_up: bool,
+    /// Promises of claim entries that failed with an unknown outcome, held until everything this node had
+    /// appended by then is applied: (that last index, tasks per capped queue).
+    unsettled: Vec<(u64, HashMap<QueueKey, u64>)>,
     in_flight: usize,
 }
 
 impl Dispatch {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>) {
         let mut work = self.shared.work.subscribe();
+        let mut applied = self.shared.applied.subscribe();
         let mut leading = self.leadership.clone();
         let shutdown = self.leadership.shutdown().clone();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
@@ -203,6 +217,13 @@ impl Dispatch {
                     dirty = true;
                 }
                 _ = sleep_until(next_deadline) => self.expire(),
+                changed = applied.changed(), if self.catching_up || !self.unsettled.is_empty() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    self.settle();
+                    dirty = true;
+                }
             }
         }
         // Shutting down: whoever still waits gets an empty answer.
@@ -241,6 +262,10 @@ impl Dispatch {
         }
         let mut items: Vec<ClaimItem> = Vec::new();
         let mut groups = Vec::new();
+        let mut capped: HashMap<QueueKey, u64> = HashMap::new();
+        // Limits are read only when some exist; a leader not caught up gives capped queues nothing.
+        let caught_up = self.shared.any_limits().then(|| super::limits::caught_up(&self.raft));
+        self.catching_up = caught_up == Some(false);
         // (tenant, queues) already found empty in this pass: skip their other requests.
         let mut empty: HashSet<(String, Vec<String>)> = HashSet::new();
         let mut i = 0;
@@ -252,7 +277,12 @@ impl Dispatch {
                 continue;
             }
             let room = (self.max_items - items.len()).min(p.count);
-            let ids = self.shared.pick_ready(&p.tenant, &p.queues, room, &self.reserved);
+            let ids = match caught_up {
+                None => self.shared.pick_ready(&p.tenant, &p.queues, room, &self.reserved),
+                Some(caught_up) => {
+                    pick_capped(&self.shared, &self.reserved, &mut self.promised, p, room, caught_up, &mut capped)
+                }
+            };
             if ids.is_empty() {
                 empty.insert(key);
                 i += 1;
@@ -281,13 +311,31 @@ impl Dispatch {
         let done_tx = done_tx.clone();
         tokio::spawn(async move {
             let result = write(&raft, Command::Claim(items), timeout).await;
-            let _ = done_tx.send(Done { groups, ids, result });
+            let _ = done_tx.send(Done { groups, ids, capped, result });
         });
+    }
+
+    /// Releases the promises of failed claims whose outcome is settled (see `finish`).
+    fn settle(&mut self) {
+        let applied = *self.shared.applied.borrow();
+        let (settled, keep): (Vec<_>, Vec<_>) = self.unsettled.drain(..).partition(|(at, _)| *at <= applied);
+        self.unsettled = keep;
+        for (_, capped) in settled {
+            release(&mut self.promised, &capped);
+        }
     }
 
     fn finish(&mut self, done: Done) {
         for id in &done.ids {
             self.reserved.remove(id);
+        }
+        if done.result.is_ok() {
+            release(&mut self.promised, &done.capped);
+        } else if !done.capped.is_empty() {
+            // The entry may still commit (a timeout, a leader change): its promises hold until everything this
+            // node appended so far is applied, when it is either counted as running or gone.
+            let appended = crate::raft::metrics(&self.raft).last_log_index.unwrap_or(0);
+            self.unsettled.push((appended, done.capped));
         }
         match done.result {
             Ok(Response::Claimed(results)) => {
@@ -319,6 +367,62 @@ impl Dispatch {
                 for (req, _) in done.groups {
                     let _ = req.reply.send(Err(e.clone()));
                 }
+            }
+        }
+    }
+}
+
+/// The pick for one request when limits exist: queues without a cap as usual; a capped queue gets at most
+/// its room (`limits::claim_room`), counting what this pass and the claims in flight already took of it.
+/// With a capped queue among several, the queues are served in the order the request names them.
+#[allow(clippy::too_many_arguments)]
+fn pick_capped(
+    shared: &SmShared,
+    reserved: &HashSet<TaskId>,
+    promised: &mut HashMap<QueueKey, u64>,
+    p: &ClaimRequest,
+    room: usize,
+    caught_up: bool,
+    capped: &mut HashMap<QueueKey, u64>,
+) -> Vec<TaskId> {
+    let rooms: Vec<Option<u64>> = p
+        .queues
+        .iter()
+        .map(|q| {
+            let qk = QueueKey::new(&p.tenant, q);
+            let promised = promised.get(&qk).copied().unwrap_or(0);
+            super::limits::claim_room(shared, caught_up, &p.tenant, q, promised)
+        })
+        .collect();
+    if rooms.iter().all(Option::is_none) {
+        return shared.pick_ready(&p.tenant, &p.queues, room, reserved);
+    }
+    let mut ids = Vec::new();
+    for (q, r) in p.queues.iter().zip(rooms) {
+        let want = (room - ids.len()).min(r.map_or(usize::MAX, |r| r as usize));
+        if want == 0 {
+            continue;
+        }
+        let got = shared.pick_ready(&p.tenant, std::slice::from_ref(q), want, reserved);
+        if r.is_some() && !got.is_empty() {
+            let qk = QueueKey::new(&p.tenant, q);
+            *capped.entry(qk.clone()).or_default() += got.len() as u64;
+            *promised.entry(qk).or_default() += got.len() as u64;
+        }
+        ids.extend(got);
+        if ids.len() >= room {
+            break;
+        }
+    }
+    ids
+}
+
+fn release(promised: &mut HashMap<QueueKey, u64>, capped: &HashMap<QueueKey, u64>) {
+    for (qk, n) in capped {
+        if let Some(v) = promised.get_mut(qk) {
+            *v = v.saturating_sub(*n);
+            if *v == 0 {
+                promised.remove(qk);
             }
         }
     }

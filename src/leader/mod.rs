@@ -7,6 +7,7 @@
 //! - `resolver`: proposes `ResolveDependencies` for tasks whose dependencies ended.
 //! - `scheduler`: proposes `FireSchedule` for due schedule occurrences.
 //! - `webhooks`: sends the outbox's due deliveries and proposes their outcomes.
+//! - `limits`: flow control: the depth limit on enqueues and the running cap on claims.
 //! - `versions`: the cluster version gate: raises the cluster version once every member can apply it.
 //!
 //! Everything they act on is replicated state, so a new leader carries on at once where the last one stopped.
@@ -16,6 +17,7 @@
 //! (`NOT_LEADER`). Nothing here may run inside apply or block it.
 
 pub mod dispatcher;
+pub mod limits;
 pub mod proposer;
 pub mod resolver;
 pub mod scheduler;

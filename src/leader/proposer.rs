@@ -38,6 +38,9 @@ pub enum ProposeError {
          a binary that supports it"
     )]
     FeatureNotActive { required: u32, active: u32 },
+    /// An enqueue past a depth limit (`leader::limits`); nothing was proposed.
+    #[error("queue full")]
+    QueueFull(Box<super::limits::Full>),
 }
 
 /// The gate on proposals: a command newer than the cluster version is refused (a replica of an older binary
@@ -73,6 +76,7 @@ pub struct Proposer {
     pub cfg: Arc<Config>,
     enqueue_tx: mpsc::UnboundedSender<Pending<NewTask, Enqueued>>,
     ack_tx: mpsc::UnboundedSender<Pending<AckItem, AckOutcome>>,
+    admission: Arc<super::limits::Admission>,
 }
 
 /// On the leader: waits until this node has applied everything committed before the call (a linearizable read
@@ -103,7 +107,8 @@ impl Proposer {
     ) -> Arc<Self> {
         let (enqueue_tx, enqueue_rx) = mpsc::unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-        let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx });
+        let admission = Arc::default();
+        let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx, admission });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
         tasks.spawn(coalesce(
@@ -137,6 +142,8 @@ impl Proposer {
         } else {
             vec![]
         };
+        // Boxed: the admission's read point is rare, and keeps this future (awaited deep in the API) small.
+        let _admitted = if self.shared.any_limits() { Box::pin(self.admit(&items)).await? } else { None };
         let (reply, rx) = oneshot::channel();
         self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
         let out = rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??;
@@ -146,6 +153,22 @@ impl Proposer {
             }
         }
         Ok(out)
+    }
+
+    /// The depth limits (`leader::limits`): checked only on a leader (a follower's write fails with `NotLeader`
+    /// and is forwarded), and only once it has applied its earlier terms.
+    async fn admit(&self, items: &[NewTask]) -> Result<Option<super::limits::Admitted>, ProposeError> {
+        if !super::limits::is_leader(&self.raft) {
+            return Ok(None);
+        }
+        if !super::limits::caught_up(&self.raft) {
+            self.linearize().await?;
+        }
+        let admitted = self.admission.admit(&self.shared, items);
+        if matches!(admitted, Err(ProposeError::QueueFull(_))) {
+            self.shared.metrics.refused_full.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        admitted
     }
 
     pub async fn ack(&self, items: Vec<AckItem>) -> Result<Vec<ItemResult<AckOutcome>>, ProposeError> {

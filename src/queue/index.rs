@@ -42,6 +42,8 @@ pub struct ShardIndex {
     pub(super) deadlines: BTreeSet<(TimeMs, TaskId)>,
     /// Paused queues (every shard holds the whole set).
     pub(super) paused: HashSet<QueueKey>,
+    /// Flow-control limits per queue, and per tenant under an empty queue name (every shard holds them all).
+    pub(super) limits: HashMap<QueueKey, Limits>,
     /// Running tasks per (tenant, concurrency key) of this shard.
     pub(super) running_keys: HashMap<(String, String), u32>,
     /// The concurrency key of each pending (ready or delayed) task that has one.

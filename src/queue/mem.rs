@@ -24,6 +24,7 @@ pub struct MemStore {
     pub outbox: BTreeMap<DeliveryId, WebhookDelivery>,
     pub schedules: BTreeMap<TaskId, Schedule>,
     pub paused: BTreeSet<QueueKey>,
+    pub limits: BTreeMap<QueueKey, Limits>,
     pub cluster_version: Option<u32>,
 }
 
@@ -76,6 +77,14 @@ impl TaskStore for MemStore {
     }
     fn remove_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error> {
         self.paused.remove(qk);
+        Ok(())
+    }
+    fn put_limits(&mut self, qk: &QueueKey, limits: &Limits) -> Result<(), Self::Error> {
+        self.limits.insert(qk.clone(), *limits);
+        Ok(())
+    }
+    fn remove_limits(&mut self, qk: &QueueKey) -> Result<(), Self::Error> {
+        self.limits.remove(qk);
         Ok(())
     }
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error> {
@@ -148,6 +157,9 @@ impl MemMachine {
             }
             for qk in &store.paused {
                 core.index_paused(qk.clone());
+            }
+            for (qk, l) in &store.limits {
+                core.index_limits(qk.clone(), *l);
             }
             for s in store.schedules.values() {
                 core.index_schedule(s.clone());

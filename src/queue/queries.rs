@@ -174,6 +174,11 @@ impl ShardCore {
         self.idx.paused.iter()
     }
 
+    /// Flow-control limits per queue (an empty queue name: the tenant's).
+    pub fn limits(&self) -> &HashMap<QueueKey, Limits> {
+        &self.idx.limits
+    }
+
     // ---- reporting -------------------------------------------------------------------------------------------
 
     /// Dead-lettered tasks of one queue, oldest first.

@@ -56,6 +56,10 @@ impl ShardCore {
         self.idx.paused.insert(qk);
     }
 
+    pub fn index_limits(&mut self, qk: QueueKey, limits: Limits) {
+        self.idx.limits.insert(qk, limits);
+    }
+
     pub fn index_cluster_version(&mut self, version: u32) {
         self.cluster_version = self.cluster_version.max(version);
     }

@@ -30,6 +30,10 @@ pub trait TaskStore {
     fn put_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
     fn remove_paused(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
 
+    // ---- flow-control limits per queue (an empty queue name: the tenant's): every shard holds them all ----
+    fn put_limits(&mut self, qk: &QueueKey, limits: &Limits) -> Result<(), Self::Error>;
+    fn remove_limits(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
+
     // ---- the cluster version: every shard holds it ------------------------------------------------------
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error>;
 }

@@ -608,6 +608,36 @@ pub enum Command {
     SetClusterVersion {
         version: u32,
     },
+    /// Sets (or, with every limit `None`, removes) the flow-control limits of a tenant's queue, or of the tenant
+    /// as a whole when `queue` is empty. Every shard keeps a copy, as paused queues are kept; the leader enforces
+    /// them (see `Limits`). Cluster version 2.
+    SetLimits {
+        tenant: String,
+        queue: String,
+        limits: Limits,
+    },
+}
+
+/// Flow-control limits of a queue (or of a tenant, over all its queues). `None` is no limit.
+///
+/// They are enforced by the leader, which alone decides what is enqueued and claimed: an enqueue that would take
+/// the waiting tasks (pending, whether ready, delayed or held) past `max_depth` is refused whole before it is
+/// proposed, and a claim is not proposed for a queue whose running tasks (applied, plus those promised to claims
+/// in flight) reach `max_running`. A new leader decides only once it has applied every entry of the earlier
+/// terms. The decisions are in the log, so every replica applies the same entries; apply does not re-check them
+/// (a cross-shard count is not a single shard's to make).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Limits {
+    /// Running (in-progress) tasks at most, across all keys (queue limits only).
+    pub max_running: Option<u32>,
+    /// Waiting tasks at most: enqueues past it are refused with `QUEUE_FULL`.
+    pub max_depth: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.max_running.is_none() && self.max_depth.is_none()
+    }
 }
 
 impl Command {
@@ -617,6 +647,7 @@ impl Command {
     pub fn required_version(&self) -> u32 {
         match self {
             Command::SetClusterVersion { .. } => 1,
+            Command::SetLimits { .. } => 2,
             _ => 0,
         }
     }
@@ -648,6 +679,7 @@ impl fmt::Display for Request {
             Command::UpdateSchedule { .. } => ("schedule-update", 1),
             Command::FireSchedule { .. } => ("schedule-fire", 1),
             Command::SetClusterVersion { .. } => ("cluster-version", 1),
+            Command::SetLimits { .. } => ("limits", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -724,6 +756,8 @@ pub enum Response {
     Fired(bool),
     /// The cluster version in force after a `SetClusterVersion`.
     ClusterVersion(u32),
+    /// The limits in force after a `SetLimits`.
+    LimitsSet(Limits),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -107,6 +107,48 @@ impl SmShared {
             .collect()
     }
 
+    /// The limits of a queue, or with an empty `queue` of the tenant (every shard holds them; shard 0 answers).
+    pub fn limits(&self, tenant: &str, queue: &str) -> Option<queue::Limits> {
+        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+        self.read().cores.first().and_then(|c| c.limits().get(&qk).copied())
+    }
+
+    /// Whether any tenant has a limit set: the leader's checks cost nothing until one does.
+    pub fn any_limits(&self) -> bool {
+        self.read().cores.first().is_some_and(|c| !c.limits().is_empty())
+    }
+
+    /// Every limit of a tenant, by queue name (empty: the tenant's own), sorted.
+    pub fn tenant_limits(&self, tenant: &str) -> Vec<(String, queue::Limits)> {
+        let g = self.read();
+        let mut v: Vec<(String, queue::Limits)> = g
+            .cores
+            .first()
+            .map(|c| c.limits().iter().filter(|(qk, _)| qk.tenant == tenant).map(|(qk, l)| (qk.queue.clone(), *l)))
+            .into_iter()
+            .flatten()
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Task counts of one queue, or with an empty `queue` of all the tenant's queues, summed over the shards.
+    pub fn queue_counts(&self, tenant: &str, queue: &str) -> StateCounts {
+        let g = self.read();
+        let mut sum = StateCounts::default();
+        for c in &g.cores {
+            if queue.is_empty() {
+                c.counts().iter().filter(|(qk, _)| qk.tenant == tenant).for_each(|(_, n)| sum.add(n));
+            } else {
+                let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
+                if let Some(n) = c.counts().get(&qk) {
+                    sum.add(n);
+                }
+            }
+        }
+        sum
+    }
+
     /// Paused queues of a tenant.
     pub fn paused_queues(&self, tenant: &str) -> Vec<String> {
         let g = self.read();

@@ -13,7 +13,7 @@ use super::codec::io_err;
 use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::queue::{
-    DeliveryId, KeyRecord, QueueKey, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery,
+    DeliveryId, KeyRecord, Limits, QueueKey, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery,
 };
 use crate::raft::types::{LogId, StoredMembership};
 
@@ -85,6 +85,9 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         if let Some(qk) = RecordKey::parse_paused(k.value()) {
             decode::<()>(v.value(), "paused queue record")?;
             core.index_paused(qk);
+        }
+        if let Some(qk) = RecordKey::parse_limits(k.value()) {
+            core.index_limits(qk, decode(v.value(), "limits record")?);
         }
         if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value(), "schedule record")?);
@@ -310,6 +313,16 @@ impl TaskStore for CachedStore<'_> {
 
     fn remove_paused(&mut self, qk: &QueueKey) -> io::Result<()> {
         self.dirty.records.insert(RecordKey::paused(qk), None);
+        Ok(())
+    }
+
+    fn put_limits(&mut self, qk: &QueueKey, limits: &Limits) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::limits(qk), Some(encode(limits)?));
+        Ok(())
+    }
+
+    fn remove_limits(&mut self, qk: &QueueKey) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::limits(qk), None);
         Ok(())
     }
 

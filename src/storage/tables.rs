@@ -72,6 +72,9 @@ impl RecordKey {
     pub const PAUSED: u8 = b'p';
     /// `s` + 16-byte schedule id: a schedule (bincode `Schedule`), in the shard of its id.
     pub const SCHEDULE: u8 = b's';
+    /// `l tenant \0 queue`: a queue's flow-control limits (bincode `Limits`; an empty queue: the tenant's), in
+    /// every shard. Cluster version 2.
+    pub const LIMITS: u8 = b'l';
     /// `v`: the cluster version in force (bincode `u32`), in every shard. Absent: version 0.
     pub const CLUSTER_VERSION: &'static [u8] = b"v";
 
@@ -82,7 +85,15 @@ impl RecordKey {
     }
 
     pub fn paused(qk: &QueueKey) -> Vec<u8> {
-        let mut v = vec![Self::PAUSED];
+        Self::queue_record(Self::PAUSED, qk)
+    }
+
+    pub fn limits(qk: &QueueKey) -> Vec<u8> {
+        Self::queue_record(Self::LIMITS, qk)
+    }
+
+    fn queue_record(kind: u8, qk: &QueueKey) -> Vec<u8> {
+        let mut v = vec![kind];
         v.extend_from_slice(qk.tenant.as_bytes());
         v.push(0);
         v.extend_from_slice(qk.queue.as_bytes());
@@ -105,7 +116,15 @@ impl RecordKey {
     }
 
     pub fn parse_paused(key: &[u8]) -> Option<QueueKey> {
-        let rest = key.strip_prefix(&[Self::PAUSED])?;
+        Self::parse_queue_record(Self::PAUSED, key)
+    }
+
+    pub fn parse_limits(key: &[u8]) -> Option<QueueKey> {
+        Self::parse_queue_record(Self::LIMITS, key)
+    }
+
+    fn parse_queue_record(kind: u8, key: &[u8]) -> Option<QueueKey> {
+        let rest = key.strip_prefix(&[kind])?;
         let split = rest.iter().position(|b| *b == 0)?;
         Some(QueueKey {
             tenant: String::from_utf8_lossy(&rest[..split]).into_owned(),

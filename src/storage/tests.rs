@@ -417,3 +417,45 @@ async fn a_cluster_version_past_this_binary_stops_apply_and_changes_nothing() {
     assert_eq!(sm.shared.digest().expect("digest"), before, "nothing applied");
     assert_eq!(sm.shared.cluster_version(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_held_by_every_shard_and_travel_in_snapshots_and_reopens() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    let set = |index: u64, queue: &str, limits: Limits| {
+        let command = Command::SetLimits { tenant: "t".into(), queue: queue.into(), limits };
+        entry(index, Request { time_ms: 1_500, seed: index, command })
+    };
+    let capped = Limits { max_running: Some(3), max_depth: Some(100) };
+    let tenant = Limits { max_running: None, max_depth: Some(1_000) };
+    apply(
+        &mut leader,
+        vec![
+            set_version(8, 2),
+            set(9, "q", capped),
+            set(10, "", tenant),
+            set(11, "gone", capped),
+            set(12, "gone", Limits::default()),
+        ],
+    )
+    .await;
+    let expect = vec![(String::new(), tenant), ("q".to_string(), capped)];
+    assert_eq!(leader.shared.tenant_limits("t"), expect, "a limit set to nothing is removed");
+    assert_eq!(leader.shared.limits("t", "q"), Some(capped));
+    assert!(leader.shared.tenant_limits("other").is_empty(), "per tenant");
+
+    // A follower with another shard count installs the snapshot: every one of its shards holds the limits.
+    let (snap, _) = snapshot_bytes(&mut leader).await;
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(follower.shared.tenant_limits("t"), expect);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
+    follower.shared.check_indexes().expect("indexes agree with records");
+    drop(follower);
+    assert_eq!(StateMachine::open(b.path(), 3).expect("reopen").shared.tenant_limits("t"), expect);
+    drop(leader);
+    let reopened = StateMachine::open(a.path(), 2).expect("reopen");
+    assert_eq!(reopened.shared.tenant_limits("t"), expect);
+    assert_eq!(reopened.shared.queue_counts("t", "q"), reopened.shared.counts(Some("t"))[0].1);
+}

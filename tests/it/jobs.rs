@@ -258,18 +258,7 @@ async fn list_tasks_filters_by_queue_state_and_time_a_page_at_a_time() {
         ids.push(c.enqueue(enq("lq", &i.to_string())).await.expect("enqueue").into_inner().task_id);
     }
     c.enqueue(enq("other", "x")).await.expect("enqueue");
-    let claimed = c
-        .claim(pb::ClaimRequest {
-            worker_id: "w".into(),
-            queues: vec!["lq".into()],
-            count: 5,
-            lease_ms: 30_000,
-            wait_ms: 0,
-        })
-        .await
-        .expect("claim")
-        .into_inner()
-        .tasks;
+    let claimed = claim_now(&mut c, "lq", 5).await;
     for t in &claimed {
         let done = pb::AckRequest {
             task_id: t.id.clone(),

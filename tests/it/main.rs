@@ -12,6 +12,7 @@ mod failover;
 mod http2;
 mod jobs;
 mod jobs_cluster;
+mod limits;
 mod metrics;
 mod openapi;
 mod procs;

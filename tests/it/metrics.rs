@@ -47,18 +47,7 @@ async fn metrics_are_scraped_during_load_and_parse() {
     assert!(value(&during, "raftq_raft_is_leader", &[]) == 1.0);
     producer.await.expect("join");
 
-    let claimed = c
-        .claim(pb::ClaimRequest {
-            worker_id: "w".into(),
-            queues: vec!["m".into()],
-            count: 50,
-            lease_ms: 30_000,
-            wait_ms: 0,
-        })
-        .await
-        .expect("claim")
-        .into_inner()
-        .tasks;
+    let claimed = claim_now(&mut c, "m", 50).await;
     assert_eq!(claimed.len(), 50);
     for t in &claimed[..20] {
         let token = t.lease.as_ref().expect("lease").token;

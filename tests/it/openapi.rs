@@ -26,6 +26,7 @@ fn example(schema: &str) -> Value {
         "Selection" => json!({"all": true}),
         "Group" => json!({"error": "boom"}),
         "Transfer" => json!({}),
+        "Limits" => json!({"max_depth": 100_000}),
         "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),
     }

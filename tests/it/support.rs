@@ -101,6 +101,13 @@ pub fn enq(queue: &str, payload: &str) -> pb::EnqueueRequest {
     pb::EnqueueRequest { queue: queue.into(), payload: payload.as_bytes().to_vec().into(), ..Default::default() }
 }
 
+/// Claims up to `count` ready tasks of `queue` without waiting, with a 30 s lease.
+pub async fn claim_now(c: &mut Client, queue: &str, count: u32) -> Vec<pb::Task> {
+    let req =
+        pb::ClaimRequest { worker_id: "w".into(), queues: vec![queue.into()], count, lease_ms: 30_000, wait_ms: 0 };
+    c.claim(req).await.expect("claim").into_inner().tasks
+}
+
 /// The stable reason a status carries.
 pub fn reason(s: &tonic::Status) -> String {
     s.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()

@@ -343,9 +343,13 @@ class Step:
     STOP = "stop"
 
 
+#: Overload refusals: the server refused the request whole before proposing anything.
+OVERLOAD = frozenset({"RATE_LIMITED", "QUEUE_FULL", "TOO_MANY_STREAMS"})
+
+
 def next_step(write: bool, e: RaftqError, tries: int = 0, max_retries: Optional[int] = None) -> str:
     """The retry rule. Reads retry everything transient. Writes retry only what certainly was not applied: a
-    ``NOT_LEADER`` answer and a connection that could not be made. An unknown outcome is never retried. Past
+    ``NOT_LEADER`` answer, an overload refusal and a connection that could not be made. An unknown outcome is never retried. Past
     ``max_retries`` retries, nothing is."""
     if max_retries is not None and tries > max_retries:
         return Step.STOP
@@ -356,6 +360,9 @@ def next_step(write: bool, e: RaftqError, tries: int = 0, max_retries: Optional[
     if not write and isinstance(e, UnknownOutcomeError):
         return Step.LATER
     if not write and isinstance(e, ServerError) and e.retryable:
+        return Step.LATER
+    if isinstance(e, ServerError) and e.reason in OVERLOAD:
+        # Refused whole before anything was proposed: a write too may go again, after the backoff.
         return Step.LATER
     return Step.STOP
 

@@ -3,7 +3,7 @@ the caller's arguments, how the answer is read, and whether the call is a write 
 retried). Both the sync and the asyncio producer run these, so the two cannot drift apart.
 """
 
-from typing import Any, Iterable, List, Optional, Sequence, Union, cast
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union, cast
 
 from ._conn import Op
 from .errors import ProtocolError, RaftqError, from_reason
@@ -171,6 +171,31 @@ def paused_queues() -> Op[List[str]]:
         jobs_pb2.ListPausedQueuesRequest(),
         jobs_pb2.ListPausedQueuesResponse,
         lambda r: list(r.queues),
+        write=False,
+    )
+
+
+def _limits(r: "jobs_pb2.QueueLimits") -> Dict[str, Any]:
+    return {"queue": r.queue, "max_running": r.max_running or None, "max_depth": r.max_depth or None}
+
+
+# Setting limits sets a state: idempotent, retried like a read.
+def set_limits(queue: str, max_running: Optional[int], max_depth: Optional[int]) -> Op[Dict[str, Any]]:
+    return Op(
+        JOBS + "SetQueueLimits",
+        jobs_pb2.QueueLimits(queue=queue, max_running=max_running or 0, max_depth=max_depth or 0),
+        jobs_pb2.QueueLimits,
+        _limits,
+        write=False,
+    )
+
+
+def queue_limits() -> Op[List[Dict[str, Any]]]:
+    return Op(
+        JOBS + "ListQueueLimits",
+        jobs_pb2.ListQueueLimitsRequest(),
+        jobs_pb2.ListQueueLimitsResponse,
+        lambda r: [_limits(x) for x in r.limits],
         write=False,
     )
 

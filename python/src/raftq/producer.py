@@ -10,7 +10,7 @@ never retried behind the caller's back.
 import asyncio
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, List, Optional, Sequence, TypeVar
+from typing import Any, Dict, List, Optional, Sequence, TypeVar
 
 import grpc
 
@@ -214,6 +214,18 @@ class Producer:
         """The tenant's paused queues."""
         return self._run(_ops.paused_queues())
 
+    def set_queue_limits(
+        self, queue: str, max_running: Optional[int] = None, max_depth: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """Sets a queue's flow-control limits (``queue=""``: the tenant's ``max_depth`` over all its queues);
+        ``None`` is no limit. Enqueues past ``max_depth`` waiting tasks are refused with ``QUEUE_FULL`` (retried
+        after a backoff); claims past ``max_running`` running tasks wait. Needs the admin scope."""
+        return self._run(_ops.set_limits(queue, max_running, max_depth))
+
+    def queue_limits(self) -> List[Dict[str, Any]]:
+        """The tenant's limits, the tenant's own under queue ``""``."""
+        return self._run(_ops.queue_limits())
+
     def list_tasks(
         self,
         queue: Optional[str] = None,
@@ -347,6 +359,14 @@ class AsyncProducer:
 
     async def paused_queues(self) -> List[str]:
         return await self._run(_ops.paused_queues())
+
+    async def set_queue_limits(
+        self, queue: str, max_running: Optional[int] = None, max_depth: Optional[int] = None
+    ) -> Dict[str, Any]:
+        return await self._run(_ops.set_limits(queue, max_running, max_depth))
+
+    async def queue_limits(self) -> List[Dict[str, Any]]:
+        return await self._run(_ops.queue_limits())
 
     async def list_tasks(
         self,

@@ -61,6 +61,7 @@ _SERVER = [
     _r("MEMBERSHIP_UNSAFE", "precondition", False, "a membership change that may not commit now"),
     _r("CLUSTER_AUTH", "unauthenticated", False, "the Raft port takes calls from cluster peers only"),
     _r("METHOD_NOT_ALLOWED", "invalid_argument", False, "REST only: the path is not served with this HTTP method"),
+    _r("QUEUE_FULL", "resource_exhausted", True, "the queue or tenant is at its depth limit; retry after the hint"),
     _r("FEATURE_NOT_ACTIVE", "precondition", False, "needs a cluster version the cluster does not run yet (a node runs an older binary)"),
 ]
 

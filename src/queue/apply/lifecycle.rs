@@ -16,10 +16,12 @@ impl ShardCore {
         before: &Task,
         after: &Task,
     ) -> Result<(), S::Error> {
-        if before.state == TaskState::InProgress && after.state != TaskState::InProgress && before.concurrency.is_some()
-        {
-            // A slot of the key came free: tasks of the key in any queue may be claimable now.
-            cx.fx.ready.insert(QueueKey::of(before));
+        if before.state == TaskState::InProgress && after.state != TaskState::InProgress {
+            // A slot of the key (or of a capped queue) came free: tasks of it may be claimable now.
+            let capped = || self.idx.limits.get(&QueueKey::of(before)).is_some_and(|l| l.max_running.is_some());
+            if before.concurrency.is_some() || capped() {
+                cx.fx.ready.insert(QueueKey::of(before));
+            }
         }
         if let Some(r) = super::context::RevokedLease::between(before, after) {
             cx.fx.revoked.push(r);

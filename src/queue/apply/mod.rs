@@ -19,6 +19,7 @@
 //! | `CreateSchedule`, `UpdateSchedule`, `FireSchedule` | `schedules.rs`         |
 //! | `WebhookOutcome` (and outbox writes)   | `webhooks.rs`                      |
 //! | `SetClusterVersion`                    | `version.rs`                       |
+//! | `SetLimits`                            | `limits.rs`                        |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -31,6 +32,7 @@ mod dead_letters;
 mod dependencies;
 mod enqueue;
 mod lifecycle;
+mod limits;
 mod pause;
 mod schedules;
 mod tick;
@@ -104,6 +106,9 @@ impl ShardCore {
             }
             (Command::SetClusterVersion { version }, Out::ClusterVersion(now)) => {
                 self.apply_set_cluster_version(store, *version, now)
+            }
+            (Command::SetLimits { tenant, queue, limits }, Out::LimitsSet(_)) => {
+                self.apply_set_limits(store, QueueKey::new(tenant, queue), *limits)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

@@ -44,6 +44,26 @@ class ListPausedQueuesResponse(_message.Message):
     queues: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, queues: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class QueueLimits(_message.Message):
+    __slots__ = ("queue", "max_running", "max_depth")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    max_running: int
+    max_depth: int
+    def __init__(self, queue: _Optional[str] = ..., max_running: _Optional[int] = ..., max_depth: _Optional[int] = ...) -> None: ...
+
+class ListQueueLimitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueueLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[QueueLimits]
+    def __init__(self, limits: _Optional[_Iterable[_Union[QueueLimits, _Mapping]]] = ...) -> None: ...
+
 class ListTasksRequest(_message.Message):
     __slots__ = ("queue", "state", "created_from_ms", "created_to_ms", "page_size", "page_token")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

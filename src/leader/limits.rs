@@ -1,0 +1,154 @@
+//! Flow control on the leader: the depth limit on enqueues (backpressure) and the running cap on claims.
+//!
+//! Limits (`queue::Limits`) are replicated records; enforcing them needs counts over every shard, which no single
+//! shard's apply may read. So the leader, which alone proposes enqueues and claims, decides: it admits an enqueue
+//! or a claim only if the applied counts, plus what it has itself proposed and not yet seen applied, stay within
+//! the limits. Its decisions are entries of the log, so every replica applies the same.
+//!
+//! A leader decides only once it has applied an entry of its own term (`caught_up`): every entry of earlier terms
+//! is applied by then, so the counts include whatever an earlier leader admitted. Until then an enqueue to a
+//! limited queue waits for a linearizable read point, and a capped queue gets no claims.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use openraft::type_config::async_runtime::watch::WatchReceiver;
+
+use super::proposer::ProposeError;
+use crate::queue::{Limits, NewTask, QueueKey};
+use crate::storage::{Raft, SmShared};
+
+/// Whether this node leads and has applied an entry of its own term (so all earlier terms are applied).
+pub fn caught_up(raft: &Raft) -> bool {
+    let rx = raft.metrics();
+    let m = rx.borrow_watched();
+    m.state.is_leader() && m.last_applied.as_ref().is_some_and(|l| l.leader_id.term == m.current_term)
+}
+
+/// Whether this node leads now.
+pub fn is_leader(raft: &Raft) -> bool {
+    raft.metrics().borrow_watched().state.is_leader()
+}
+
+/// Enqueues admitted by this leader and not yet answered, per queue and per tenant (under an empty queue name).
+#[derive(Default)]
+pub struct Admission {
+    in_flight: Mutex<HashMap<QueueKey, u64>>,
+}
+
+/// Holds an admitted enqueue's place until its write is answered (by then apply counts it).
+pub struct Admitted {
+    admission: Arc<Admission>,
+    taken: Vec<(QueueKey, u64)>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut g = self.admission.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for (qk, n) in self.taken.drain(..) {
+            if let Some(v) = g.get_mut(&qk) {
+                *v = v.saturating_sub(n);
+                if *v == 0 {
+                    g.remove(&qk);
+                }
+            }
+        }
+    }
+}
+
+/// The limit an enqueue ran into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Full {
+    pub tenant: String,
+    /// Empty: the tenant's limit over all its queues.
+    pub queue: String,
+    pub max_depth: u64,
+    pub waiting: u64,
+    pub adding: u64,
+    pub retry_after_ms: u64,
+}
+
+impl Admission {
+    /// Admits `items` whole or refuses them whole: for each queue and tenant they touch that has a depth limit,
+    /// the waiting tasks (applied pending and delayed, plus admitted enqueues in flight) plus these must fit.
+    /// The caller must be caught up (`caught_up`). `None` when no limit applies (nothing is held).
+    pub fn admit(self: &Arc<Self>, shared: &SmShared, items: &[NewTask]) -> Result<Option<Admitted>, ProposeError> {
+        let mut adding: HashMap<QueueKey, u64> = HashMap::new();
+        for t in items {
+            *adding.entry(QueueKey::new(&t.tenant, &t.queue)).or_default() += 1;
+            *adding.entry(QueueKey::new(&t.tenant, "")).or_default() += 1;
+        }
+        let limited: Vec<(QueueKey, u64, u64)> = adding
+            .into_iter()
+            .filter_map(|(qk, n)| {
+                let max = shared.limits(&qk.tenant, &qk.queue).and_then(|l: Limits| l.max_depth)?;
+                Some((qk, n, max))
+            })
+            .collect();
+        if limited.is_empty() {
+            return Ok(None);
+        }
+        let mut g = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for (qk, n, max) in &limited {
+            let c = shared.queue_counts(&qk.tenant, &qk.queue);
+            let waiting = c.pending + c.delayed + g.get(qk).copied().unwrap_or(0);
+            if waiting + n > *max {
+                let tp = shared.throughput(&qk.tenant, &qk.queue).completed_1m;
+                return Err(ProposeError::QueueFull(Box::new(Full {
+                    tenant: qk.tenant.clone(),
+                    queue: qk.queue.clone(),
+                    max_depth: *max,
+                    waiting,
+                    adding: *n,
+                    retry_after_ms: retry_after_ms(waiting + n - max, tp),
+                })));
+            }
+        }
+        let taken: Vec<(QueueKey, u64)> = limited.into_iter().map(|(qk, n, _)| (qk, n)).collect();
+        for (qk, n) in &taken {
+            *g.entry(qk.clone()).or_default() += n;
+        }
+        Ok(Some(Admitted { admission: self.clone(), taken }))
+    }
+}
+
+/// When an enqueue refused for `excess` tasks too many may fit: the time the queue's recent completion rate takes
+/// to drain them, between 100 ms and 30 s (1 s when nothing completed in the last minute).
+pub fn retry_after_ms(excess: u64, completed_last_minute: u64) -> u64 {
+    if completed_last_minute == 0 {
+        return 1_000;
+    }
+    let per_ms = completed_last_minute as f64 / 60_000.0;
+    ((excess as f64 / per_ms).ceil() as u64).clamp(100, 30_000)
+}
+
+/// Claims a capped queue may still take now: its cap less its running tasks and less `promised` (tasks of it in
+/// claims proposed and not yet answered). `None`: the queue has no cap. `Some(0)` also while this leader is not
+/// caught up.
+pub fn claim_room(shared: &SmShared, caught_up: bool, tenant: &str, queue: &str, promised: u64) -> Option<u64> {
+    let cap = shared.limits(tenant, queue).and_then(|l| l.max_running)?;
+    if !caught_up {
+        shared.metrics.capped_claims.fetch_add(1, Relaxed);
+        return Some(0);
+    }
+    let running = shared.queue_counts(tenant, queue).in_progress;
+    let room = u64::from(cap).saturating_sub(running + promised);
+    if room == 0 {
+        shared.metrics.capped_claims.fetch_add(1, Relaxed);
+    }
+    Some(room)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_hint_is_the_time_to_drain_the_excess_within_bounds() {
+        assert_eq!(retry_after_ms(10, 0), 1_000, "no recent completions: a second");
+        assert_eq!(retry_after_ms(100, 6_000), 1_000, "100 per second drains 100 in a second");
+        assert_eq!(retry_after_ms(1, 60_000), 100, "never below 100 ms");
+        assert_eq!(retry_after_ms(1_000_000, 60), 30_000, "never above 30 s");
+    }
+}

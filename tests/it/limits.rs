@@ -1,0 +1,212 @@
+//! Flow control (issue 17): a queue's and a tenant's depth limit refuse enqueues whole with `QUEUE_FULL`
+//! (gRPC `RESOURCE_EXHAUSTED`, REST 429 with `Retry-After`); a queue's running cap holds claims back; limits are
+//! replicated state that survives a restart and a leader change.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use raftq_proto::v1 as pb;
+use raftq_proto::v1::ack_request::Action;
+use raftq_proto::v1::jobs_client::JobsClient;
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::rest::http;
+use crate::support::*;
+
+async fn jobs(addr: &str) -> JobsClient<Channel> {
+    JobsClient::new(channel(addr).await)
+}
+
+/// Waits until the node runs cluster version 2, where limits exist (a fresh node raises it within a second).
+async fn wait_version_2(n: &TestNode) {
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), move || shared.cluster_version() >= 2).await;
+}
+
+fn limits(queue: &str, max_running: u32, max_depth: u64) -> pb::QueueLimits {
+    pb::QueueLimits { queue: queue.into(), max_running, max_depth }
+}
+
+async fn pending(c: &mut Client, queue: &str) -> u64 {
+    let s = c.queue_stats(pb::QueueStatsRequest { queues: vec![queue.into()] }).await.expect("stats").into_inner();
+    s.queues.first().map(|q| q.pending + q.delayed).unwrap_or(0)
+}
+
+fn complete(t: &pb::Task) -> pb::AckRequest {
+    let token = t.lease.as_ref().expect("claimed").token;
+    pb::AckRequest { task_id: t.id.clone(), token, action: Some(Action::Complete(pb::Complete::default())) }
+}
+
+fn batch(queue: &str, n: usize) -> pb::EnqueueBatchRequest {
+    pb::EnqueueBatchRequest { items: (0..n).map(|i| enq(queue, &i.to_string())).collect() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_depth_limit_refuses_enqueues_whole_with_a_retry_hint_until_tasks_are_taken() {
+    let n = TestNode::start().await;
+    wait_version_2(&n).await;
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    let mut j = jobs(&addr).await;
+    let set = j.set_queue_limits(limits("dq", 0, 5)).await.expect("set").into_inner();
+    assert_eq!((set.queue.as_str(), set.max_running, set.max_depth), ("dq", 0, 5));
+
+    c.enqueue_batch(batch("dq", 4)).await.expect("4 of 5 fit");
+    // Two more do not fit: refused whole, nothing applied.
+    let e = c.enqueue_batch(batch("dq", 2)).await.expect_err("over the limit");
+    assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::ResourceExhausted, "QUEUE_FULL"), "{e:?}");
+    let hint: u64 = e.metadata().get("x-raftq-retry-after-ms").expect("hint").to_str().unwrap().parse().unwrap();
+    assert!((100..=30_000).contains(&hint), "{hint}");
+    assert!(e.message().contains("depth limit is 5"), "{}", e.message());
+    assert_eq!(pending(&mut c, "dq").await, 4, "nothing of the refused batch was applied");
+    c.enqueue(enq("dq", "fifth")).await.expect("the fifth fits");
+    let e = c.enqueue(enq("dq", "sixth")).await.expect_err("full");
+    assert_eq!(reason(&e), "QUEUE_FULL");
+    c.enqueue(enq("other", "x")).await.expect("another queue has no limit");
+
+    // REST: 429 with Retry-After and the JSON error body.
+    let a = n.node().http_addr;
+    let (code, headers, body) = http(a, "POST", "/v1/tasks", Some(json!({"queue": "dq", "payload": "x"}))).await;
+    assert_eq!((code, body["error"]["code"].as_str()), (429, Some("QUEUE_FULL")), "{body}");
+    assert!(headers.iter().any(|(k, v)| k == "retry-after" && v.parse::<u64>().is_ok()), "{headers:?}");
+
+    // Depth is waiting tasks: claiming two makes room for two.
+    let claimed = claim_now(&mut c, "dq", 2).await;
+    assert_eq!(claimed.len(), 2);
+    c.enqueue_batch(batch("dq", 2)).await.expect("room again");
+    assert_eq!(reason(&c.enqueue(enq("dq", "x")).await.expect_err("full again")), "QUEUE_FULL");
+
+    // The tenant's limit counts every queue: 5 waiting in dq and 1 in other already.
+    let (code, _, t) = http(a, "PUT", "/v1/limits", Some(json!({"max_depth": 7}))).await;
+    assert_eq!((code, t["queue"].as_str(), t["max_depth"].as_u64()), (200, Some(""), Some(7)), "{t}");
+    c.enqueue(enq("third", "x")).await.expect("the seventh waiting task of the tenant");
+    let e = c.enqueue(enq("fourth", "x")).await.expect_err("the tenant is full");
+    assert!(reason(&e) == "QUEUE_FULL" && e.message().contains("tenant 'default'"), "{e:?}");
+    let (code, _, bad) = http(a, "PUT", "/v1/limits", Some(json!({"max_running": 3}))).await;
+    assert_eq!((code, bad["error"]["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{bad}");
+    let (code, _, bad) = http(a, "PUT", "/v1/queues/dq/limits", Some(json!({"max_depth": 0}))).await;
+    assert_eq!((code, bad["error"]["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{bad}");
+
+    // Listed, counted in metrics, and kept across a restart.
+    let (_, _, list) = http(a, "GET", "/v1/limits", None).await;
+    assert_eq!(
+        list["limits"],
+        json!([{"queue": "", "max_running": null, "max_depth": 7},
+        {"queue": "dq", "max_running": null, "max_depth": 5}])
+    );
+    let (_, _, metrics) = crate::rest::exchange(a, "GET", "/metrics", None).await;
+    let refused = metrics.lines().find(|l| l.starts_with("raftq_enqueue_refused_full_total ")).expect("metric");
+    assert!(refused.split(' ').nth(1).unwrap().parse::<u64>().unwrap() >= 5, "{refused}");
+    let mut n = n;
+    n.stop().await;
+    n.restart().await;
+    let mut c = n.client().await;
+    let e = c.enqueue(enq("dq", "x")).await.expect_err("still full after a restart");
+    assert_eq!(reason(&e), "QUEUE_FULL");
+
+    // Removing the limits (both absent) lets everything in.
+    let a = n.node().http_addr;
+    let (code, _, cleared) = http(a, "PUT", "/v1/queues/dq/limits", Some(json!({}))).await;
+    assert_eq!((code, cleared["max_depth"].is_null()), (200, true), "{cleared}");
+    http(a, "PUT", "/v1/limits", Some(json!({"max_depth": null}))).await;
+    c.enqueue_batch(batch("dq", 10)).await.expect("no limit any more");
+    let (_, _, list) = http(a, "GET", "/v1/limits", None).await;
+    assert_eq!(list["limits"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_cap_holds_claims_back_and_a_freed_slot_wakes_a_parked_claim() {
+    let n = TestNode::start().await;
+    wait_version_2(&n).await;
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    jobs(&addr).await.set_queue_limits(limits("cq", 3, 0)).await.expect("cap 3");
+    c.enqueue_batch(batch("cq", 20)).await.expect("enqueue");
+    c.enqueue_batch(batch("free", 5)).await.expect("enqueue");
+
+    // Four workers ask for five each at once: three tasks are handed out in all.
+    let claim = |count, wait_ms| pb::ClaimRequest {
+        worker_id: "w".into(),
+        queues: vec!["cq".into(), "free".into()],
+        count,
+        lease_ms: 30_000,
+        wait_ms,
+    };
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let mut c = n.client().await;
+        calls.push(tokio::spawn(async move { c.claim(claim(5, 300)).await.expect("claim").into_inner().tasks }));
+    }
+    let mut held = Vec::new();
+    for call in calls {
+        held.extend(call.await.expect("join"));
+    }
+    let capped: Vec<&pb::Task> = held.iter().filter(|t| t.queue == "cq").collect();
+    assert_eq!(capped.len(), 3, "the cap: {:?}", held.iter().map(|t| &t.queue).collect::<Vec<_>>());
+    assert_eq!(held.len(), 8, "the uncapped queue is served beside it");
+
+    // A claim parks on the capped queue and is woken when a running task ends.
+    let mut c2 = n.client().await;
+    let parked = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let req = pb::ClaimRequest { queues: vec!["cq".into()], ..claim(5, 10_000) };
+        (c2.claim(req).await.expect("claim").into_inner().tasks, t0.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let done = capped[0];
+    c.ack(complete(done)).await.expect("complete");
+    let (got, waited) = parked.await.expect("join");
+    assert_eq!(got.len(), 1, "exactly the freed slot");
+    assert!(waited < Duration::from_secs(5), "woken by the completion, not by its hold time: {waited:?}");
+    let s = c.queue_stats(pb::QueueStatsRequest { queues: vec!["cq".into()] }).await.expect("stats").into_inner();
+    assert_eq!(s.queues[0].in_progress, 3);
+}
+
+/// Many workers race for a capped queue while the cap is changed: the number running never passes the cap in
+/// force (sampled from the leader's counts after every claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_workers_never_run_more_than_the_cap() {
+    let n = TestNode::start_with(|c| c.lease_min_ms = 50).await;
+    wait_version_2(&n).await;
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    jobs(&addr).await.set_queue_limits(limits("race", 4, 0)).await.expect("cap 4");
+    c.enqueue_batch(batch("race", 300)).await.expect("enqueue");
+    let shared = n.node().shared.clone();
+    let worst = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for w in 0..6 {
+        let mut c = n.client().await;
+        let (shared, worst) = (shared.clone(), worst.clone());
+        workers.push(tokio::spawn(async move {
+            let mut done = 0;
+            while done < 40 {
+                let req = pb::ClaimRequest {
+                    worker_id: format!("w{w}"),
+                    queues: vec!["race".into()],
+                    count: 3,
+                    lease_ms: 30_000,
+                    wait_ms: 200,
+                };
+                let tasks = c.claim(req).await.expect("claim").into_inner().tasks;
+                let running = shared.queue_counts("default", "race").in_progress;
+                worst.fetch_max(running, Ordering::Relaxed);
+                for t in tasks {
+                    c.ack(complete(&t)).await.expect("complete");
+                    done += 1;
+                }
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for w in workers {
+        total += w.await.expect("worker");
+    }
+    assert!(worst.load(Ordering::Relaxed) <= 4, "ran {} at once", worst.load(Ordering::Relaxed));
+    assert!(worst.load(Ordering::Relaxed) >= 2, "the workers did overlap");
+    let s = c.queue_stats(pb::QueueStatsRequest { queues: vec!["race".into()] }).await.expect("stats").into_inner();
+    assert_eq!(s.queues[0].completed, total);
+}

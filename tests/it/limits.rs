@@ -210,3 +210,106 @@ async fn concurrent_workers_never_run_more_than_the_cap() {
     let s = c.queue_stats(pb::QueueStatsRequest { queues: vec!["race".into()] }).await.expect("stats").into_inner();
     assert_eq!(s.queues[0].completed, total);
 }
+
+/// Claims and completes tasks of `queue` through one node until `stop`; errors (a node gone, an unknown
+/// outcome) are part of the run: a task whose answer was lost runs until its lease ends.
+async fn churn(addr: String, queue: &'static str, stop: Arc<std::sync::atomic::AtomicBool>) {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("url")
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    let mut c = raftq_proto::v1::task_service_client::TaskServiceClient::new(ch);
+    while !stop.load(Ordering::Relaxed) {
+        let req = pb::ClaimRequest {
+            worker_id: format!("w-{addr}"),
+            queues: vec![queue.into()],
+            count: 2,
+            lease_ms: 2_000,
+            wait_ms: 200,
+        };
+        let Ok(tasks) = c.claim(req).await.map(|r| r.into_inner().tasks) else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for t in tasks {
+            let _ = c.ack(complete(&t)).await;
+        }
+    }
+}
+
+/// The most runs of `tasks` open at once, in state-machine time (a run is open from its claim until it ends).
+/// Runs starting and ending in the same millisecond count as not overlapping, so this can only under-count.
+fn most_running_at_once(tasks: &[pb::Task]) -> usize {
+    let mut edges: Vec<(i64, i32)> = Vec::new();
+    for r in tasks.iter().flat_map(|t| &t.runs) {
+        edges.push((r.started_at_ms, 1));
+        edges.push((if r.ended_at_ms == 0 { i64::MAX } else { r.ended_at_ms }, -1));
+    }
+    // Ends before starts at the same time.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// A real 3-node cluster, workers claiming a capped queue through the followers, the leader killed with -9 and
+/// brought back: from every task's runs (state-machine time, the same on every replica), never more than the cap
+/// ran at once, before, across and after the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_cap_holds_across_a_leader_kill() {
+    use crate::procs::*;
+    const CAP: u32 = 3;
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.node(leader).status().await.is_none_or(|s| s.cluster_version < 2) {
+        assert!(Instant::now() < deadline, "cluster version 2 never came");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let followers: Vec<String> = c.nodes.iter().filter(|n| n.id != leader).map(|n| n.grpc.clone()).collect();
+    jobs(&followers[0]).await.set_queue_limits(limits("capf", CAP, 0)).await.expect("cap, forwarded to the leader");
+    let mut p = connect(&followers[1]).await;
+    for _ in 0..3 {
+        p.enqueue_batch(batch("capf", 300)).await.expect("enqueue");
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..6).map(|i| tokio::spawn(churn(followers[i % 2].clone(), "capf", stop.clone()))).collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.node(leader).kill9();
+    let killed_ms = raftq::leader::proposer::wall_clock_ms() as i64;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.node(leader).start();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.expect("worker");
+    }
+
+    let now = c.wait_leader(Duration::from_secs(10)).await;
+    let addr = c.node(now).grpc.clone();
+    let mut j = jobs(&addr).await;
+    let mut tasks = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let req = pb::ListTasksRequest { queue: "capf".into(), page_size: 1000, page_token, ..Default::default() };
+        let page = j.list_tasks(req).await.expect("list").into_inner();
+        tasks.extend(page.tasks);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(tasks.len(), 900);
+    let runs: usize = tasks.iter().map(|t| t.runs.len()).sum();
+    assert!(runs > 30, "the workers ran tasks: {runs} runs");
+    let after = tasks.iter().flat_map(|t| &t.runs).filter(|r| r.started_at_ms > killed_ms + 500).count();
+    assert!(after > 10, "claims went on under the next leader: {after} runs");
+    let most = most_running_at_once(&tasks);
+    assert!(most <= CAP as usize, "{most} ran at once under a cap of {CAP}");
+    assert_eq!(most, CAP as usize, "the workers kept the queue at its cap");
+    c.wait_digests_agree(Duration::from_secs(20)).await;
+}

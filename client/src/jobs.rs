@@ -90,6 +90,10 @@ pub struct QueueCapacity {
     pub per_worker_rate: Option<f64>,
     /// Workers needed to drain pending + running within 1, 4 and 8 hours; `None` when unknown.
     pub workers_needed: [Option<u64>; 3],
+    /// The queue's running cap, if it has one.
+    pub max_running: Option<u32>,
+    /// The queue's depth limit, if it has one.
+    pub max_depth: Option<u64>,
 }
 
 fn jobs(ch: Channel) -> JobsClient<Channel> {
@@ -121,6 +125,8 @@ impl QueueCapacity {
             workers_needed_4h,
             workers_needed_8h,
             paused,
+            max_running,
+            max_depth,
         } = c;
         QueueCapacity {
             queue,
@@ -135,6 +141,8 @@ impl QueueCapacity {
             drain: (drain_seconds >= 0.0).then(|| Duration::from_secs_f64(drain_seconds.min(1e12))),
             per_worker_rate: (per_worker_rate >= 0.0).then_some(per_worker_rate),
             workers_needed: [needed(workers_needed_1h), needed(workers_needed_4h), needed(workers_needed_8h)],
+            max_running: (max_running > 0).then_some(max_running),
+            max_depth: (max_depth > 0).then_some(max_depth),
         }
     }
 }

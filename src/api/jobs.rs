@@ -240,8 +240,11 @@ impl JobsApi {
                 let active = self.dispatcher.workers_seen().active(&qk.tenant, &qk.queue, window);
                 let cap = queue::capacity::capacity(&c, tp, active);
                 let needed = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64).unwrap_or(-1);
+                let limits = shared.limits(&qk.tenant, &qk.queue).unwrap_or_default();
                 pb::QueueCapacity {
                     paused: shared.is_paused(&qk.tenant, &qk.queue),
+                    max_running: limits.max_running.unwrap_or(0),
+                    max_depth: limits.max_depth.unwrap_or(0),
                     queue: qk.queue,
                     pending: cap.pending,
                     ready: cap.ready,

@@ -325,6 +325,8 @@ pub fn schemas() -> Map<String, Value> {
                         json!({"type": ["number", "null"], "description": "null: no completions to go by"}),
                     ),
                     ("per_worker_rate", json!({"type": ["number", "null"]})),
+                    ("max_running", nint()),
+                    ("max_depth", nint()),
                     ("workers_needed", object(&[("1h", nint()), ("4h", nint()), ("8h", nint())], &[])),
                 ],
                 &["queue"],

@@ -781,6 +781,8 @@ fn capacity_json(c: &pb::QueueCapacity) -> Value {
         "rate_1m": c.rate_1m, "rate_5m": c.rate_5m, "rate_15m": c.rate_15m,
         "drain_seconds": (c.drain_seconds >= 0.0).then_some(c.drain_seconds),
         "per_worker_rate": (c.per_worker_rate >= 0.0).then_some(c.per_worker_rate),
+        "max_running": (c.max_running > 0).then_some(c.max_running),
+        "max_depth": (c.max_depth > 0).then_some(c.max_depth),
         "workers_needed": {
             "1h": (c.workers_needed_1h >= 0).then_some(c.workers_needed_1h),
             "4h": (c.workers_needed_4h >= 0).then_some(c.workers_needed_4h),

@@ -133,6 +133,7 @@ fn capacity_json(c: &QueueCapacity) -> serde_json::Value {
         "completed_1m": completed_1m, "completed_5m": completed_5m, "completed_15m": completed_15m,
         "rate_1m": rate_1m, "rate_5m": rate_5m, "rate_15m": rate_15m,
         "drain_seconds": c.drain.map(|d| d.as_secs_f64()), "per_worker_rate": c.per_worker_rate,
+        "max_running": c.max_running, "max_depth": c.max_depth,
         "workers_needed": {"1h": need_1h, "4h": need_4h, "8h": need_8h},
     })
 }

@@ -89,7 +89,9 @@ async fn a_depth_limit_refuses_enqueues_whole_with_a_retry_hint_until_tasks_are_
     let (code, _, bad) = http(a, "PUT", "/v1/queues/dq/limits", Some(json!({"max_depth": 0}))).await;
     assert_eq!((code, bad["error"]["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{bad}");
 
-    // Listed, counted in metrics, and kept across a restart.
+    // Shown in the capacity view, listed, counted in metrics, and kept across a restart.
+    let (_, _, cap) = http(a, "GET", "/v1/queues/dq/capacity", None).await;
+    assert_eq!((cap["max_depth"].as_u64(), cap["max_running"].is_null()), (Some(5), true), "{cap}");
     let (_, _, list) = http(a, "GET", "/v1/limits", None).await;
     assert_eq!(
         list["limits"],
@@ -162,6 +164,9 @@ async fn a_running_cap_holds_claims_back_and_a_freed_slot_wakes_a_parked_claim()
     assert!(waited < Duration::from_secs(5), "woken by the completion, not by its hold time: {waited:?}");
     let s = c.queue_stats(pb::QueueStatsRequest { queues: vec!["cq".into()] }).await.expect("stats").into_inner();
     assert_eq!(s.queues[0].in_progress, 3);
+    let cap = jobs(&addr).await.queue_capacity(pb::QueueCapacityRequest { queues: vec!["cq".into()] }).await;
+    let cap = cap.expect("capacity").into_inner().queues;
+    assert_eq!((cap[0].running, cap[0].max_running, cap[0].max_depth), (3, 3, 0));
 }
 
 /// Many workers race for a capped queue while the cap is changed: the number running never passes the cap in

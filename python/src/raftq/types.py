@@ -371,6 +371,9 @@ class QueueCapacity:
     per_worker_rate: Optional[float]
     #: Workers needed to drain pending + running within 1, 4 and 8 hours; ``None`` when unknown.
     workers_needed: List[Optional[int]]
+    #: The queue's running cap and depth limit; ``None``: no limit.
+    max_running: Optional[int] = None
+    max_depth: Optional[int] = None
 
     @classmethod
     def from_proto(cls, c: jobs_pb2.QueueCapacity) -> "QueueCapacity":
@@ -390,6 +393,8 @@ class QueueCapacity:
             drain_seconds=c.drain_seconds if c.drain_seconds >= 0 else None,
             per_worker_rate=c.per_worker_rate if c.per_worker_rate >= 0 else None,
             workers_needed=[needed(c.workers_needed_1h), needed(c.workers_needed_4h), needed(c.workers_needed_8h)],
+            max_running=c.max_running or None,
+            max_depth=c.max_depth or None,
         )
 
 

@@ -221,7 +221,7 @@ async function overviewPage() {
       h("span", {}, link("#/queue/" + enc(q.queue), q.queue), q.paused ? h("span", { class: "paused" }, "paused") : null),
       ...COUNTS.map(k => k === "dead_lettered" && q[k] ? link("#/dead/" + enc(q.queue), String(q[k])) : String(q[k])),
       per[q.queue].enq.toFixed(1), per[q.queue].done.toFixed(1)]);
-    const capRows = cap.queues.map(c => [c.queue, String(c.ready), String(c.running), String(c.active_workers), c.rate_5m.toFixed(2),
+    const capRows = cap.queues.map(c => [c.queue, String(c.ready), c.max_running ? c.running + " / " + c.max_running : String(c.running), String(c.active_workers), c.rate_5m.toFixed(2),
       c.drain_seconds === null ? "—" : Math.round(c.drain_seconds) + " s",
       ["1h", "4h", "8h"].map(k => c.workers_needed[k] === null ? "—" : c.workers_needed[k]).join(" / ")]);
     show(h("h1", {}, "Overview"),

@@ -337,7 +337,7 @@ fn enqueue_result(r: pb::EnqueueResult) -> Result<Enqueued> {
     let pb::EnqueueResult { result } = r;
     match result {
         Some(pb::enqueue_result::Result::Ok(ok)) => Ok(Enqueued::from_proto(ok)),
-        Some(pb::enqueue_result::Result::Error(pb::Error { code, message })) => {
+        Some(pb::enqueue_result::Result::Error(pb::Error { code, message, .. })) => {
             Err(Error::from_reason(&code, &message, None))
         }
         None => Err(Error::Protocol("an enqueue result with neither ok nor error".into())),
@@ -411,6 +411,7 @@ mod tests {
                 result: Some(pb::enqueue_result::Result::Error(pb::Error {
                     code: "INVALID_ARGUMENT".into(),
                     message: "priority 12 is outside 0-9".into(),
+                    retry_after_ms: 0,
                 })),
             },
         ];

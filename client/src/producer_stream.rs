@@ -221,17 +221,31 @@ impl Inner {
         Err(last.unwrap_or_else(|| Error::Closed("the producer stream keeps closing".into())))
     }
 
-    /// Waits for the ack of `rx`; a NOT_LEADER refusal (nothing applied) is sent again to the leader.
+    /// Waits for the ack of `rx`; a NOT_LEADER refusal (nothing applied) is sent again to the leader. An overload
+    /// refusal (`QUEUE_FULL`, `RATE_LIMITED`: nothing applied) is sent again after the server's retry hint, for up
+    /// to `request_timeout`, holding its room in the in-flight limit meanwhile: a producer faster than the queue
+    /// drains finds `create` waiting (flow control) instead of flooding the server with refused creates.
     async fn answer(&self, mut rx: oneshot::Receiver<Answer>, items: &[pb::EnqueueRequest]) -> Answer {
         let mut redirects = 0;
+        let give_up = tokio::time::Instant::now() + self.producer.inner.cfg.request_timeout;
         loop {
             let ack = rx.await.unwrap_or_else(|_| {
                 Err(Error::UnknownOutcome { message: "the producer stream ended before the answer".into() })
             })?;
-            let Some(pb::Error { code, message }) = &ack.error else {
+            let Some(pb::Error { code, message, retry_after_ms }) = &ack.error else {
                 return Ok(ack);
             };
             let err = Error::from_reason(code, message, None);
+            if err.is_overload() {
+                let wait = std::time::Duration::from_millis((*retry_after_ms).clamp(10, 30_000));
+                if tokio::time::Instant::now() + wait > give_up {
+                    return Err(err);
+                }
+                let permit = self.permit().await?;
+                tokio::time::sleep(wait).await;
+                rx = self.submit(items, permit).await?;
+                continue;
+            }
             if !matches!(err, Error::NotLeader { .. }) || redirects >= MAX_REDIRECTS {
                 return Err(err);
             }

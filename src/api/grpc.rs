@@ -86,9 +86,7 @@ pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::Enqueu
                 task_id: e.task_id.to_string(),
                 duplicate: e.duplicate,
             }),
-            Err(e) => {
-                pb::enqueue_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() })
-            }
+            Err(e) => pb::enqueue_result::Result::Error(super::stream::refusal(&e)),
         }),
     }
 }
@@ -483,7 +481,7 @@ pub fn ack_result(r: Result<crate::queue::AckOutcome, ApiError>) -> pb::AckResul
                 at_ms: o.at.min(i64::MAX as u64) as i64,
                 follow_up_ids: vec![],
             }),
-            Err(e) => pb::ack_result::Result::Error(pb::Error { code: e.reason().to_string(), message: e.to_string() }),
+            Err(e) => pb::ack_result::Result::Error(super::stream::refusal(&e)),
         }),
     }
 }

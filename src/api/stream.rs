@@ -77,8 +77,8 @@ impl Drop for Grant<'_> {
 type Out<T> = mpsc::Sender<Result<T, Status>>;
 
 /// An error as a per-request or per-item refusal carries it.
-fn refusal(e: &ApiError) -> pb::Error {
-    pb::Error { code: e.reason().to_string(), message: e.to_string() }
+pub(super) fn refusal(e: &ApiError) -> pb::Error {
+    pb::Error { code: e.reason().to_string(), message: e.to_string(), retry_after_ms: e.retry_after_ms().unwrap_or(0) }
 }
 
 /// Reads the Hello every stream starts with; anything else first ends the stream.

@@ -63,6 +63,13 @@ pub struct BenchArgs {
     pub worker_batch: u32,
     #[arg(long, default_value_t = 100)]
     pub payload_bytes: usize,
+    /// A depth limit on the bench's queue (0: none): producers faster than the workers are refused with
+    /// QUEUE_FULL and wait the server's retry hint before that create's slot is used again.
+    #[arg(long, default_value_t = 0)]
+    pub max_depth: u64,
+    /// A running cap on the bench's queue (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub max_running: u32,
     /// Data directory of the embedded node (default: a fresh temporary directory, removed afterwards).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -131,6 +138,8 @@ impl Samples {
 struct Counters {
     enqueued: AtomicU64,
     enqueue_errors: AtomicU64,
+    /// Tasks of creates refused by an overload limit (QUEUE_FULL, RATE_LIMITED), tried again after the hint.
+    refused: AtomicU64,
     claimed: AtomicU64,
     completed: AtomicU64,
     rejected: AtomicU64,
@@ -196,6 +205,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)));
     let stop = Arc::new(AtomicBool::new(false));
     let queue = format!("bench-{:08x}", rand::random::<u32>());
+    if a.max_depth > 0 || a.max_running > 0 {
+        set_limits(&addrs[0], &queue, a.max_running, a.max_depth).await?;
+    }
     let mut jobs = tokio::task::JoinSet::new();
     let payload_len = a.payload_bytes.max(8);
     for p in 0..a.producers {
@@ -257,6 +269,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         "target_rate": a.rate,
         "enqueued": enqueued,
         "enqueue_errors": stats.enqueue_errors.load(Ordering::Relaxed),
+        "max_depth": a.max_depth,
+        "max_running": a.max_running,
+        "refused": stats.refused.load(Ordering::Relaxed),
         "enqueued_per_s": enqueued as f64 / secs,
         "claimed": stats.claimed.load(Ordering::Relaxed),
         "completed": completed,
@@ -276,6 +291,10 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         println!("seconds             {secs:.2}");
         println!("enqueued            {enqueued} ({:.0}/s)", enqueued as f64 / secs);
         println!("enqueue errors      {}", stats.enqueue_errors.load(Ordering::Relaxed));
+        if a.max_depth > 0 || a.max_running > 0 {
+            println!("limits              max_depth {} max_running {}", a.max_depth, a.max_running);
+            println!("refused (retried)   {}", stats.refused.load(Ordering::Relaxed));
+        }
         if a.workload == Workload::Cycle {
             println!("completed           {completed} ({:.0}/s full cycles)", completed as f64 / secs);
             println!("rejected results    {}", stats.rejected.load(Ordering::Relaxed));
@@ -298,6 +317,22 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Sets the bench queue's limits, waiting (up to 15 s) for a fresh cluster to run the version that has them.
+async fn set_limits(addr: &str, queue: &str, max_running: u32, max_depth: u64) -> Result<()> {
+    let mut jobs = raftq_proto::v1::jobs_client::JobsClient::new(channel(addr).await?);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let req = pb::QueueLimits { queue: queue.to_string(), max_running, max_depth };
+        match jobs.set_queue_limits(authorized(req)).await {
+            Ok(_) => return Ok(()),
+            Err(s) if s.message().starts_with("FEATURE_NOT_ACTIVE") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => bail!("setting the bench queue's limits: {s}"),
+        }
+    }
 }
 
 fn payload(len: usize) -> bytes::Bytes {
@@ -355,8 +390,20 @@ async fn stream_producer(
                 let ok =
                     a.results.iter().filter(|r| matches!(r.result, Some(pb::enqueue_result::Result::Ok(_)))).count();
                 reader_stats.enqueued.fetch_add(ok as u64, Ordering::Relaxed);
-                let failed = if a.error.is_some() { 1 } else { a.results.len() - ok };
-                reader_stats.enqueue_errors.fetch_add(failed as u64, Ordering::Relaxed);
+                match &a.error {
+                    // Refused whole by a limit: this create's slot waits the server's hint (flow control).
+                    Some(e) if e.code == "QUEUE_FULL" || e.code == "RATE_LIMITED" => {
+                        reader_stats.refused.fetch_add(batch as u64, Ordering::Relaxed);
+                        let (permits, wait) = (reader_permits.clone(), Duration::from_millis(e.retry_after_ms.max(1)));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(wait).await;
+                            permits.add_permits(1);
+                        });
+                        continue;
+                    }
+                    Some(_) => _ = reader_stats.enqueue_errors.fetch_add(1, Ordering::Relaxed),
+                    None => _ = reader_stats.enqueue_errors.fetch_add((a.results.len() - ok) as u64, Ordering::Relaxed),
+                }
                 reader_permits.add_permits(1);
             }
         }

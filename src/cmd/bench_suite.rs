@@ -13,6 +13,9 @@
 //!   three nodes, with at most `--backlog-cap` tasks enqueued and not yet handled (producers wait for room).
 //! - `overload-1`, `overload-3`: the same without the cap (producers as fast as the server acknowledges):
 //!   completions should stay at the capped peak while enqueues are slowed.
+//! - `overload-capped-1`: `overload-1` with the queue's `max_depth` set to `--backlog-cap`: the server refuses
+//!   enqueues past it (`QUEUE_FULL`) and the SDK's producer stream waits the retry hint, holding its room, so
+//!   producers are slowed and completions should stay at `cycle-1`'s peak.
 //! - `latency-3`: three nodes paced at half of `cycle-3`'s median; enqueue→claim p50 and p99.
 //! - `failover-3`, `transfer-3`: three nodes at half of the peak; the leader is killed (`kill -9`) or its
 //!   leadership transferred mid-run; the longest gap between two claims around the fault.
@@ -79,6 +82,7 @@ const ALL: &[&str] = &[
     "cycle-3",
     "overload-1",
     "overload-3",
+    "overload-capped-1",
     "latency-3",
     "failover-3",
     "transfer-3",
@@ -220,6 +224,9 @@ fn describe(s: &str, a: &SuiteArgs) -> (String, &'static str) {
         "cycle-3" => format!("3 nodes, full cycle, at most {} in flight", a.backlog_cap),
         "overload-1" => "1 node, full cycle, producers unpaced (no cap)".to_string(),
         "overload-3" => "3 nodes, full cycle, producers unpaced (no cap)".to_string(),
+        "overload-capped-1" => {
+            format!("1 node, full cycle, producers unpaced, the queue's max_depth {} (QUEUE_FULL)", a.backlog_cap)
+        }
         "latency-3" => "3 nodes, paced at half of cycle-3: enqueue→claim".to_string(),
         "failover-3" => "3 nodes at half of peak, leader kill -9: longest claim gap".to_string(),
         "transfer-3" => "3 nodes at half of peak, leadership transfer: longest claim gap".to_string(),
@@ -276,6 +283,10 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
         "enqueue-batch" => enqueue_load(&cluster, a, 8, 100).await,
         "cycle-1" | "cycle-3" => cycle(&cluster, a, Pace::Capped, Fault::None).await,
         "overload-1" | "overload-3" => cycle(&cluster, a, Pace::Unpaced, Fault::None).await,
+        "overload-capped-1" => {
+            set_depth_limit(&cluster, a.backlog_cap as u64).await?;
+            cycle(&cluster, a, Pace::Unpaced, Fault::None).await
+        }
         "latency-3" | "failover-3" | "transfer-3" => {
             let rate = match peak3 {
                 Some(p) => p / 2.0,
@@ -294,6 +305,22 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
     };
     cluster.stop();
     result
+}
+
+/// Puts a depth limit on the bench queue (the server refuses past it; the SDK's stream waits and retries), once
+/// the fresh cluster runs the version that has limits.
+async fn set_depth_limit(c: &Cluster, max_depth: u64) -> Result<()> {
+    let p = Producer::connect(c.producer_config(c.addrs())).await?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match p.set_queue_limits(QUEUE, None, Some(max_depth)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.reason() == Some("FEATURE_NOT_ACTIVE") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 // ---- nodes ------------------------------------------------------------------------------------------------

@@ -318,3 +318,41 @@ async fn the_running_cap_holds_across_a_leader_kill() {
     assert_eq!(most, CAP as usize, "the workers kept the queue at its cap");
     c.wait_digests_agree(Duration::from_secs(20)).await;
 }
+
+/// The SDK's producer stream meets a full queue: refused creates wait the server's hint, holding their room in
+/// the stream's in-flight limit, and get in once workers make room; past `request_timeout` they end refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_stream_waits_out_a_full_queue_and_gives_up_after_its_timeout() {
+    use raftq_client::{NewTask, Producer, ProducerConfig};
+    let n = TestNode::start().await;
+    wait_version_2(&n).await;
+    let addr = n.node().grpc_addr.to_string();
+    jobs(&addr).await.set_queue_limits(limits("sq", 0, 5)).await.expect("depth 5");
+    let p = Producer::connect(ProducerConfig { addrs: vec![addr.clone()], ..Default::default() }).await.expect("sdk");
+    let s = p.stream().await.expect("stream");
+    let mut creates = Vec::new();
+    for i in 0..8 {
+        creates.push(s.create(NewTask::new("sq", format!("t{i}"))).await.expect("on the stream"));
+    }
+    let all = tokio::spawn(futures::future::join_all(creates));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut c = n.client().await;
+    assert_eq!(pending(&mut c, "sq").await, 5, "five got in, three wait");
+    assert!(!all.is_finished(), "the refused creates are still waiting for room");
+    for t in claim_now(&mut c, "sq", 3).await {
+        c.ack(complete(&t)).await.expect("complete");
+    }
+    let results = all.await.expect("join");
+    assert!(results.iter().all(|r| r.is_ok()), "every create got in: {results:?}");
+    assert_eq!(pending(&mut c, "sq").await, 5);
+
+    // Nobody makes room: a create gives up after the producer's request timeout, refused (nothing applied).
+    let cfg = ProducerConfig { addrs: vec![addr], request_timeout: Duration::from_millis(800), ..Default::default() };
+    let quick = Producer::connect(cfg).await.expect("sdk");
+    let s = quick.stream().await.expect("stream");
+    let t0 = Instant::now();
+    let e = s.create(NewTask::new("sq", "late")).await.expect("sent").await.expect_err("still full");
+    assert_eq!(e.reason(), Some("QUEUE_FULL"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(pending(&mut c, "sq").await, 5);
+}

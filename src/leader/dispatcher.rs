@@ -6,6 +6,9 @@
 //! picks tasks for each from the replicated ready index (skipping tasks promised to claims still in flight),
 //! and proposes one `Claim` entry for all of them: claims from many Readys and many streams share a Raft entry.
 //! A request that gets nothing before its hold time ends is answered with no tasks, so its client re-arms.
+//!
+//! The picks are fair across the fairness keys of each queue (`queue::fair`): the dispatcher owns the passes
+//! (`FairClock`), leader-local, and starts them over whenever leadership changes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use tokio::time::Instant;
 
 use super::proposer::{not_leader, write, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, Response, Task, TaskId};
+use crate::queue::{ClaimItem, Command, FairClock, Response, Task, TaskId};
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
@@ -99,6 +102,7 @@ impl Dispatcher {
             parked: VecDeque::new(),
             reserved: HashSet::new(),
             in_flight: 0,
+            fair: FairClock::default(),
         };
         tasks.spawn(d.run(rx));
         Dispatcher { tx, seen: Arc::default() }
@@ -160,6 +164,8 @@ struct Dispatch {
     parked: VecDeque<ClaimRequest>,
     reserved: HashSet<TaskId>,
     in_flight: usize,
+    /// The passes of the fair pick; leader-local, started over at each leadership change.
+    fair: FairClock,
 }
 
 impl Dispatch {
@@ -195,6 +201,7 @@ impl Dispatch {
                     if !changed {
                         break;
                     }
+                    self.fair.reset();
                     dirty = true;
                 }
                 Some(done) = done_rx.recv() => {
@@ -252,7 +259,7 @@ impl Dispatch {
                 continue;
             }
             let room = (self.max_items - items.len()).min(p.count);
-            let ids = self.shared.pick_ready(&p.tenant, &p.queues, room, &self.reserved);
+            let ids = self.shared.pick_ready(&mut self.fair, &p.tenant, &p.queues, room, &self.reserved);
             if ids.is_empty() {
                 empty.insert(key);
                 i += 1;

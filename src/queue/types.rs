@@ -608,6 +608,15 @@ pub enum Command {
     SetClusterVersion {
         version: u32,
     },
+    /// Sets the weight of a fairness key (a concurrency key; "" for tasks without one) in a tenant's queue: the
+    /// leader serves the queue's keys in proportion to their weights (`queue::fair`). 1 is the default and
+    /// removes the record. Every shard keeps its own copy, as for paused queues. Cluster version 2.
+    SetFairnessWeight {
+        tenant: String,
+        queue: String,
+        key: String,
+        weight: u32,
+    },
 }
 
 impl Command {
@@ -617,6 +626,7 @@ impl Command {
     pub fn required_version(&self) -> u32 {
         match self {
             Command::SetClusterVersion { .. } => 1,
+            Command::SetFairnessWeight { .. } => 2,
             _ => 0,
         }
     }
@@ -648,6 +658,7 @@ impl fmt::Display for Request {
             Command::UpdateSchedule { .. } => ("schedule-update", 1),
             Command::FireSchedule { .. } => ("schedule-fire", 1),
             Command::SetClusterVersion { .. } => ("cluster-version", 1),
+            Command::SetFairnessWeight { .. } => ("fairness-weight", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -724,6 +735,8 @@ pub enum Response {
     Fired(bool),
     /// The cluster version in force after a `SetClusterVersion`.
     ClusterVersion(u32),
+    /// The key's weight after a `SetFairnessWeight`.
+    FairnessWeight(u32),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -10,6 +10,7 @@
 //! |---------|----------------------------------------------------------------------------------|
 //! | 0       | every command up to `FireSchedule`; snapshots of v0 records (`RAFTQSNAP2`)       |
 //! | 1       | `SetClusterVersion` itself; snapshots of v1 records (`RAFTQSNAP3`)                |
+//! | 2       | `SetLimits`, `SetFairnessWeight` (and their `shard_records` records)              |
 //!
 //! A node's own files are its own business (`storage::format`): a newer binary upgrades them at start whatever
 //! the cluster version. A binary from before cluster versions applies version 0 and does not answer the version
@@ -22,7 +23,7 @@
 use std::io;
 
 /// The newest cluster version this binary can apply.
-pub const SUPPORTED: u32 = 1;
+pub const SUPPORTED: u32 = 2;
 
 /// Refuses an entry raising the cluster version past what this binary can apply: the node stops (apply fails)
 /// rather than apply entries of a version it does not know. The gate never proposes one while this node is a

@@ -270,6 +270,8 @@ pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io
         Ok(upgrade::<Schedule>(version, v, "schedule record")?.1)
     } else if key == RecordKey::CLUSTER_VERSION {
         Ok(upgrade::<u32>(version, v, "cluster version record")?.1)
+    } else if RecordKey::parse_weight(key).is_some() {
+        Ok(upgrade::<u32>(version, v, "fairness weight record")?.1)
     } else {
         Ok(upgrade::<()>(version, v, "shard record")?.1)
     }

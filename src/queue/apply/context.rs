@@ -113,6 +113,7 @@ pub enum PartialResponse {
     Schedule(Option<ItemResult<Option<Box<Schedule>>>>),
     Fired(bool),
     ClusterVersion(u32),
+    FairnessWeight(u32),
 }
 
 impl PartialResponse {
@@ -131,6 +132,7 @@ impl PartialResponse {
             Command::CreateSchedule(_) | Command::UpdateSchedule { .. } => PartialResponse::Schedule(None),
             Command::FireSchedule { .. } => PartialResponse::Fired(false),
             Command::SetClusterVersion { version } => PartialResponse::ClusterVersion(*version),
+            Command::SetFairnessWeight { weight, .. } => PartialResponse::FairnessWeight(*weight),
         }
     }
 
@@ -155,6 +157,7 @@ impl PartialResponse {
             PartialResponse::Schedule(v) => Response::Schedule(v.unwrap_or(Err(Rejected::NotFound))),
             PartialResponse::Fired(f) => Response::Fired(f),
             PartialResponse::ClusterVersion(v) => Response::ClusterVersion(v),
+            PartialResponse::FairnessWeight(w) => Response::FairnessWeight(w),
         }
     }
 }

@@ -19,6 +19,7 @@
 //! | `CreateSchedule`, `UpdateSchedule`, `FireSchedule` | `schedules.rs`         |
 //! | `WebhookOutcome` (and outbox writes)   | `webhooks.rs`                      |
 //! | `SetClusterVersion`                    | `version.rs`                       |
+//! | `SetFairnessWeight`                    | `fairness.rs`                      |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -30,6 +31,7 @@ mod context;
 mod dead_letters;
 mod dependencies;
 mod enqueue;
+mod fairness;
 mod lifecycle;
 mod pause;
 mod schedules;
@@ -104,6 +106,9 @@ impl ShardCore {
             }
             (Command::SetClusterVersion { version }, Out::ClusterVersion(now)) => {
                 self.apply_set_cluster_version(store, *version, now)
+            }
+            (Command::SetFairnessWeight { tenant, queue, key, weight }, Out::FairnessWeight(out)) => {
+                self.apply_set_fairness_weight(store, QueueKey::new(tenant, queue), key, *weight, out)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

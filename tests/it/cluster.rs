@@ -674,7 +674,8 @@ async fn a_cluster_of_one_binary_raises_its_cluster_version_through_the_log() {
             let s = c.node(id).status().await.expect("status");
             versions.push((s.version, s.cluster_version));
         }
-        if versions.iter().all(|v| *v == (1, 1)) {
+        let newest = raftq::raft::version::SUPPORTED;
+        if versions.iter().all(|v| *v == (newest, newest)) {
             break;
         }
         assert!(Instant::now() < deadline, "the cluster version was never raised: {versions:?}");
@@ -685,5 +686,5 @@ async fn a_cluster_of_one_binary_raises_its_cluster_version_through_the_log() {
     c.node(leader).terminate();
     c.node(leader).start();
     c.node(leader).ready().await;
-    assert_eq!(c.node(leader).status().await.expect("status").cluster_version, 1);
+    assert_eq!(c.node(leader).status().await.expect("status").cluster_version, raftq::raft::version::SUPPORTED);
 }

@@ -1,4 +1,4 @@
-//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in five runs of
+//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in seven runs of
 //! `--duration` each, every run on a queue of its own:
 //!
 //! 1. quiet: key `b` alone enqueues at `--rate` (default 20/s) into a queue whose workers are idle;
@@ -6,8 +6,9 @@
 //!    `--slots` slots works `--work-ms` on one task at a time), while `b` goes on at its rate: `b`'s
 //!    enqueue->claim against the quiet run, and how much of the capacity `a` still gets;
 //! 3. weighted: `a` (weight `--weight`) and `b` (weight 1) both flood: the ratio served;
-//! 4. and 5. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
-//!    `--worker-batch`, no work time) with unkeyed tasks, then with every task under one of 16 keys.
+//! 4. to 7. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
+//!    `--worker-batch`, no work time), unkeyed, then every task under one of 16 keys, twice, in the order
+//!    unkeyed, keyed, keyed, unkeyed: throughput per kind over its two runs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -80,12 +81,18 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         payload_len: a.payload_bytes.max(8),
         keys,
     };
-    let q = format!("fair-cycle-unkeyed-{tag}");
-    let unkeyed = phase(a, addrs, "cycle-unkeyed", vec![cycle(&q, vec![]); a.producers], fast(&q)).await?;
-    let q = format!("fair-cycle-keyed-{tag}");
+    // Keyed and unkeyed alternate (unkeyed, keyed, keyed, unkeyed), so what the earlier runs left in the node
+    // (their backlogs) weighs on both alike.
     let keys: Vec<String> = (0..CYCLE_KEYS).map(|i| format!("k{i}")).collect();
-    let keyed = phase(a, addrs, "cycle-keyed", vec![cycle(&q, keys); a.producers], fast(&q)).await?;
-    let per_s = |c: &Counters| c.completed.load(Ordering::Relaxed) as f64 / a.duration.as_secs_f64();
+    let (mut unkeyed, mut keyed) = (0u64, 0u64);
+    for (i, keyed_run) in [false, true, true, false].into_iter().enumerate() {
+        let name = if keyed_run { "cycle-keyed" } else { "cycle-unkeyed" };
+        let q = format!("fair-{name}-{i}-{tag}");
+        let spec = cycle(&q, if keyed_run { keys.clone() } else { vec![] });
+        let c = phase(a, addrs, name, vec![spec; a.producers], fast(&q)).await?;
+        *(if keyed_run { &mut keyed } else { &mut unkeyed }) += c.completed.load(Ordering::Relaxed);
+    }
+    let per_s = |n: u64| n as f64 / (2.0 * a.duration.as_secs_f64());
 
     Ok(json!({
         "workload": "fairness",
@@ -97,8 +104,8 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         "flood": {"a": key_report(&flood, "a", a), "b": key_report(&flood, "b", a)},
         "weighted": {"weight": a.weight, "a_served": ka, "b_served": kb,
             "ratio": if kb > 0 { ka as f64 / kb as f64 } else { 0.0 }},
-        "cycle": {"unkeyed_per_s": per_s(&unkeyed), "keyed_per_s": per_s(&keyed), "keys": CYCLE_KEYS,
-            "keyed_vs_unkeyed": per_s(&keyed) / per_s(&unkeyed).max(1e-9)},
+        "cycle": {"unkeyed_per_s": per_s(unkeyed), "keyed_per_s": per_s(keyed), "keys": CYCLE_KEYS,
+            "keyed_vs_unkeyed": per_s(keyed) / per_s(unkeyed).max(1e-9)},
     }))
 }
 

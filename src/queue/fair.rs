@@ -114,6 +114,12 @@ pub fn pick_ready(
         clock.queues.get_mut(qk).expect("absorbed above").charge(&key, weight(shards, qk, &key));
         out.push(rk.2);
     }
+    // A queue with no active key keeps no state: its next pick starts it afresh, as it would anyway.
+    for qk in &qks {
+        if clock.queues.get(qk).is_some_and(|q| q.order.is_empty()) {
+            clock.queues.remove(qk);
+        }
+    }
     out
 }
 
@@ -203,39 +209,40 @@ fn is_active(shards: &[ShardCore], qk: &QueueKey, key: &str) -> bool {
     shards.iter().any(|s| s.idx.by_key.get(qk).is_some_and(|k| k.keys.contains_key(key)))
 }
 
-/// One pick's transients: the keyed tasks promised to claims in flight or taken by this pick (per concurrency
-/// key, which spans the tenant's queues), and where each (queue, key) got to.
+/// One pick's transients: the keyed tasks promised to claims in flight (per concurrency key, which spans the
+/// tenant's queues), those taken by this pick, and where each (queue, key) got to.
 struct Pick<'a> {
     shards: &'a [ShardCore],
     tenant: &'a str,
     skip: &'a HashSet<TaskId>,
+    promised: HashMap<&'a str, u32>,
     taken: HashMap<String, u32>,
-    cursor: HashMap<(QueueKey, String), ReadyKey>,
+    cursor: HashMap<&'a QueueKey, HashMap<String, ReadyKey>>,
 }
 
 impl<'a> Pick<'a> {
     fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>) -> Self {
-        let mut taken: HashMap<String, u32> = HashMap::new();
+        let mut promised: HashMap<&'a str, u32> = HashMap::new();
         for shard in shards {
             // Walk the smaller of the two sets (claims without keys, the common case, cost nothing here).
             let pending = &shard.idx.pending_keys;
             if pending.len() <= skip.len() {
                 for (_, ck) in pending.iter().filter(|(id, _)| skip.contains(*id)) {
-                    *taken.entry(ck.key.clone()).or_default() += 1;
+                    *promised.entry(ck.key.as_str()).or_default() += 1;
                 }
             } else {
                 for ck in skip.iter().filter_map(|id| pending.get(id)) {
-                    *taken.entry(ck.key.clone()).or_default() += 1;
+                    *promised.entry(ck.key.as_str()).or_default() += 1;
                 }
             }
         }
-        Pick { shards, tenant, skip, taken, cursor: HashMap::new() }
+        Pick { shards, tenant, skip, promised, taken: HashMap::new(), cursor: HashMap::new() }
     }
 
     /// The best task a key can give now: its first ready task (priority, FIFO, across shards) after those this
     /// pick took and not promised elsewhere, if its concurrency key has a free slot.
     fn next_of(&self, qk: &QueueKey, key: &str) -> KeyHead {
-        let after = self.cursor.get(&(qk.clone(), key.to_string()));
+        let after = self.cursor.get(qk).and_then(|m| m.get(key));
         let mut active = false;
         let mut best: Option<(ReadyKey, usize)> = None;
         for (s, shard) in self.shards.iter().enumerate() {
@@ -253,22 +260,23 @@ impl<'a> Pick<'a> {
             None if active => KeyHead::Exhausted,
             None => KeyHead::Inactive,
             Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
-                Some(ck) if self.busy(&ck.key) >= ck.limit.max(1) => KeyHead::Blocked,
+                Some(ck) if self.busy(s, &ck.key) >= ck.limit.max(1) => KeyHead::Blocked,
                 _ => KeyHead::Ready(rk),
             },
         }
     }
 
-    /// Slots of a concurrency key in use: running, promised to claims in flight, taken by this pick.
-    fn busy(&self, key: &str) -> u32 {
-        let running: u32 = self.shards.iter().map(|s| s.running_with_key(self.tenant, key)).sum();
-        running + self.taken.get(key).copied().unwrap_or(0)
+    /// Slots of a concurrency key in use: running (in shard `s`, where every task of the key lives), promised
+    /// to claims in flight, taken by this pick.
+    fn busy(&self, s: usize, key: &str) -> u32 {
+        let running = self.shards[s].running_with_key(self.tenant, key);
+        running + self.promised.get(key).copied().unwrap_or(0) + self.taken.get(key).copied().unwrap_or(0)
     }
 
-    fn take(&mut self, qk: &QueueKey, key: &str, rk: ReadyKey) {
+    fn take(&mut self, qk: &'a QueueKey, key: &str, rk: ReadyKey) {
         if !key.is_empty() {
             *self.taken.entry(key.to_string()).or_default() += 1;
         }
-        self.cursor.insert((qk.clone(), key.to_string()), rk);
+        self.cursor.entry(qk).or_default().insert(key.to_string(), rk);
     }
 }

@@ -347,9 +347,10 @@ mod tests {
                 _ => assert!(matches!(&e, Error::Server { message, .. } if message == "m"), "{e:?}"),
             }
             // Only answers that say nothing was applied, and the node may serve later, are retryable.
-            let later =
-                matches!(r, Reason::NotLeader | Reason::Unavailable | Reason::RateLimited | Reason::TooManyStreams);
+            let overload = matches!(r, Reason::RateLimited | Reason::TooManyStreams | Reason::QueueFull);
+            let later = overload || matches!(r, Reason::NotLeader | Reason::Unavailable);
             assert_eq!(e.is_retryable(), later, "{r}");
+            assert_eq!(e.is_overload(), overload, "{r}");
         }
         // A reason from a newer server is kept as it came.
         let e = Error::from_reason("SOMETHING_NEW", "m", None);

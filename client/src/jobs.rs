@@ -1,4 +1,4 @@
-//! Job features on the [`Producer`]: pause and resume queues, list tasks a page at a time, the capacity view.
+//! Job features on the [`Producer`]: pause and resume queues, fairness weights, list tasks a page at a time, the capacity view.
 //! They use the server's `Jobs` service on the producer's connection, with the producer's retry rules.
 
 use std::time::Duration;
@@ -94,6 +94,29 @@ pub struct QueueCapacity {
     pub max_running: Option<u32>,
     /// The queue's depth limit, if it has one.
     pub max_depth: Option<u64>,
+}
+
+/// One fairness key of a queue (see [`Producer::set_fairness_weight`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FairnessKey {
+    /// The queue.
+    pub queue: String,
+    /// A concurrency key; empty for the queue's tasks without one.
+    pub key: String,
+    /// Its weight (1 unless set): claims serve the keys of a queue in proportion to their weights.
+    pub weight: u32,
+    /// Its tasks ready to be claimed in the queue.
+    pub ready: u64,
+    /// Its running tasks (across the tenant's queues; 0 for the empty key).
+    pub running: u64,
+}
+
+impl FairnessKey {
+    fn from_proto(k: pb::FairnessKey) -> FairnessKey {
+        let pb::FairnessKey { queue, key, weight, ready, running } = k;
+        FairnessKey { queue, key, weight, ready, running }
+    }
 }
 
 fn jobs(ch: Channel) -> JobsClient<Channel> {
@@ -265,6 +288,34 @@ impl Producer {
             })
             .await?;
         Ok(r.limits.into_iter().map(QueueLimits::from).collect())
+    }
+
+    /// Sets the weight (1 to 1000; 1 is the default) of a fairness key of a queue: a concurrency key, or "" for
+    /// the queue's tasks without one. Claims serve the keys of a queue in proportion to their weights. Needs the
+    /// `admin` scope and cluster version 2 (`FEATURE_NOT_ACTIVE` before). Sets a state, so retried like a read.
+    pub async fn set_fairness_weight(&self, queue: &str, key: &str, weight: u32) -> Result<FairnessKey> {
+        let req = pb::SetFairnessWeightRequest { queue: queue.to_string(), key: key.to_string(), weight };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.set_fairness_weight(req).await }
+            })
+            .await?;
+        Ok(FairnessKey::from_proto(r))
+    }
+
+    /// The fairness keys of a queue (`None`: of every queue of the tenant) that have a weight other than 1 or
+    /// ready tasks, by queue and key.
+    pub async fn fairness(&self, queue: Option<&str>) -> Result<Vec<FairnessKey>> {
+        let req = pb::ListFairnessRequest { queue: queue.unwrap_or_default().to_string() };
+        let stale = self.stale;
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.read_request(req.clone(), stale);
+                async move { c.list_fairness(req).await }
+            })
+            .await?;
+        Ok(r.keys.into_iter().map(FairnessKey::from_proto).collect())
     }
 
     /// The tenant's paused queues.

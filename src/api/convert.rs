@@ -27,6 +27,18 @@ pub fn validate_queue(cfg: &Config, q: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A fairness key (a concurrency key, "" for tasks without one) and its weight, as `SetFairnessWeight` takes them.
+pub fn validate_fairness(cfg: &Config, key: &str, weight: u32) -> Result<(), ApiError> {
+    use crate::queue::fair::{DEFAULT_WEIGHT, MAX_WEIGHT};
+    if key.len() > cfg.max_idempotency_key_len {
+        return Err(invalid(format!("key must be at most {} characters", cfg.max_idempotency_key_len)));
+    }
+    if !(DEFAULT_WEIGHT..=MAX_WEIGHT).contains(&weight) {
+        return Err(invalid(format!("weight must be {DEFAULT_WEIGHT} to {MAX_WEIGHT}, got {weight}")));
+    }
+    Ok(())
+}
+
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

@@ -1,4 +1,4 @@
-//! The `Jobs` gRPC service (issue 9): pause and resume queues, list tasks with filters a page at a time, and the
+//! The `Jobs` gRPC service (issue 9): pause and resume queues, fairness weights (issue 17), list tasks with filters a page at a time, and the
 //! capacity view. Reads are linearizable unless the request carries `x-raftq-read: stale`; requests reaching a
 //! follower are forwarded to the leader like the task service's.
 
@@ -165,6 +165,56 @@ impl JobsApi {
             .map(|(q, l)| limits_pb(q, l))
             .collect();
         Ok(pb::ListQueueLimitsResponse { limits })
+    }
+
+    async fn set_fairness_weight_local(
+        &self,
+        req: Request<pb::SetFairnessWeightRequest>,
+    ) -> Result<pb::FairnessKey, ApiError> {
+        let who = caller_with(&req, Scope::Admin)?;
+        let pb::SetFairnessWeightRequest { queue, key, weight } = req.into_inner();
+        convert::validate_queue(&self.proposer.cfg, &queue)?;
+        who.check_queue(&queue)?;
+        convert::validate_fairness(&self.proposer.cfg, &key, weight)?;
+        let cmd =
+            Command::SetFairnessWeight { tenant: who.tenant.clone(), queue: queue.clone(), key: key.clone(), weight };
+        let weight = match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::FairnessWeight(w) => w,
+            other => return Err(ApiError::Internal(format!("unexpected response {other:?}"))),
+        };
+        let rows = self.proposer.shared.fairness(&who.tenant, Some(&queue));
+        let row = rows.into_iter().find(|r| r.key == key);
+        let (ready, running) = row.map_or((0, 0), |r| (r.ready, r.running));
+        Ok(pb::FairnessKey { queue, key, weight, ready, running })
+    }
+
+    async fn list_fairness_local(
+        &self,
+        req: Request<pb::ListFairnessRequest>,
+    ) -> Result<pb::ListFairnessResponse, ApiError> {
+        let who = caller_with(&req, Scope::Read)?;
+        let linearize = !stale_read(&req);
+        let pb::ListFairnessRequest { queue } = req.into_inner();
+        if !queue.is_empty() {
+            convert::validate_queue(&self.proposer.cfg, &queue)?;
+            who.check_queue(&queue)?;
+        }
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let rows = self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()));
+        let keys = rows
+            .into_iter()
+            .filter(|r| who.may_use_queue(&r.queue))
+            .map(|r| pb::FairnessKey {
+                queue: r.queue,
+                key: r.key,
+                weight: r.weight,
+                ready: r.ready,
+                running: r.running,
+            })
+            .collect();
+        Ok(pb::ListFairnessResponse { keys })
     }
 
     async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
@@ -419,6 +469,25 @@ impl JobsApi {
         self.fwd.unary(req, Kind::Read, |r| self.list_limits_local(r), remote).await
     }
 
+    /// Setting a weight sets a state: safe to repeat.
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, weight = req.get_ref().weight))]
+    pub async fn set_fairness_weight(
+        &self,
+        req: Request<pb::SetFairnessWeightRequest>,
+    ) -> Result<pb::FairnessKey, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).set_fairness_weight(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.set_fairness_weight_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn list_fairness(
+        &self,
+        req: Request<pb::ListFairnessRequest>,
+    ) -> Result<pb::ListFairnessResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_fairness(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_fairness_local(r), remote).await
+    }
+
     #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, page_size = req.get_ref().page_size))]
     pub async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
         let remote = |ch, r| async move { jobs_on(ch).list_tasks(r).await };
@@ -491,6 +560,14 @@ impl Jobs for JobsApi {
 
     async fn list_queue_limits(&self, req: Request<pb::ListQueueLimitsRequest>) -> Res<pb::ListQueueLimitsResponse> {
         reply(JobsApi::list_queue_limits(self, req).await)
+    }
+
+    async fn set_fairness_weight(&self, req: Request<pb::SetFairnessWeightRequest>) -> Res<pb::FairnessKey> {
+        reply(JobsApi::set_fairness_weight(self, req).await)
+    }
+
+    async fn list_fairness(&self, req: Request<pb::ListFairnessRequest>) -> Res<pb::ListFairnessResponse> {
+        reply(JobsApi::list_fairness(self, req).await)
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {

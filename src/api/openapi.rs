@@ -117,6 +117,24 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
             None,
             (200, Some("LimitsList")),
         ),
+        ("get", "/v1/queues/{queue}/fairness") => op(
+            "listFairness",
+            "A queue's fairness keys: weight (default 1), ready and running tasks",
+            None,
+            (200, Some("FairnessList")),
+        ),
+        ("put", "/v1/queues/{queue}/fairness/{key}") => op(
+            "setFairnessWeight",
+            "Set a concurrency key's weight (1-1000) in the queue's fair dispatch; 1 is the default",
+            Some("Weight"),
+            (200, Some("FairnessKey")),
+        ),
+        ("put", "/v1/queues/{queue}/fairness") => op(
+            "setUnkeyedWeight",
+            "Set the weight (1-1000) of the queue's tasks without a concurrency key",
+            Some("Weight"),
+            (200, Some("FairnessKey")),
+        ),
         ("get", "/v1/queues/{queue}/capacity") => {
             op("queueCapacity", "A queue's backlog, throughput and workers needed", None, (200, Some("Capacity")))
         }
@@ -302,6 +320,21 @@ pub fn schemas() -> Map<String, Value> {
             "TaskPage",
             json!({"type": "object", "properties": {"tasks": array(reference("Task")), "next_page_token": nstring()}}),
         ),
+        ("Weight", object(&[("weight", int())], &["weight"])),
+        (
+            "FairnessKey",
+            object(
+                &[
+                    ("queue", string()),
+                    ("key", json!({"type": "string", "description": "A concurrency key; empty: tasks without one"})),
+                    ("weight", int()),
+                    ("ready", int()),
+                    ("running", int()),
+                ],
+                &[],
+            ),
+        ),
+        ("FairnessList", json!({"type": "object", "properties": {"keys": array(reference("FairnessKey"))}})),
         ("QueuePause", json!({"type": "object", "properties": {"queue": string(), "paused": boolean()}})),
         (
             "Capacity",
@@ -711,9 +744,11 @@ fn error_statuses(method: &str, path: &str, o: &Operation) -> Vec<(u16, &'static
             | "pauseSchedule"
             | "resumeSchedule"
             | "deleteSchedule"
+            | "setFairnessWeight"
+            | "setUnkeyedWeight"
     );
     if conflicts {
-        v.push((409, "LEASE_LOST, NOT_IN_PROGRESS, ALREADY_ENDED, ...: the task's state refuses this"));
+        v.push((409, "LEASE_LOST, NOT_IN_PROGRESS, ALREADY_ENDED, FEATURE_NOT_ACTIVE, ...: the state refuses this"));
     }
     if matches!(o.id, "setQueueLimits" | "setTenantLimits") {
         v.push((409, "FEATURE_NOT_ACTIVE: a node still runs a release without limits (cluster version 2)"));
@@ -744,7 +779,8 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "purge" | "clusterStatus" | "transferLeader" | "pauseQueue" | "resumeQueue" | "backup" => "admin",
         "setQueueLimits" | "setTenantLimits" => "admin",
         "listLimits" => "read",
-        "listTasks" | "queueCapacity" | "capacity" | "listSchedules" => "read",
+        "listTasks" | "queueCapacity" | "capacity" | "listSchedules" | "listFairness" => "read",
+        "setFairnessWeight" | "setUnkeyedWeight" => "admin",
         "exception" => "work",
         "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",
         _ => return None,

@@ -76,6 +76,9 @@ rest_routes! {
     put "/v1/queues/{queue}/limits" => set_queue_limits;
     get "/v1/limits" => list_limits;
     put "/v1/limits" => set_tenant_limits;
+    get "/v1/queues/{queue}/fairness" => list_fairness;
+    put "/v1/queues/{queue}/fairness" => set_unkeyed_weight;
+    put "/v1/queues/{queue}/fairness/{key}" => set_fairness_weight;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
     get "/v1/capacity" => capacity;
     post "/v1/schedules" => create_schedule;
@@ -773,6 +776,47 @@ async fn list_limits(State(r): State<Rest>, headers: HeaderMap) -> Res {
     ok(json!({"limits": l.limits.iter().map(limits_json).collect::<Vec<_>>()}))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WeightBody {
+    weight: u32,
+}
+
+fn fairness_json(k: &pb::FairnessKey) -> Value {
+    json!({"queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running})
+}
+
+async fn put_weight(r: Rest, headers: HeaderMap, queue: String, key: String, weight: u32) -> Res {
+    let req = pb::SetFairnessWeightRequest { queue, key, weight };
+    ok(fairness_json(&r.jobs.set_fairness_weight(request(&r, &headers, req)?).await?))
+}
+
+/// `PUT /v1/queues/{queue}/fairness/{key}` `{"weight": N}`: a concurrency key's weight in the queue.
+async fn set_fairness_weight(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path((queue, key)): Path<(String, String)>,
+    Body(b): Body<WeightBody>,
+) -> Res {
+    put_weight(r, headers, queue, key, b.weight).await
+}
+
+/// `PUT /v1/queues/{queue}/fairness` `{"weight": N}`: the weight of the queue's tasks without a concurrency key
+/// (the empty key, which a path segment cannot name).
+async fn set_unkeyed_weight(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Body(b): Body<WeightBody>,
+) -> Res {
+    put_weight(r, headers, queue, String::new(), b.weight).await
+}
+
+async fn list_fairness(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    let l = r.jobs.list_fairness(request(&r, &headers, pb::ListFairnessRequest { queue })?).await?;
+    ok(json!({"keys": l.keys.iter().map(fairness_json).collect::<Vec<_>>()}))
+}
+
 fn capacity_json(c: &pb::QueueCapacity) -> Value {
     json!({
         "queue": c.queue, "paused": c.paused, "pending": c.pending, "ready": c.ready, "delayed": c.delayed,
@@ -946,8 +990,9 @@ mod tests {
 
     #[test]
     fn request_schemas_name_exactly_the_fields_the_routes_accept() {
-        let cases: [(&str, Vec<&str>); 9] = [
+        let cases: [(&str, Vec<&str>); 10] = [
             ("Limits", field_names::<LimitsBody>()),
+            ("Weight", field_names::<WeightBody>()),
             ("Group", field_names::<GroupBody>()),
             ("Schedule", field_names::<ScheduleBody>()),
             ("NewTask", field_names::<NewTaskBody>()),

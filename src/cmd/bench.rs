@@ -7,6 +7,9 @@
 //!   enqueue->claim and enqueue->complete. Each payload carries its send time, so latencies are measured from
 //!   the moment the producer sent the task.
 //!
+//! - `--workload fairness`: weighted fair dispatch (`bench_fairness.rs`): a key flooding a queue against a key
+//!   enqueuing at a hundredth of its rate, a 3:1 weighted run, and full cycles with keyed and unkeyed tasks.
+//!
 //! It speaks the wire protocol directly (no SDK), so that it measures the server and times every answer.
 
 use std::path::PathBuf;
@@ -28,7 +31,7 @@ use tonic::transport::Channel;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// enqueue: producers only; cycle: enqueue, claim and complete.
+    /// enqueue: producers only; cycle: enqueue, claim and complete; fairness: fair dispatch across keys.
     #[arg(long, value_enum, default_value_t = Workload::Cycle)]
     pub workload: Workload,
     /// Nodes to load (repeat, or comma-separated); clients are spread over them. None: an embedded node.
@@ -70,6 +73,13 @@ pub struct BenchArgs {
     /// A running cap on the bench's queue (0: none).
     #[arg(long, default_value_t = 0)]
     pub max_running: u32,
+    /// fairness: how long a worker slot works on each task (each slot takes one task at a time), which sets the
+    /// workers' capacity to workers x slots x 1000 / work-ms tasks/s.
+    #[arg(long, default_value_t = 20)]
+    pub work_ms: u64,
+    /// fairness: the flooding key's weight in the weighted run (the other key has 1).
+    #[arg(long, default_value_t = 3)]
+    pub weight: u32,
     /// Data directory of the embedded node (default: a fresh temporary directory, removed afterwards).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -84,6 +94,7 @@ pub struct BenchArgs {
 pub enum Workload {
     Enqueue,
     Cycle,
+    Fairness,
 }
 
 /// The bearer token every bench client sends (set once, before any client starts).
@@ -93,7 +104,7 @@ fn token() -> String {
     TOKEN.get().cloned().unwrap_or_default()
 }
 
-fn authorized<T>(msg: T) -> tonic::Request<T> {
+pub(super) fn authorized<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     if let Ok(v) = format!("Bearer {}", token()).parse() {
         r.metadata_mut().insert("authorization", v);
@@ -105,7 +116,7 @@ fn now_us() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
-async fn channel(addr: &str) -> Result<Channel> {
+pub(super) async fn channel(addr: &str) -> Result<Channel> {
     let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     tonic::transport::Endpoint::from_shared(url.clone())?
         .tcp_nodelay(true)
@@ -117,13 +128,17 @@ async fn channel(addr: &str) -> Result<Channel> {
 
 /// Latency samples in microseconds.
 #[derive(Default)]
-struct Samples(Mutex<Vec<u32>>);
+pub(super) struct Samples(Mutex<Vec<u32>>);
 
 impl Samples {
-    fn add(&self, us: u64) {
+    pub(super) fn add(&self, us: u64) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).push(us.min(u32::MAX as u64) as u32);
     }
-    fn percentiles(&self) -> Option<[f64; 3]> {
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub(super) fn percentiles(&self) -> Option<[f64; 3]> {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if v.is_empty() {
             return None;
@@ -135,73 +150,143 @@ impl Samples {
 }
 
 #[derive(Default)]
-struct Counters {
-    enqueued: AtomicU64,
-    enqueue_errors: AtomicU64,
+pub(super) struct Counters {
+    pub(super) enqueued: AtomicU64,
+    pub(super) enqueue_errors: AtomicU64,
     /// Tasks of creates refused by an overload limit (QUEUE_FULL, RATE_LIMITED), tried again after the hint.
-    refused: AtomicU64,
-    claimed: AtomicU64,
-    completed: AtomicU64,
-    rejected: AtomicU64,
-    to_claim: Samples,
-    to_complete: Samples,
+    pub(super) refused: AtomicU64,
+    pub(super) claimed: AtomicU64,
+    pub(super) completed: AtomicU64,
+    pub(super) rejected: AtomicU64,
+    pub(super) to_claim: Samples,
+    pub(super) to_complete: Samples,
+    /// Per concurrency key ("" without one): tasks claimed and enqueue->claim; kept only when asked for.
+    pub(super) per_key: Option<Mutex<PerKey>>,
 }
 
-pub async fn run(a: BenchArgs) -> Result<()> {
-    let mut embedded = None;
-    let addrs = if a.addrs.is_empty() {
-        let dir = a
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
-        let base = match &a.config {
-            Some(p) => Config::from_file(p)?,
-            None => Config::default(),
-        };
-        let cfg = Config {
-            data_dir: dir.clone(),
-            grpc_addr: "127.0.0.1:0".into(),
-            raft_addr: "127.0.0.1:0".into(),
-            http_addr: "127.0.0.1:0".into(),
-            ..base
-        };
-        let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while raftq::raft::metrics(&node.raft).current_leader != Some(cfg.node_id) {
-            if Instant::now() > deadline {
-                bail!("embedded node did not become leader");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let addr = node.grpc_addr.to_string();
-        if cfg.auth == raftq::config::AuthMode::Jwt
-            && cfg.auth_keys_dir.is_none()
-            && cfg.auth_hs256_secret_file.is_none()
-        {
-            let secret = raftq::auth::local_secret(&dir)?;
-            let spec = raftq::auth::TokenSpec {
-                subject: "raftq-bench",
-                tenant: raftq::auth::DEFAULT_TENANT,
-                scopes: &raftq::auth::Scope::ALL,
-                queues: None,
-                ttl_s: 24 * 3600,
-                issuer: cfg.auth_issuer.as_deref(),
-                audience: cfg.auth_audience.as_deref(),
-            };
-            let t = raftq::auth::issue(&secret, Some(raftq::auth::LOCAL_KID), &spec).map_err(|e| anyhow::anyhow!(e))?;
-            let _ = TOKEN.set(t);
-        }
-        embedded = Some((node, dir, a.data_dir.is_none()));
-        vec![addr]
-    } else {
-        a.addrs.clone()
-    };
-    if let Some(t) = &a.token {
-        let _ = TOKEN.set(t.clone());
+/// Enqueue->claim samples per concurrency key (their count is the key's claims).
+pub(super) type PerKey = std::collections::HashMap<String, Samples>;
+
+impl Counters {
+    /// Counters that also keep claims per key.
+    pub(super) fn per_key() -> Counters {
+        Counters { per_key: Some(Mutex::default()), ..Default::default() }
     }
+
+    fn note_claim(&self, key: &str, us: u64) {
+        self.to_claim.add(us);
+        if let Some(m) = &self.per_key {
+            m.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_default().add(us);
+        }
+    }
+}
+
+/// The node the bench loads: given addresses, or an embedded one (with its data directory and whether to remove
+/// it afterwards) and a token minted from its secret.
+pub(super) struct Target {
+    pub(super) addrs: Vec<String>,
+    embedded: Option<(Node, PathBuf, bool)>,
+}
+
+impl Target {
+    pub(super) async fn start(a: &BenchArgs) -> Result<Target> {
+        let target = if a.addrs.is_empty() {
+            let (node, dir) = start_embedded(a).await?;
+            let addr = node.grpc_addr.to_string();
+            Target { addrs: vec![addr], embedded: Some((node, dir, a.data_dir.is_none())) }
+        } else {
+            Target { addrs: a.addrs.clone(), embedded: None }
+        };
+        if let Some(t) = &a.token {
+            let _ = TOKEN.set(t.clone());
+        }
+        Ok(target)
+    }
+
+    pub(super) async fn stop(self) {
+        if let Some((node, dir, remove)) = self.embedded {
+            node.stop().await;
+            if remove {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+async fn start_embedded(a: &BenchArgs) -> Result<(Node, PathBuf)> {
+    let dir = a
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("raftq-bench-{}", rand::random::<u64>())));
+    let base = match &a.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    let cfg = Config {
+        data_dir: dir.clone(),
+        grpc_addr: "127.0.0.1:0".into(),
+        raft_addr: "127.0.0.1:0".into(),
+        http_addr: "127.0.0.1:0".into(),
+        ..base
+    };
+    let node = Node::start(cfg.clone(), Listeners::bind(&cfg).await?, CancellationToken::new()).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while raftq::raft::metrics(&node.raft).current_leader != Some(cfg.node_id) {
+        if Instant::now() > deadline {
+            bail!("embedded node did not become leader");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if cfg.auth == raftq::config::AuthMode::Jwt && cfg.auth_keys_dir.is_none() && cfg.auth_hs256_secret_file.is_none() {
+        let secret = raftq::auth::local_secret(&dir)?;
+        let spec = raftq::auth::TokenSpec {
+            subject: "raftq-bench",
+            tenant: raftq::auth::DEFAULT_TENANT,
+            scopes: &raftq::auth::Scope::ALL,
+            queues: None,
+            ttl_s: 24 * 3600,
+            issuer: cfg.auth_issuer.as_deref(),
+            audience: cfg.auth_audience.as_deref(),
+        };
+        let t = raftq::auth::issue(&secret, Some(raftq::auth::LOCAL_KID), &spec).map_err(|e| anyhow::anyhow!(e))?;
+        let _ = TOKEN.set(t);
+    }
+    Ok((node, dir))
+}
+
+/// What one producer stream sends: batches of `batch` tasks to `queue`, `inflight` creates at once, paced to
+/// `rate` tasks/s (0: as fast as acknowledged); each task under the next of `keys` in turn (none: unkeyed).
+#[derive(Clone)]
+pub(super) struct ProducerSpec {
+    pub(super) queue: String,
+    pub(super) batch: usize,
+    pub(super) inflight: usize,
+    pub(super) rate: u64,
+    pub(super) payload_len: usize,
+    pub(super) keys: Vec<String>,
+}
+
+/// What one worker stream does: `slots` Readys outstanding for `count` tasks each of `queue`, each batch
+/// completed after `work` (simulated processing; zero: at once).
+#[derive(Clone)]
+pub(super) struct WorkerSpec {
+    pub(super) queue: String,
+    pub(super) slots: usize,
+    pub(super) count: u32,
+    pub(super) work: Duration,
+}
+
+/// A concurrency limit no bench key reaches: keys here are fairness keys, not throttles.
+pub(super) const UNLIMITED: u32 = 1_000_000;
+
+pub async fn run(a: BenchArgs) -> Result<()> {
+    if a.workload == Workload::Fairness {
+        return super::bench_fairness::run(a).await;
+    }
+    let target = Target::start(&a).await?;
+    let (addrs, embedded) = (target.addrs.clone(), target.embedded.as_ref());
     let stats = Arc::new(Counters::default());
     let log0 = embedded
-        .as_ref()
         .map(|(n, _, _)| (n.log_stats.fsyncs.load(Ordering::Relaxed), n.log_stats.entries.load(Ordering::Relaxed)));
     let stop = Arc::new(AtomicBool::new(false));
     let queue = format!("bench-{:08x}", rand::random::<u32>());
@@ -214,21 +299,24 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         let ch = channel(&addrs[p % addrs.len()]).await?;
         let (stats, stop, queue) = (stats.clone(), stop.clone(), queue.clone());
         let per_producer_rate = if a.rate == 0 { 0 } else { (a.rate / a.producers as u64).max(1) };
-        match a.workload {
-            Workload::Cycle => {
-                let (batch, inflight) = (a.batch.max(1), a.inflight.max(1));
-                jobs.spawn(stream_producer(ch, queue, batch, inflight, per_producer_rate, payload_len, stats, stop));
-            }
-            Workload::Enqueue => {
-                jobs.spawn(unary_producer(ch, queue, a.batch, per_producer_rate, payload_len, stats, stop));
-            }
+        if a.workload == Workload::Enqueue {
+            jobs.spawn(unary_producer(ch, queue, a.batch, per_producer_rate, payload_len, stats, stop));
+        } else {
+            let (batch, inflight, rate, keys) = (a.batch.max(1), a.inflight.max(1), per_producer_rate, vec![]);
+            jobs.spawn(stream_producer(
+                ch,
+                ProducerSpec { queue, batch, inflight, rate, payload_len, keys },
+                stats,
+                stop,
+            ));
         }
     }
     if a.workload == Workload::Cycle {
         for w in 0..a.workers {
             let ch = channel(&addrs[w % addrs.len()]).await?;
             let (stats, stop, queue) = (stats.clone(), stop.clone(), queue.clone());
-            jobs.spawn(stream_worker(ch, queue, w, a.slots.max(1), a.worker_batch.max(1), stats, stop));
+            let spec = WorkerSpec { queue, slots: a.slots.max(1), count: a.worker_batch.max(1), work: Duration::ZERO };
+            jobs.spawn(stream_worker(ch, spec, w, stats, stop));
         }
     }
     let start = Instant::now();
@@ -253,7 +341,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
 
     let enqueued = stats.enqueued.load(Ordering::Relaxed);
     let completed = stats.completed.load(Ordering::Relaxed);
-    let fsync = embedded.as_ref().zip(log0).map(|((n, _, _), (f0, e0))| {
+    let fsync = embedded.zip(log0).map(|((n, _, _), (f0, e0))| {
         (n.log_stats.fsyncs.load(Ordering::Relaxed) - f0, n.log_stats.entries.load(Ordering::Relaxed) - e0)
     });
     let report = serde_json::json!({
@@ -310,12 +398,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             println!("enqueues per fsync  {:.1}", enqueued as f64 / f.max(1) as f64);
         }
     }
-    if let Some((node, dir, remove)) = embedded {
-        node.stop().await;
-        if remove {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
+    target.stop().await;
     Ok(())
 }
 
@@ -362,17 +445,8 @@ impl Pacer {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn stream_producer(
-    ch: Channel,
-    queue: String,
-    batch: usize,
-    inflight: usize,
-    rate: u64,
-    payload_len: usize,
-    stats: Arc<Counters>,
-    stop: Arc<AtomicBool>,
-) {
+pub(super) async fn stream_producer(ch: Channel, spec: ProducerSpec, stats: Arc<Counters>, stop: Arc<AtomicBool>) {
+    let ProducerSpec { queue, batch, inflight, rate, payload_len, keys } = spec;
     let (tx, rx) = mpsc::channel(inflight + 1);
     let ev = |e| pb::ProducerEvent { event: Some(e) };
     let _ = tx.send(ev(pb::producer_event::Event::Hello(pb::Hello { token: token(), ..Default::default() }))).await;
@@ -410,14 +484,20 @@ async fn stream_producer(
     });
     let mut pacer = Pacer { start: Instant::now(), sent: 0, rate };
     let mut seq = 0u64;
+    let mut next_key = keys.iter().cycle();
     while !stop.load(Ordering::Relaxed) {
         let Ok(p) = permits.acquire().await else { break };
         p.forget();
         pacer.wait(batch as u64).await;
         seq += 1;
-        let tasks = (0..batch)
-            .map(|_| pb::EnqueueRequest { queue: queue.clone(), payload: payload(payload_len), ..Default::default() })
-            .collect();
+        let task = |key: Option<&String>| pb::EnqueueRequest {
+            queue: queue.clone(),
+            payload: payload(payload_len),
+            concurrency_key: key.cloned().unwrap_or_default(),
+            concurrency_limit: if key.is_some() { UNLIMITED } else { 0 },
+            ..Default::default()
+        };
+        let tasks = (0..batch).map(|_| task(next_key.next())).collect();
         if tx.send(ev(pb::producer_event::Event::CreateBatch(pb::CreateBatch { seq, tasks }))).await.is_err() {
             break;
         }
@@ -469,16 +549,16 @@ async fn unary_producer(
     }
 }
 
-/// One worker stream with `slots` Readys outstanding; each batch is completed at once with one ResultBatch.
-async fn stream_worker(
+/// One worker stream with `slots` Readys outstanding; each batch is completed with one ResultBatch, after
+/// `spec.work`.
+pub(super) async fn stream_worker(
     ch: Channel,
-    queue: String,
+    spec: WorkerSpec,
     n: usize,
-    slots: usize,
-    count: u32,
     stats: Arc<Counters>,
     stop: Arc<AtomicBool>,
 ) {
+    let WorkerSpec { queue, slots, count, work } = spec;
     let (tx, rx) = mpsc::channel(slots * 2 + 1);
     let ev = |e| pb::WorkerEvent { event: Some(e) };
     let hello = pb::Hello { token: token(), worker_id: format!("bench-{n}") };
@@ -523,7 +603,7 @@ async fn stream_worker(
                     .into_iter()
                     .map(|t| {
                         let s = sent_at(&t.payload);
-                        stats.to_claim.add(now.saturating_sub(s));
+                        stats.note_claim(&t.concurrency_key, now.saturating_sub(s));
                         sent.push(s);
                         pb::Result {
                             request_id: 0,
@@ -535,12 +615,17 @@ async fn stream_worker(
                     .collect();
                 next_id += 1;
                 pending.insert(next_id, sent);
-                if tx
-                    .send(ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results })))
-                    .await
-                    .is_err()
-                {
-                    return;
+                let done = ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results }));
+                if work.is_zero() {
+                    if tx.send(done).await.is_err() {
+                        return;
+                    }
+                } else {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(work).await;
+                        let _ = tx.send(done).await;
+                    });
                 }
             }
             Some(Event::AckBatch(a)) => {

@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod bench;
+mod bench_fairness;
 pub mod bench_suite;
 pub mod client;
 pub mod cluster;

@@ -6,6 +6,9 @@
 //! picks tasks for each from the replicated ready index (skipping tasks promised to claims still in flight),
 //! and proposes one `Claim` entry for all of them: claims from many Readys and many streams share a Raft entry.
 //! A request that gets nothing before its hold time ends is answered with no tasks, so its client re-arms.
+//!
+//! The picks are fair across the fairness keys of each queue (`queue::fair`): the dispatcher owns the passes
+//! (`FairClock`), leader-local, and starts them over whenever leadership changes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use tokio::time::Instant;
 
 use super::proposer::{not_leader, write, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, QueueKey, Response, Task, TaskId};
+use crate::queue::{ClaimItem, Command, FairClock, QueueKey, Response, Task, TaskId};
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
@@ -104,6 +107,7 @@ impl Dispatcher {
             catching_up: false,
             unsettled: Vec::new(),
             in_flight: 0,
+            fair: FairClock::default(),
         };
         tasks.spawn(d.run(rx));
         Dispatcher { tx, seen: Arc::default() }
@@ -173,6 +177,8 @@ struct Dispatch {
     /// appended by then is applied: (that last index, tasks per capped queue).
     unsettled: Vec<(u64, HashMap<QueueKey, u64>)>,
     in_flight: usize,
+    /// The passes of the fair pick; leader-local, started over at each leadership change.
+    fair: FairClock,
 }
 
 impl Dispatch {
@@ -209,6 +215,7 @@ impl Dispatch {
                     if !changed {
                         break;
                     }
+                    self.fair.reset();
                     dirty = true;
                 }
                 Some(done) = done_rx.recv() => {
@@ -278,10 +285,17 @@ impl Dispatch {
             }
             let room = (self.max_items - items.len()).min(p.count);
             let ids = match caught_up {
-                None => self.shared.pick_ready(&p.tenant, &p.queues, room, &self.reserved),
-                Some(caught_up) => {
-                    pick_capped(&self.shared, &self.reserved, &mut self.promised, p, room, caught_up, &mut capped)
-                }
+                None => self.shared.pick_ready(&mut self.fair, &p.tenant, &p.queues, room, &self.reserved),
+                Some(caught_up) => pick_capped(
+                    &self.shared,
+                    &self.reserved,
+                    &mut self.promised,
+                    &mut self.fair,
+                    p,
+                    room,
+                    caught_up,
+                    &mut capped,
+                ),
             };
             if ids.is_empty() {
                 empty.insert(key);
@@ -380,6 +394,7 @@ fn pick_capped(
     shared: &SmShared,
     reserved: &HashSet<TaskId>,
     promised: &mut HashMap<QueueKey, u64>,
+    fair: &mut FairClock,
     p: &ClaimRequest,
     room: usize,
     caught_up: bool,
@@ -395,7 +410,7 @@ fn pick_capped(
         })
         .collect();
     if rooms.iter().all(Option::is_none) {
-        return shared.pick_ready(&p.tenant, &p.queues, room, reserved);
+        return shared.pick_ready(fair, &p.tenant, &p.queues, room, reserved);
     }
     let mut ids = Vec::new();
     for (q, r) in p.queues.iter().zip(rooms) {
@@ -403,7 +418,7 @@ fn pick_capped(
         if want == 0 {
             continue;
         }
-        let got = shared.pick_ready(&p.tenant, std::slice::from_ref(q), want, reserved);
+        let got = shared.pick_ready(fair, &p.tenant, std::slice::from_ref(q), want, reserved);
         if r.is_some() && !got.is_empty() {
             let qk = QueueKey::new(&p.tenant, q);
             *capped.entry(qk.clone()).or_default() += got.len() as u64;

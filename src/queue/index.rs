@@ -1,6 +1,7 @@
 //! One shard's in-memory indexes, derived from its records: which tasks are ready, delayed, leased, ended,
 //! dead-lettered or held, when each falls due, per-queue counts, running concurrency keys, the outbox by due time,
-//! and copies of the small shard records (paused queues, schedules).
+//! ready tasks per fairness key (for the leader's fair pick), and copies of the small shard records (paused
+//! queues, fairness weights, schedules).
 //!
 //! Nothing here is stored: every replica rebuilds the same indexes from the records at start and after a snapshot
 //! install (`ShardCore::index_*`). Apply keeps them in step with every record it writes (`add_task` after,
@@ -44,6 +45,12 @@ pub struct ShardIndex {
     pub(super) paused: HashSet<QueueKey>,
     /// Flow-control limits per queue, and per tenant under an empty queue name (every shard holds them all).
     pub(super) limits: HashMap<QueueKey, Limits>,
+    /// Ready tasks per queue and fairness key: the same entries as `ready`, split by key.
+    pub(super) by_key: HashMap<QueueKey, KeyedReady>,
+    /// Activation numbers handed out so far (see `KeyedReady::activated`); only grows within this index's life.
+    pub(super) activations: u64,
+    /// Fairness weights other than 1, per queue and key (every shard holds the whole set).
+    pub(super) weights: HashMap<QueueKey, HashMap<String, u32>>,
     /// Running tasks per (tenant, concurrency key) of this shard.
     pub(super) running_keys: HashMap<(String, String), u32>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
@@ -56,6 +63,21 @@ pub struct ShardIndex {
     /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
     /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
     pub(super) done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// The ready tasks of one queue split by fairness key (the concurrency key; "" for tasks without one).
+#[derive(Debug, Default)]
+pub struct KeyedReady {
+    /// Each active key (one with ready tasks): its activation number and its ready tasks in claim order.
+    pub(super) keys: HashMap<String, (u64, BTreeSet<ReadyKey>)>,
+    /// The active keys by activation number: a key gets a new number each time it becomes active, so the
+    /// leader finds the keys that became active since it last looked without walking them all.
+    pub(super) activated: BTreeMap<u64, String>,
+}
+
+/// The fairness key of a task: its concurrency key, or "" (the implicit key of tasks without one).
+pub fn fairness_key(ck: Option<&ConcurrencyKey>) -> &str {
+    ck.map(|c| c.key.as_str()).unwrap_or("")
 }
 
 /// Tasks per state in one queue.
@@ -107,6 +129,8 @@ pub struct IndexSizes {
     pub deadlines: usize,
     /// Pending tasks held by dependencies.
     pub held: usize,
+    /// Ready tasks counted per fairness key (`by_key`): always equal to `ready`.
+    pub ready_by_key: usize,
 }
 
 impl ShardIndex {
@@ -144,7 +168,8 @@ impl ShardIndex {
                 self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
             }
             TaskState::Pending => {
-                self.ready.entry(qk).or_default().insert((Reverse(t.priority), t.seq, t.id));
+                let key = fairness_key(t.concurrency.as_ref());
+                self.ready_insert(qk, key, (Reverse(t.priority), t.seq, t.id));
             }
             TaskState::InProgress => {
                 if let Some(l) = &t.lease {
@@ -214,12 +239,8 @@ impl ShardIndex {
         match t.state {
             TaskState::Pending => {
                 if !in_delayed {
-                    if let Some(set) = self.ready.get_mut(&qk) {
-                        set.remove(&(Reverse(t.priority), t.seq, t.id));
-                        if set.is_empty() {
-                            self.ready.remove(&qk);
-                        }
-                    }
+                    let key = fairness_key(t.concurrency.as_ref());
+                    self.ready_remove(&qk, key, &(Reverse(t.priority), t.seq, t.id));
                 }
             }
             TaskState::InProgress => {
@@ -240,6 +261,57 @@ impl ShardIndex {
                     }
                 }
             }
+        }
+    }
+
+    /// Adds a ready task to `ready` and to its key's set in `by_key`, activating the key if it had none.
+    pub(super) fn ready_insert(&mut self, qk: QueueKey, key: &str, rk: ReadyKey) {
+        let keyed = self.by_key.entry(qk.clone()).or_default();
+        match keyed.keys.get_mut(key) {
+            Some((_, set)) => {
+                set.insert(rk);
+            }
+            None => {
+                self.activations += 1;
+                keyed.activated.insert(self.activations, key.to_string());
+                keyed.keys.insert(key.to_string(), (self.activations, BTreeSet::from([rk])));
+            }
+        }
+        self.ready.entry(qk).or_default().insert(rk);
+    }
+
+    /// Removes a ready task from `ready` and `by_key`; a key left without ready tasks is no longer active.
+    fn ready_remove(&mut self, qk: &QueueKey, key: &str, rk: &ReadyKey) {
+        if let Some(set) = self.ready.get_mut(qk) {
+            set.remove(rk);
+            if set.is_empty() {
+                self.ready.remove(qk);
+            }
+        }
+        let Some(keyed) = self.by_key.get_mut(qk) else { return };
+        if let Some((activation, set)) = keyed.keys.get_mut(key) {
+            set.remove(rk);
+            if set.is_empty() {
+                keyed.activated.remove(activation);
+                keyed.keys.remove(key);
+            }
+        }
+        if keyed.keys.is_empty() {
+            self.by_key.remove(qk);
+        }
+    }
+
+    /// Records a key's weight (1, the default, is not kept).
+    pub(super) fn set_weight(&mut self, qk: QueueKey, key: &str, weight: u32) {
+        if weight == crate::queue::fair::DEFAULT_WEIGHT {
+            if let Some(m) = self.weights.get_mut(&qk) {
+                m.remove(key);
+                if m.is_empty() {
+                    self.weights.remove(&qk);
+                }
+            }
+        } else {
+            self.weights.entry(qk).or_default().insert(key.to_string(), weight);
         }
     }
 
@@ -282,6 +354,7 @@ impl ShardIndex {
             webhooks: self.webhooks.len(),
             deadlines: self.deadlines.len(),
             held: self.held.len(),
+            ready_by_key: self.by_key.values().flat_map(|k| k.keys.values()).map(|(_, set)| set.len()).sum(),
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::apply::{ApplyContext, Effects};
-use super::queries::pick_ready;
+use super::fair::{pick_ready, FairClock};
 use super::shard::ShardCore;
 use super::store::TaskStore;
 use super::types::*;
@@ -25,6 +25,7 @@ pub struct MemStore {
     pub schedules: BTreeMap<TaskId, Schedule>,
     pub paused: BTreeSet<QueueKey>,
     pub limits: BTreeMap<QueueKey, Limits>,
+    pub weights: BTreeMap<(QueueKey, String), u32>,
     pub cluster_version: Option<u32>,
 }
 
@@ -87,6 +88,14 @@ impl TaskStore for MemStore {
         self.limits.remove(qk);
         Ok(())
     }
+    fn put_weight(&mut self, qk: &QueueKey, key: &str, weight: u32) -> Result<(), Self::Error> {
+        self.weights.insert((qk.clone(), key.to_string()), weight);
+        Ok(())
+    }
+    fn remove_weight(&mut self, qk: &QueueKey, key: &str) -> Result<(), Self::Error> {
+        self.weights.remove(&(qk.clone(), key.to_string()));
+        Ok(())
+    }
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error> {
         self.cluster_version = Some(version);
         Ok(())
@@ -139,8 +148,14 @@ impl MemMachine {
         self.stores.iter().flat_map(|s| s.outbox.values())
     }
 
+    /// The leader's pick with a fresh fairness clock (every active key at the same pass).
     pub fn pick(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
-        pick_ready(&self.shards, tenant, queues, count, &HashSet::new())
+        self.pick_with(&mut FairClock::default(), tenant, queues, count)
+    }
+
+    /// The leader's pick, charging `clock` as the leader's dispatcher does across picks.
+    pub fn pick_with(&self, clock: &mut FairClock, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
+        pick_ready(&self.shards, clock, tenant, queues, count, &HashSet::new())
     }
 
     /// Rebuilds every shard's indexes from its records, as a restart does.
@@ -160,6 +175,9 @@ impl MemMachine {
             }
             for (qk, l) in &store.limits {
                 core.index_limits(qk.clone(), *l);
+            }
+            for ((qk, key), w) in &store.weights {
+                core.index_weight(qk.clone(), key, *w);
             }
             for s in store.schedules.values() {
                 core.index_schedule(s.clone());

@@ -9,13 +9,15 @@
 //! - `shard`: `ShardCore`, one shard's time and indexes, and their rebuild from records.
 //! - `index`: the derived in-memory indexes (no rules).
 //! - `apply/`: what each command does to a shard, one file per command family (the table in `apply/mod.rs`).
-//! - `queries`: reads for the leader and the API (claim candidates, due deliveries, dead letters, counts).
+//! - `fair`: the leader's claim choice, weighted fair across the fairness keys of a queue (`pick_ready`).
+//! - `queries`: reads for the leader and the API (due deliveries, dead letters, counts, weights).
 //! - `capacity`, `cron`: the capacity arithmetic and the cron parser (leader-side, never in apply).
 //! - `mem`: the same machine over maps, for tests and log replays.
 
 mod apply;
 pub mod capacity;
 pub mod cron;
+pub mod fair;
 mod index;
 mod mem;
 mod queries;
@@ -27,9 +29,10 @@ pub mod types;
 mod tests;
 
 pub use apply::{ApplyContext, Effects, EventCounts, PartialResponse, RevokedLease};
-pub use index::{IndexSizes, ReadyKey, StateCounts, THROUGHPUT_WINDOW_S};
+pub use fair::{pick_ready, FairClock};
+pub use index::{fairness_key, IndexSizes, ReadyKey, StateCounts, THROUGHPUT_WINDOW_S};
 pub use mem::{MemMachine, MemStore};
-pub use queries::{pick_ready, ClaimOrder, Throughput};
+pub use queries::Throughput;
 pub use shard::ShardCore;
 pub use store::TaskStore;
 pub use types::*;

@@ -4,13 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use super::index::{IndexSizes, ReadyKey, StateCounts, THROUGHPUT_WINDOW_S};
+use super::index::{IndexSizes, StateCounts, THROUGHPUT_WINDOW_S};
 use super::shard::ShardCore;
 use super::types::*;
-
-/// The leader's claim order across queues and shards: priority, then the running tasks of the task's
-/// concurrency key (least busy key first; 0 without a key), then FIFO.
-pub type ClaimOrder = (std::cmp::Reverse<u8>, u32, u64, TaskId);
 
 /// Completions of one queue over the recent windows, in state-machine time.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -22,25 +18,6 @@ pub struct Throughput {
     pub run_ms_15m: u64,
 }
 
-/// Chooses up to `count` ready tasks across `queues` of `tenant` in claim order (priority, then the least busy
-/// concurrency key, then FIFO), skipping tasks already promised to an in-flight claim and tasks whose concurrency
-/// key is at its limit (see `ShardCore::claim_candidates`).
-pub fn pick_ready<'a>(
-    shards: impl IntoIterator<Item = &'a ShardCore>,
-    tenant: &str,
-    queues: &[String],
-    count: usize,
-    skip: &HashSet<TaskId>,
-) -> Vec<TaskId> {
-    let mut heads: Vec<ClaimOrder> = Vec::new();
-    for shard in shards {
-        heads.extend(shard.claim_candidates(tenant, queues, count, skip));
-    }
-    heads.sort();
-    heads.dedup_by_key(|k| k.3);
-    heads.into_iter().take(count).map(|k| k.3).collect()
-}
-
 impl ShardCore {
     // ---- claims ----------------------------------------------------------------------------------------------
 
@@ -49,74 +26,21 @@ impl ShardCore {
         self.idx.running_keys.get(&(tenant.to_string(), key.to_string())).copied().unwrap_or(0)
     }
 
-    /// Claim candidates for the leader: this shard's ready tasks of `queues`, merged in claim order (priority,
-    /// then FIFO), up to `limit`, skipping `skip` (tasks promised to claims in flight) and tasks whose concurrency
-    /// key has no free slot (its running tasks, the in-flight promises and the candidates taken so far fill its
-    /// limit). A blocked key is passed over, never waited for. Each candidate sorts by (priority, running tasks of
-    /// its key (0 without a key), FIFO): at equal priority the least busy key goes first, so claims rotate
-    /// across keys. A key's tasks all live in one shard, so its admission here is exact.
-    pub fn claim_candidates(
-        &self,
-        tenant: &str,
-        queues: &[String],
-        limit: usize,
-        skip: &HashSet<TaskId>,
-    ) -> Vec<ClaimOrder> {
-        let pending_keys = &self.idx.pending_keys;
-        // Keyed tasks promised to claims in flight: walk the smaller of the two sets (claims without keys, the
-        // common case, cost nothing here).
-        let mut taken: HashMap<&str, u32> = HashMap::new();
-        if pending_keys.len() <= skip.len() {
-            for (id, ck) in pending_keys {
-                if skip.contains(id) {
-                    *taken.entry(ck.key.as_str()).or_default() += 1;
-                }
-            }
-        } else {
-            for id in skip {
-                if let Some(ck) = pending_keys.get(id) {
-                    *taken.entry(ck.key.as_str()).or_default() += 1;
-                }
-            }
-        }
-        let mut iters: Vec<_> = queues
-            .iter()
-            .map(|q| QueueKey { tenant: tenant.to_string(), queue: q.clone() })
-            .filter(|qk| !self.idx.paused.contains(qk))
-            .filter_map(|qk| self.idx.ready.get(&qk))
-            .map(|set| set.iter().peekable())
-            .collect();
-        let mut out = Vec::new();
-        while out.len() < limit {
-            // The next ready task across the queues, in claim order.
-            let mut best: Option<(usize, &ReadyKey)> = None;
-            for (i, it) in iters.iter_mut().enumerate() {
-                if let Some(k) = it.peek() {
-                    if best.is_none_or(|(_, b)| *k < b) {
-                        best = Some((i, *k));
-                    }
-                }
-            }
-            let Some((i, _)) = best else { break };
-            let k = iters[i].next().expect("peeked");
-            if skip.contains(&k.2) {
-                continue;
-            }
-            let busy = match pending_keys.get(&k.2) {
-                None => 0,
-                Some(ck) => {
-                    let running = self.running_with_key(tenant, &ck.key);
-                    let t = taken.entry(ck.key.as_str()).or_default();
-                    if running + *t >= ck.limit.max(1) {
-                        continue;
-                    }
-                    *t += 1;
-                    running
-                }
-            };
-            out.push((k.0, busy, k.1, k.2));
-        }
-        out
+    /// The weight of a fairness key of a queue (1 unless set).
+    pub fn fairness_weight(&self, qk: &QueueKey, key: &str) -> u32 {
+        self.idx.weights.get(qk).and_then(|m| m.get(key)).copied().unwrap_or(crate::queue::fair::DEFAULT_WEIGHT)
+    }
+
+    /// Every weight other than 1 of a tenant's queues: (queue, key, weight).
+    pub fn fairness_weights<'a>(&'a self, tenant: &'a str) -> impl Iterator<Item = (&'a str, &'a str, u32)> + 'a {
+        let queues = self.idx.weights.iter().filter(move |(qk, _)| qk.tenant == tenant);
+        queues.flat_map(|(qk, m)| m.iter().map(move |(k, w)| (qk.queue.as_str(), k.as_str(), *w)))
+    }
+
+    /// Ready tasks of a queue in this shard per fairness key.
+    pub fn ready_by_key(&self, qk: &QueueKey) -> impl Iterator<Item = (&str, usize)> + '_ {
+        let keys = self.idx.by_key.get(qk).into_iter().flat_map(|k| k.keys.iter());
+        keys.map(|(key, (_, set))| (key.as_str(), set.len()))
     }
 
     // ---- time ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use super::index::ShardIndex;
 use super::types::*;
 
 /// One shard's derived state. Rebuilt from the records at start and after a snapshot is installed: set `now`,
-/// then feed every record to the `index_*` methods (paused queues and schedules first).
+/// then feed every record to the `index_*` methods (paused queues, weights and schedules first).
 #[derive(Debug, Default)]
 pub struct ShardCore {
     pub shard_no: usize,
@@ -58,6 +58,10 @@ impl ShardCore {
 
     pub fn index_limits(&mut self, qk: QueueKey, limits: Limits) {
         self.idx.limits.insert(qk, limits);
+    }
+
+    pub fn index_weight(&mut self, qk: QueueKey, key: &str, weight: u32) {
+        self.idx.set_weight(qk, key, weight);
     }
 
     pub fn index_cluster_version(&mut self, version: u32) {

@@ -34,6 +34,10 @@ pub trait TaskStore {
     fn put_limits(&mut self, qk: &QueueKey, limits: &Limits) -> Result<(), Self::Error>;
     fn remove_limits(&mut self, qk: &QueueKey) -> Result<(), Self::Error>;
 
+    // ---- fairness weights per (tenant, queue, key) other than 1: every shard holds the whole set ----------
+    fn put_weight(&mut self, qk: &QueueKey, key: &str, weight: u32) -> Result<(), Self::Error>;
+    fn remove_weight(&mut self, qk: &QueueKey, key: &str) -> Result<(), Self::Error>;
+
     // ---- the cluster version: every shard holds it ------------------------------------------------------
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error>;
 }

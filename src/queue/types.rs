@@ -616,6 +616,15 @@ pub enum Command {
         queue: String,
         limits: Limits,
     },
+    /// Sets the weight of a fairness key (a concurrency key; "" for tasks without one) in a tenant's queue: the
+    /// leader serves the queue's keys in proportion to their weights (`queue::fair`). 1 is the default and
+    /// removes the record. Every shard keeps its own copy, as for paused queues. Cluster version 2.
+    SetFairnessWeight {
+        tenant: String,
+        queue: String,
+        key: String,
+        weight: u32,
+    },
 }
 
 /// Flow-control limits of a queue (or of a tenant, over all its queues). `None` is no limit.
@@ -648,6 +657,7 @@ impl Command {
         match self {
             Command::SetClusterVersion { .. } => 1,
             Command::SetLimits { .. } => 2,
+            Command::SetFairnessWeight { .. } => 2,
             _ => 0,
         }
     }
@@ -680,6 +690,7 @@ impl fmt::Display for Request {
             Command::FireSchedule { .. } => ("schedule-fire", 1),
             Command::SetClusterVersion { .. } => ("cluster-version", 1),
             Command::SetLimits { .. } => ("limits", 1),
+            Command::SetFairnessWeight { .. } => ("fairness-weight", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -758,6 +769,8 @@ pub enum Response {
     ClusterVersion(u32),
     /// The limits in force after a `SetLimits`.
     LimitsSet(Limits),
+    /// The key's weight after a `SetFairnessWeight`.
+    FairnessWeight(u32),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -17,6 +17,16 @@ use super::state_machine::{Shards, SmShared};
 use super::tables::*;
 use crate::queue::{self, DeliveryId, StateCounts, Task, TaskId, TimeMs, WebhookDelivery};
 
+/// One key of one queue in the fairness view (`SmShared::fairness`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairnessRow {
+    pub queue: String,
+    pub key: String,
+    pub weight: u32,
+    pub ready: u64,
+    pub running: u64,
+}
+
 /// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
 const LIST_FLOOR_MARGIN_MS: u64 = 60_000;
 
@@ -38,9 +48,67 @@ impl SmShared {
         }
     }
 
-    /// Claim choice for the leader: see `queue::pick_ready`.
-    pub fn pick_ready(&self, tenant: &str, queues: &[String], count: usize, skip: &HashSet<TaskId>) -> Vec<TaskId> {
-        queue::pick_ready(&self.read().cores, tenant, queues, count, skip)
+    /// Claim choice for the leader, fair across the keys of each queue by the passes in `clock`: see
+    /// `queue::pick_ready`.
+    pub fn pick_ready(
+        &self,
+        clock: &mut queue::FairClock,
+        tenant: &str,
+        queues: &[String],
+        count: usize,
+        skip: &HashSet<TaskId>,
+    ) -> Vec<TaskId> {
+        queue::pick_ready(&self.read().cores, clock, tenant, queues, count, skip)
+    }
+
+    /// The fairness view of a tenant's queue (every queue when `None`): each key with a weight other than 1 or
+    /// with ready tasks, its weight, its ready tasks in the queue and its running tasks (a concurrency key's
+    /// running tasks count across the tenant's queues; "" never counts running tasks). Sorted by queue, key.
+    pub fn fairness(&self, tenant: &str, queue: Option<&str>) -> Vec<FairnessRow> {
+        let g = self.read();
+        let mut rows: BTreeMap<(String, String), FairnessRow> = BTreeMap::new();
+        let row = |q: &str, k: &str| FairnessRow {
+            queue: q.to_string(),
+            key: k.to_string(),
+            weight: 1,
+            ready: 0,
+            running: 0,
+        };
+        if let Some(first) = g.cores.first() {
+            for (q, k, w) in first.fairness_weights(tenant).filter(|(q, _, _)| queue.is_none_or(|x| x == *q)) {
+                rows.entry((q.to_string(), k.to_string())).or_insert_with(|| row(q, k)).weight = w;
+            }
+        }
+        let queues: Vec<String> = match queue {
+            Some(q) => vec![q.to_string()],
+            None => self.counts_of(&g, tenant),
+        };
+        for q in &queues {
+            let qk = queue::QueueKey::new(tenant, q);
+            for c in &g.cores {
+                for (k, n) in c.ready_by_key(&qk) {
+                    rows.entry((q.clone(), k.to_string())).or_insert_with(|| row(q, k)).ready += n as u64;
+                }
+            }
+        }
+        for r in rows.values_mut().filter(|r| !r.key.is_empty()) {
+            r.running = g.cores.iter().map(|c| u64::from(c.running_with_key(tenant, &r.key))).sum();
+        }
+        rows.into_values().collect()
+    }
+
+    /// The queues of a tenant that have any task counted.
+    fn counts_of(&self, g: &Shards, tenant: &str) -> Vec<String> {
+        let mut v: Vec<String> = g
+            .cores
+            .iter()
+            .flat_map(|c| c.counts().keys())
+            .filter(|qk| qk.tenant == tenant)
+            .map(|qk| qk.queue.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 
     /// Dead-lettered tasks of a queue, oldest first, at most `limit`.

@@ -89,6 +89,9 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         if let Some(qk) = RecordKey::parse_limits(k.value()) {
             core.index_limits(qk, decode(v.value(), "limits record")?);
         }
+        if let Some((qk, key)) = RecordKey::parse_weight(k.value()) {
+            core.index_weight(qk, &key, decode(v.value(), "fairness weight record")?);
+        }
         if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value(), "schedule record")?);
         }
@@ -142,7 +145,7 @@ pub struct Layer {
     pub tasks: BTreeMap<TaskId, Option<Task>>,
     pub keys: HashMap<Vec<u8>, Option<KeyRecord>>,
     pub outbox: HashMap<DeliveryId, Option<WebhookDelivery>>,
-    /// `shard_records` rows by key (schedules and paused queues), encoded.
+    /// `shard_records` rows by key (schedules, paused queues, weights), encoded.
     pub records: HashMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
@@ -323,6 +326,16 @@ impl TaskStore for CachedStore<'_> {
 
     fn remove_limits(&mut self, qk: &QueueKey) -> io::Result<()> {
         self.dirty.records.insert(RecordKey::limits(qk), None);
+        Ok(())
+    }
+
+    fn put_weight(&mut self, qk: &QueueKey, key: &str, weight: u32) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::weight(qk, key), Some(encode(&weight)?));
+        Ok(())
+    }
+
+    fn remove_weight(&mut self, qk: &QueueKey, key: &str) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::weight(qk, key), None);
         Ok(())
     }
 

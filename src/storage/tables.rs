@@ -64,7 +64,7 @@ pub fn outbox_key(id: &DeliveryId) -> [u8; 24] {
 }
 
 /// Keys of `SHARD_RECORDS`. The first byte is the kind; it also says where a snapshot puts the record: `PAUSED`
-/// records are held by every shard, `SCHEDULE` records by the shard of their id.
+/// and `WEIGHT` records are held by every shard, `SCHEDULE` records by the shard of their id.
 pub struct RecordKey;
 
 impl RecordKey {
@@ -75,6 +75,8 @@ impl RecordKey {
     /// `l tenant \0 queue`: a queue's flow-control limits (bincode `Limits`; an empty queue: the tenant's), in
     /// every shard. Cluster version 2.
     pub const LIMITS: u8 = b'l';
+    /// `w tenant \0 queue \0 key`: a fairness key's weight other than 1 (bincode `u32`), in every shard.
+    pub const WEIGHT: u8 = b'w';
     /// `v`: the cluster version in force (bincode `u32`), in every shard. Absent: version 0.
     pub const CLUSTER_VERSION: &'static [u8] = b"v";
 
@@ -100,6 +102,14 @@ impl RecordKey {
         v
     }
 
+    pub fn weight(qk: &QueueKey, key: &str) -> Vec<u8> {
+        let mut v = vec![Self::WEIGHT];
+        for part in [qk.tenant.as_bytes(), &[0], qk.queue.as_bytes(), &[0], key.as_bytes()] {
+            v.extend_from_slice(part);
+        }
+        v
+    }
+
     /// The one shard that holds a record, or `None` for records every shard holds.
     pub fn shard_of(key: &[u8], shards: usize) -> Option<usize> {
         match key.first() {
@@ -113,6 +123,15 @@ impl RecordKey {
 
     pub fn is_schedule(key: &[u8]) -> bool {
         key.first() == Some(&Self::SCHEDULE)
+    }
+
+    /// The queue and key of a weight record. Tenant and queue names hold no NUL; the key is the rest.
+    pub fn parse_weight(key: &[u8]) -> Option<(QueueKey, String)> {
+        let rest = key.strip_prefix(&[Self::WEIGHT])?;
+        let mut parts = rest.splitn(3, |b| *b == 0);
+        let (tenant, queue, key) = (parts.next()?, parts.next()?, parts.next()?);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Some((QueueKey { tenant: text(tenant), queue: text(queue) }, text(key)))
     }
 
     pub fn parse_paused(key: &[u8]) -> Option<QueueKey> {

@@ -158,7 +158,8 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     let queues = vec!["q".to_string()];
     let none = Default::default();
-    assert_eq!(follower.shared.pick_ready("t", &queues, 50, &none), leader.shared.pick_ready("t", &queues, 50, &none));
+    let pick = |sm: &StateMachine| sm.shared.pick_ready(&mut Default::default(), "t", &queues, 50, &none);
+    assert_eq!(pick(&follower), pick(&leader));
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
     let cur = follower.get_current_snapshot().await.expect("current").expect("some");
@@ -458,4 +459,33 @@ async fn limits_are_held_by_every_shard_and_travel_in_snapshots_and_reopens() {
     let reopened = StateMachine::open(a.path(), 2).expect("reopen");
     assert_eq!(reopened.shared.tenant_limits("t"), expect);
     assert_eq!(reopened.shared.queue_counts("t", "q"), reopened.shared.counts(Some("t"))[0].1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fairness_weights_are_written_to_every_shard_and_survive_a_snapshot_and_a_reopen() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    let weight = |index: u64, key: &str, weight: u32| {
+        let command = Command::SetFairnessWeight { tenant: "t".into(), queue: "q".into(), key: key.into(), weight };
+        entry(index, Request { time_ms: 1_400, seed: index, command })
+    };
+    apply(&mut leader, vec![set_version(8, 2), weight(9, "k", 3), weight(10, "", 5), weight(11, "gone", 4)]).await;
+    apply(&mut leader, vec![weight(12, "gone", 1)]).await;
+    let weights = |sm: &StateMachine| -> Vec<(String, u32)> {
+        sm.shared.fairness("t", Some("q")).into_iter().filter(|r| r.weight != 1).map(|r| (r.key, r.weight)).collect()
+    };
+    let want = vec![(String::new(), 5), ("k".to_string(), 3)];
+    assert_eq!(weights(&leader), want);
+
+    let (snap, _) = snapshot_bytes(&mut leader).await;
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(weights(&follower), want, "weights travel in the snapshot, to every shard of another count");
+    assert!(follower.shared.read().cores.iter().all(|c| c.fairness_weight(&QueueKey::new("t", "q"), "k") == 3));
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
+    drop(follower);
+    drop(leader);
+    assert_eq!(weights(&StateMachine::open(a.path(), 2).expect("reopen")), want, "loaded from the shard files");
+    assert_eq!(weights(&StateMachine::open(b.path(), 3).expect("reopen")), want);
 }

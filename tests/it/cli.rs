@@ -362,3 +362,28 @@ async fn cluster_commands_and_the_sdk_admin_see_every_node_and_move_the_leadersh
     assert_eq!(lines.len(), 3, "{digests:?}");
     assert!(lines.iter().all(|d| d["applied_index"].as_u64().unwrap_or(0) > 0), "{digests:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_fairness_set_and_list_weights() {
+    let n = TestNode::start().await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 2).await;
+    let a = addr(&n);
+    let set = raftq(&["queues", "fairness", "set", "--addr", &a, "--queue", "cf", "--key", "k", "--weight", "3"]).await;
+    assert!(set.ok && set.stdout.contains('3'), "{set:?}");
+    let unkeyed = ["queues", "fairness", "set", "--addr", &a, "--queue", "cf", "--weight", "2", "--output", "json"];
+    let set = raftq(&unkeyed).await.json();
+    assert_eq!(set[0]["key"].as_str(), Some(""), "no --key: the tasks without a concurrency key");
+    let list = raftq(&["queues", "fairness", "list", "--addr", &a, "--queue", "cf", "--output", "json"]).await.json();
+    let got: Vec<(&str, u64)> = list
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|k| (k["key"].as_str().unwrap_or("?"), k["weight"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(got, vec![("", 2), ("k", 3)]);
+    let bad = raftq(&["queues", "fairness", "set", "--addr", &a, "--queue", "cf", "--key", "k", "--weight", "0"]).await;
+    assert!(!bad.ok && bad.stderr.contains("INVALID_ARGUMENT"), "{bad:?}");
+    // The counts view is still `raftq queues`.
+    assert!(raftq(&["queues", "--addr", &a, "--output", "json"]).await.ok);
+}

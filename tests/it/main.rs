@@ -9,6 +9,7 @@ mod cluster;
 mod console;
 mod crash;
 mod failover;
+mod fairness;
 mod http2;
 mod jobs;
 mod jobs_cluster;

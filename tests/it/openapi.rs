@@ -27,6 +27,7 @@ fn example(schema: &str) -> Value {
         "Group" => json!({"error": "boom"}),
         "Transfer" => json!({}),
         "Limits" => json!({"max_depth": 100_000}),
+        "Weight" => json!({"weight": 2}),
         "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),
     }
@@ -64,7 +65,7 @@ async fn openapi_document_matches_the_routes_the_server_serves() {
     let id = "0".repeat(32);
     let mut served = BTreeSet::new();
     for (path, ops) in paths {
-        let concrete = path.replace("{id}", &id).replace("{queue}", "oa");
+        let concrete = path.replace("{id}", &id).replace("{queue}", "oa").replace("{key}", "k");
         let ops = ops.as_object().expect("operations");
         for (method, op) in ops {
             let body = op["requestBody"]["content"]["application/json"]["schema"]
@@ -162,7 +163,7 @@ async fn every_status_an_operation_answers_is_declared() {
                 .as_str()
                 .map(|r| r.rsplit('/').next().expect("a name").to_string());
             let body = schema.as_deref().map(|s| example(s).to_string()).unwrap_or_default();
-            let at = |id: &str| path.replace("{id}", id).replace("{queue}", "oa");
+            let at = |id: &str| path.replace("{id}", id).replace("{queue}", "oa").replace("{key}", "k");
             let ack = ["complete", "fail", "nack", "abandon", "heartbeat", "exception"]
                 .iter()
                 .any(|k| path.ends_with(&format!("/{k}")));

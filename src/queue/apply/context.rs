@@ -114,6 +114,7 @@ pub enum PartialResponse {
     Fired(bool),
     ClusterVersion(u32),
     LimitsSet(Limits),
+    FairnessWeight(u32),
 }
 
 impl PartialResponse {
@@ -133,6 +134,7 @@ impl PartialResponse {
             Command::FireSchedule { .. } => PartialResponse::Fired(false),
             Command::SetClusterVersion { version } => PartialResponse::ClusterVersion(*version),
             Command::SetLimits { limits, .. } => PartialResponse::LimitsSet(*limits),
+            Command::SetFairnessWeight { weight, .. } => PartialResponse::FairnessWeight(*weight),
         }
     }
 
@@ -158,6 +160,7 @@ impl PartialResponse {
             PartialResponse::Fired(f) => Response::Fired(f),
             PartialResponse::ClusterVersion(v) => Response::ClusterVersion(v),
             PartialResponse::LimitsSet(l) => Response::LimitsSet(l),
+            PartialResponse::FairnessWeight(w) => Response::FairnessWeight(w),
         }
     }
 }

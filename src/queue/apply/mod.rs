@@ -20,6 +20,7 @@
 //! | `WebhookOutcome` (and outbox writes)   | `webhooks.rs`                      |
 //! | `SetClusterVersion`                    | `version.rs`                       |
 //! | `SetLimits`                            | `limits.rs`                        |
+//! | `SetFairnessWeight`                    | `fairness.rs`                      |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -31,6 +32,7 @@ mod context;
 mod dead_letters;
 mod dependencies;
 mod enqueue;
+mod fairness;
 mod lifecycle;
 mod limits;
 mod pause;
@@ -109,6 +111,9 @@ impl ShardCore {
             }
             (Command::SetLimits { tenant, queue, limits }, Out::LimitsSet(_)) => {
                 self.apply_set_limits(store, QueueKey::new(tenant, queue), *limits)
+            }
+            (Command::SetFairnessWeight { tenant, queue, key, weight }, Out::FairnessWeight(out)) => {
+                self.apply_set_fairness_weight(store, QueueKey::new(tenant, queue), key, *weight, out)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

@@ -8,6 +8,7 @@ use std::cmp::Reverse;
 
 use super::context::ApplyContext;
 use super::lifecycle::{backoff, close_run, count_requeue, note_ended, retry_or_dead};
+use crate::queue::index::fairness_key;
 use crate::queue::shard::ShardCore;
 use crate::queue::store::TaskStore;
 use crate::queue::types::*;
@@ -34,8 +35,9 @@ impl ShardCore {
                 c.delayed = c.delayed.saturating_sub(1);
                 c.pending += 1;
             }
-            idx.ready.entry(qk.clone()).or_default().insert((Reverse(prio), seq, id));
-            cx.fx.ready.insert(qk);
+            let key = fairness_key(idx.pending_keys.get(&id)).to_string();
+            cx.fx.ready.insert(qk.clone());
+            idx.ready_insert(qk, &key, (Reverse(prio), seq, id));
         }
     }
 

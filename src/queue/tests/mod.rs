@@ -2,6 +2,7 @@
 //!
 //! - `rules`: unit tests of each lifecycle rule;
 //! - `webhooks`: the webhook outbox;
+//! - `fairness`: weighted fair dispatch across the keys of a queue, and the weights;
 //! - `model`: a small reference model written from the rules alone;
 //! - `property`: a property test running random command sequences against the machine and the model.
 
@@ -9,6 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::*;
 
+mod fairness;
 mod model;
 mod property;
 mod rules;
@@ -103,6 +105,7 @@ fn assert_indexes_match_records(m: &MemMachine) {
                 }
                 TaskState::Pending => {
                     want.ready += 1;
+                    want.ready_by_key += 1;
                     c.pending += 1;
                 }
                 TaskState::InProgress => {

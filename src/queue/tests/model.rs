@@ -63,6 +63,8 @@ pub(super) struct Model {
     pub(super) issued: Vec<LeaseToken>,
     /// Paused (tenant, queue): no claims.
     pub(super) paused: BTreeSet<(String, String)>,
+    /// Fairness weights other than 1: (tenant, queue, key) -> weight.
+    pub(super) weights: BTreeMap<(String, String, String), u32>,
 }
 
 /// The range of a backoff after `attempts` attempts: fixed, or `base * 2^(attempts-1)` capped at `max`, of which
@@ -190,42 +192,70 @@ impl Model {
         self.tasks.values().filter(running).filter(with_key).count() as u32
     }
 
-    /// Every claimable task of `tenant` in `queues`, in claim order: ready, queue not paused, its concurrency key
-    /// not full (counting the tasks admitted before it in priority-then-FIFO order); ordered by priority, then
-    /// the running tasks of its key, then FIFO. With its shard.
-    pub(super) fn admitted(&self, tenant: &str, queues: &[String]) -> Vec<(ClaimOrder, usize)> {
-        let mut v: Vec<(Reverse<u8>, u64, TaskId)> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.tenant == tenant && queues.contains(&t.queue) && t.ready(self.now))
-            .filter(|(_, t)| !self.paused.contains(&(t.tenant.clone(), t.queue.clone())))
-            .map(|(id, t)| (Reverse(t.priority), t.seq, *id))
-            .collect();
-        v.sort();
-        let mut taken: HashMap<String, u32> = HashMap::new();
-        let mut out = Vec::new();
-        for (p, seq, id) in v {
-            let busy = match &self.tasks[&id].ckey {
-                None => 0,
-                Some((key, limit)) => {
-                    let running = self.running(tenant, key);
-                    let t = taken.entry(key.clone()).or_default();
-                    if running + *t >= *limit {
-                        continue;
-                    }
-                    *t += 1;
-                    running
-                }
-            };
-            out.push(((p, busy, seq, id), id.shard(SHARDS)));
-        }
-        out.sort();
-        out
-    }
-
-    /// Ready tasks of `tenant` in `queues`, in claim order.
+    /// The leader's pick with a fresh fairness clock, written from the rules alone: the keys of each queue
+    /// (concurrency key, "" without one) all start at pass 0; each step serves, per queue, the first key in
+    /// (pass, key) order whose best ready task (priority, FIFO) has a free slot of its concurrency key, lifting
+    /// the keys passed over to that key's pass; the best of the queues' heads (priority, FIFO) is taken and its
+    /// key's pass grows by `STRIDE_ONE / weight`.
     pub(super) fn ready(&self, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
-        self.admitted(tenant, queues).into_iter().take(count).map(|(k, _)| k.3).collect()
+        type Rk = (Reverse<u8>, u64, TaskId);
+        let mut qs: Vec<&String> = Vec::new();
+        for q in queues {
+            if !qs.contains(&q) && !self.paused.contains(&(tenant.to_string(), q.clone())) {
+                qs.push(q);
+            }
+        }
+        let mut lists: Vec<BTreeMap<String, Vec<Rk>>> = vec![BTreeMap::new(); qs.len()];
+        for (id, t) in &self.tasks {
+            let Some(qi) = qs.iter().position(|q| **q == t.queue) else { continue };
+            if t.tenant == tenant && t.ready(self.now) {
+                let key = t.ckey.as_ref().map(|c| c.0.clone()).unwrap_or_default();
+                lists[qi].entry(key).or_default().push((Reverse(t.priority), t.seq, *id));
+            }
+        }
+        lists.iter_mut().flat_map(|l| l.values_mut()).for_each(|v| v.sort());
+        let mut pass: Vec<BTreeMap<String, u64>> =
+            lists.iter().map(|l| l.keys().map(|k| (k.clone(), 0)).collect()).collect();
+        let mut taken: HashMap<String, u32> = HashMap::new();
+        let blocked = |rk: &Rk, taken: &HashMap<String, u32>| match &self.tasks[&rk.2].ckey {
+            Some((key, limit)) => self.running(tenant, key) + taken.get(key).copied().unwrap_or(0) >= *limit,
+            None => false,
+        };
+        let mut out = Vec::new();
+        while out.len() < count {
+            let mut best: Option<(Rk, usize, String)> = None;
+            for qi in 0..qs.len() {
+                let mut order: Vec<(u64, String)> = pass[qi].iter().map(|(k, p)| (*p, k.clone())).collect();
+                order.sort();
+                let mut passed = Vec::new();
+                let mut found = None;
+                for (p, k) in order {
+                    match lists[qi][&k].first() {
+                        Some(rk) if !blocked(rk, &taken) => {
+                            found = Some((*rk, k, p));
+                            break;
+                        }
+                        _ => passed.push(k),
+                    }
+                }
+                let Some((rk, k, p)) = found else { continue };
+                for x in passed {
+                    pass[qi].insert(x, p);
+                }
+                if best.as_ref().is_none_or(|b| rk < b.0) {
+                    best = Some((rk, qi, k));
+                }
+            }
+            let Some((rk, qi, k)) = best else { break };
+            lists[qi].get_mut(&k).expect("listed").remove(0);
+            if !k.is_empty() {
+                *taken.entry(k.clone()).or_default() += 1;
+            }
+            let w = self.weights.get(&(tenant.to_string(), qs[qi].clone(), k.clone())).copied().unwrap_or(1);
+            *pass[qi].get_mut(&k).expect("listed") += crate::queue::fair::STRIDE_ONE / u64::from(w);
+            out.push(rk.2);
+        }
+        out
     }
 
     pub(super) fn claim(&mut self, id: &TaskId, tenant: &str, lease_ms: u64, pos: u64) -> ItemResult<LeaseToken> {
@@ -442,6 +472,7 @@ impl Model {
             .filter(|(id, t)| id.shard(SHARDS) == shard && !t.state.is_terminal() && t.task_deadline.is_some())
             .count();
         s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count();
+        s.ready_by_key = s.ready;
         s
     }
 

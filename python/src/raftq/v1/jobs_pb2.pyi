@@ -64,6 +64,42 @@ class ListQueueLimitsResponse(_message.Message):
     limits: _containers.RepeatedCompositeFieldContainer[QueueLimits]
     def __init__(self, limits: _Optional[_Iterable[_Union[QueueLimits, _Mapping]]] = ...) -> None: ...
 
+class SetFairnessWeightRequest(_message.Message):
+    __slots__ = ("queue", "key", "weight")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    key: str
+    weight: int
+    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class FairnessKey(_message.Message):
+    __slots__ = ("queue", "key", "weight", "ready", "running")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    key: str
+    weight: int
+    ready: int
+    running: int
+    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., weight: _Optional[int] = ..., ready: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class ListFairnessRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListFairnessResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[FairnessKey]
+    def __init__(self, keys: _Optional[_Iterable[_Union[FairnessKey, _Mapping]]] = ...) -> None: ...
+
 class ListTasksRequest(_message.Message):
     __slots__ = ("queue", "state", "created_from_ms", "created_to_ms", "page_size", "page_token")
     QUEUE_FIELD_NUMBER: _ClassVar[int]

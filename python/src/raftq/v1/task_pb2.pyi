@@ -141,12 +141,14 @@ class Progress(_message.Message):
     def __init__(self, percent: _Optional[int] = ..., message: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "retry_after_ms")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
     __slots__ = ("queue", "payload", "priority", "delay_ms", "run_at_ms", "max_attempts", "idempotency_key", "webhook_url", "trace", "deadline_in_ms", "concurrency_key", "concurrency_limit", "depends_on", "dependency_rule")

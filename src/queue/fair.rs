@@ -1,0 +1,282 @@
+//! Weighted fair dispatch: which ready tasks the leader claims next, serving the fairness keys of a queue in
+//! proportion to their weights. Leader-side reads only; apply never looks at any of this (a claim's re-check is
+//! about claimability, and fairness is the leader's choice).
+//!
+//! A queue's tasks are grouped by fairness key: the task's concurrency key, or "" for tasks without one (one
+//! implicit key). Each active key (one with ready tasks) has a *pass*; a pick serves the key with the smallest
+//! pass (ties by key), takes that key's best ready task (priority, then FIFO, across shards) and adds the key's
+//! *stride*, `STRIDE_ONE / weight`, to its pass (stride scheduling). A key that becomes active starts at the
+//! queue's virtual time, the smallest pass of its active keys (or its own pass, if that is larger), so an idle
+//! key banks no credit and a newly active key is served at once but gets no burst. A key whose concurrency limit
+//! is full is passed over for this pick without being charged.
+//!
+//! Priority and fairness: fairness across keys first, then priority and FIFO within a key. A request for several
+//! queues takes, at each step, the best head (priority, then FIFO) among the queues' fair heads.
+//!
+//! The passes (`FairClock`) live on the leader and are not replicated: a new leader starts every key at the same
+//! pass, so fairness resumes at once after a failover with no history carried. The weights are replicated
+//! (`Command::SetFairnessWeight`, a record every shard holds). Cost per task picked: O(log n) in the active keys
+//! of the queue plus the keys passed over (blocked by their limit, or with every ready task promised to a claim
+//! in flight), never in the number of tasks.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Bound;
+
+use super::index::ReadyKey;
+use super::shard::ShardCore;
+use super::types::*;
+
+/// A key's weight when none was set.
+pub const DEFAULT_WEIGHT: u32 = 1;
+/// The largest weight: with strides of `STRIDE_ONE / weight` it keeps the rounding error under one millionth.
+pub const MAX_WEIGHT: u32 = 1_000;
+/// The pass a key of weight 1 advances per task served. Large so that `STRIDE_ONE / weight` rounds by less than
+/// a millionth; a u64 pass lasts 1.8e10 picks of weight 1 before it could overflow (it saturates).
+pub const STRIDE_ONE: u64 = 1_000_000_000;
+
+/// The leader's fairness state: per queue, the pass of each active key. Leader-local (see the module doc).
+#[derive(Debug, Default)]
+pub struct FairClock {
+    queues: HashMap<QueueKey, QueueClock>,
+}
+
+#[derive(Debug, Default)]
+struct QueueClock {
+    pass: HashMap<String, u64>,
+    /// (pass, key) of every key believed active; a key found inactive is dropped when met.
+    order: BTreeSet<(u64, String)>,
+    /// The queue's virtual time: the smallest pass of its active keys when last looked at. Never decreases.
+    vtime: u64,
+    /// Per shard: the highest activation number absorbed (`KeyedReady::activated`), and the shard's activation
+    /// counter then (a counter that went back means the shard's index was rebuilt: look at every key again).
+    seen: Vec<(u64, u64)>,
+}
+
+/// What one key can give a pick.
+enum KeyHead {
+    /// No ready task in any shard: the key is no longer active.
+    Inactive,
+    /// Ready tasks, each promised to a claim in flight or already taken by this pick.
+    Exhausted,
+    /// Its concurrency limit is full.
+    Blocked,
+    Ready(ReadyKey),
+}
+
+impl FairClock {
+    /// Forgets every pass (a new term: fairness starts over).
+    pub fn reset(&mut self) {
+        self.queues.clear();
+    }
+
+    /// The pass of a key of a queue, if it is tracked (for tests and the fairness view).
+    pub fn pass(&self, qk: &QueueKey, key: &str) -> Option<u64> {
+        self.queues.get(qk).and_then(|q| q.pass.get(key).copied())
+    }
+}
+
+/// Chooses up to `count` ready tasks across `queues` of `tenant`: fair across the keys of each queue (weights,
+/// passes in `clock`), priority and FIFO within a key, skipping tasks promised to in-flight claims (`skip`) and
+/// keys at their concurrency limit. Charges the chosen keys in `clock`.
+pub fn pick_ready(
+    shards: &[ShardCore],
+    clock: &mut FairClock,
+    tenant: &str,
+    queues: &[String],
+    count: usize,
+    skip: &HashSet<TaskId>,
+) -> Vec<TaskId> {
+    let mut qks: Vec<QueueKey> = Vec::new();
+    for q in queues {
+        let qk = QueueKey::new(tenant, q);
+        if !qks.contains(&qk) && !shards.iter().any(|s| s.is_paused(&qk)) {
+            qks.push(qk);
+        }
+    }
+    for qk in &qks {
+        clock.queues.entry(qk.clone()).or_default().absorb(shards, qk);
+    }
+    let mut pick = Pick::new(shards, tenant, skip);
+    let mut out = Vec::new();
+    while out.len() < count {
+        let mut best: Option<(ReadyKey, usize, String)> = None;
+        for (i, qk) in qks.iter().enumerate() {
+            let q = clock.queues.get_mut(qk).expect("absorbed above");
+            if let Some((rk, key)) = q.head(&pick, qk) {
+                if best.as_ref().is_none_or(|b| rk < b.0) {
+                    best = Some((rk, i, key));
+                }
+            }
+        }
+        let Some((rk, i, key)) = best else { break };
+        let qk = &qks[i];
+        pick.take(qk, &key, rk);
+        clock.queues.get_mut(qk).expect("absorbed above").charge(&key, weight(shards, qk, &key));
+        out.push(rk.2);
+    }
+    // A queue with no active key keeps no state: its next pick starts it afresh, as it would anyway.
+    for qk in &qks {
+        if clock.queues.get(qk).is_some_and(|q| q.order.is_empty()) {
+            clock.queues.remove(qk);
+        }
+    }
+    out
+}
+
+/// A key's weight in a queue (every shard holds the weights; the first answers).
+pub fn weight(shards: &[ShardCore], qk: &QueueKey, key: &str) -> u32 {
+    shards.first().map_or(DEFAULT_WEIGHT, |s| s.fairness_weight(qk, key))
+}
+
+impl QueueClock {
+    /// Starts the keys that became active since the last look at the queue's virtual time.
+    fn absorb(&mut self, shards: &[ShardCore], qk: &QueueKey) {
+        self.seen.resize(shards.len(), (0, 0));
+        self.advance_vtime(shards, qk);
+        for (s, shard) in shards.iter().enumerate() {
+            let counter = shard.idx.activations;
+            let (last, was) = self.seen[s];
+            let from = if counter < was { 0 } else { last };
+            let mut newest = from;
+            if let Some(keyed) = shard.idx.by_key.get(qk) {
+                for (n, key) in keyed.activated.range((Bound::Excluded(from), Bound::Unbounded)) {
+                    newest = *n;
+                    let start = self.pass.get(key).map_or(self.vtime, |p| (*p).max(self.vtime));
+                    self.set_pass(key, start);
+                }
+            }
+            self.seen[s] = (newest, counter);
+        }
+    }
+
+    /// Drops inactive keys from the front and moves the virtual time up to the smallest remaining pass.
+    fn advance_vtime(&mut self, shards: &[ShardCore], qk: &QueueKey) {
+        while let Some((p, key)) = self.order.first().cloned() {
+            if is_active(shards, qk, &key) {
+                self.vtime = self.vtime.max(p);
+                return;
+            }
+            self.order.pop_first();
+            self.pass.remove(&key);
+        }
+    }
+
+    /// The queue's next task: the first key in pass order that can give one, and its best task. Keys passed
+    /// over (at their concurrency limit, or with every ready task promised) are lifted to the served key's pass:
+    /// like an idle key, a key that cannot be served banks no credit (and does not hold the virtual time back).
+    fn head(&mut self, pick: &Pick<'_>, qk: &QueueKey) -> Option<(ReadyKey, String)> {
+        let mut inactive = Vec::new();
+        let mut passed = Vec::new();
+        let mut found = None;
+        for (p, key) in &self.order {
+            match pick.next_of(qk, key) {
+                KeyHead::Inactive => inactive.push(key.clone()),
+                KeyHead::Exhausted | KeyHead::Blocked => passed.push(key.clone()),
+                KeyHead::Ready(rk) => {
+                    found = Some((rk, key.clone(), *p));
+                    break;
+                }
+            }
+        }
+        for key in inactive {
+            if let Some(p) = self.pass.remove(&key) {
+                self.order.remove(&(p, key));
+            }
+        }
+        let (rk, key, p) = found?;
+        for k in passed {
+            self.set_pass(&k, p);
+        }
+        Some((rk, key))
+    }
+
+    fn charge(&mut self, key: &str, weight: u32) {
+        let stride = STRIDE_ONE / u64::from(weight.clamp(DEFAULT_WEIGHT, MAX_WEIGHT));
+        let p = self.pass.get(key).copied().unwrap_or(self.vtime);
+        self.set_pass(key, p.saturating_add(stride));
+    }
+
+    fn set_pass(&mut self, key: &str, pass: u64) {
+        if let Some(old) = self.pass.insert(key.to_string(), pass) {
+            self.order.remove(&(old, key.to_string()));
+        }
+        self.order.insert((pass, key.to_string()));
+    }
+}
+
+/// Whether a key of a queue has ready tasks in any shard.
+fn is_active(shards: &[ShardCore], qk: &QueueKey, key: &str) -> bool {
+    shards.iter().any(|s| s.idx.by_key.get(qk).is_some_and(|k| k.keys.contains_key(key)))
+}
+
+/// One pick's transients: the keyed tasks promised to claims in flight (per concurrency key, which spans the
+/// tenant's queues), those taken by this pick, and where each (queue, key) got to.
+struct Pick<'a> {
+    shards: &'a [ShardCore],
+    tenant: &'a str,
+    skip: &'a HashSet<TaskId>,
+    promised: HashMap<&'a str, u32>,
+    taken: HashMap<String, u32>,
+    cursor: HashMap<&'a QueueKey, HashMap<String, ReadyKey>>,
+}
+
+impl<'a> Pick<'a> {
+    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>) -> Self {
+        let mut promised: HashMap<&'a str, u32> = HashMap::new();
+        for shard in shards {
+            // Walk the smaller of the two sets (claims without keys, the common case, cost nothing here).
+            let pending = &shard.idx.pending_keys;
+            if pending.len() <= skip.len() {
+                for (_, ck) in pending.iter().filter(|(id, _)| skip.contains(*id)) {
+                    *promised.entry(ck.key.as_str()).or_default() += 1;
+                }
+            } else {
+                for ck in skip.iter().filter_map(|id| pending.get(id)) {
+                    *promised.entry(ck.key.as_str()).or_default() += 1;
+                }
+            }
+        }
+        Pick { shards, tenant, skip, promised, taken: HashMap::new(), cursor: HashMap::new() }
+    }
+
+    /// The best task a key can give now: its first ready task (priority, FIFO, across shards) after those this
+    /// pick took and not promised elsewhere, if its concurrency key has a free slot.
+    fn next_of(&self, qk: &QueueKey, key: &str) -> KeyHead {
+        let after = self.cursor.get(qk).and_then(|m| m.get(key));
+        let mut active = false;
+        let mut best: Option<(ReadyKey, usize)> = None;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let Some((_, set)) = shard.idx.by_key.get(qk).and_then(|k| k.keys.get(key)) else { continue };
+            active = true;
+            let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let next = set.range((lower, Bound::Unbounded)).find(|rk| !self.skip.contains(&rk.2));
+            if let Some(rk) = next {
+                if best.is_none_or(|b| *rk < b.0) {
+                    best = Some((*rk, s));
+                }
+            }
+        }
+        match best {
+            None if active => KeyHead::Exhausted,
+            None => KeyHead::Inactive,
+            Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
+                Some(ck) if self.busy(s, &ck.key) >= ck.limit.max(1) => KeyHead::Blocked,
+                _ => KeyHead::Ready(rk),
+            },
+        }
+    }
+
+    /// Slots of a concurrency key in use: running (in shard `s`, where every task of the key lives), promised
+    /// to claims in flight, taken by this pick.
+    fn busy(&self, s: usize, key: &str) -> u32 {
+        let running = self.shards[s].running_with_key(self.tenant, key);
+        running + self.promised.get(key).copied().unwrap_or(0) + self.taken.get(key).copied().unwrap_or(0)
+    }
+
+    fn take(&mut self, qk: &'a QueueKey, key: &str, rk: ReadyKey) {
+        if !key.is_empty() {
+            *self.taken.entry(key.to_string()).or_default() += 1;
+        }
+        self.cursor.entry(qk).or_default().insert(key.to_string(), rk);
+    }
+}

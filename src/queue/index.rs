@@ -266,7 +266,11 @@ impl ShardIndex {
 
     /// Adds a ready task to `ready` and to its key's set in `by_key`, activating the key if it had none.
     pub(super) fn ready_insert(&mut self, qk: QueueKey, key: &str, rk: ReadyKey) {
-        let keyed = self.by_key.entry(qk.clone()).or_default();
+        // Clone the queue key only when it is new here (this runs for every task made ready, on every replica).
+        if !self.by_key.contains_key(&qk) {
+            self.by_key.insert(qk.clone(), KeyedReady::default());
+        }
+        let keyed = self.by_key.get_mut(&qk).expect("inserted above");
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
                 set.insert(rk);

@@ -109,6 +109,7 @@ impl StateMachine {
             }
         }
         let changed = dirty.iter().map(|d| d.len()).sum();
+        shared.limits_set.store(g.any_limits(), std::sync::atomic::Ordering::Relaxed);
         drop(g);
         shared.note_changed(changed);
         Ok((responses, fx))

@@ -183,7 +183,7 @@ impl SmShared {
 
     /// Whether any tenant has a limit set: the leader's checks cost nothing until one does.
     pub fn any_limits(&self) -> bool {
-        self.read().cores.first().is_some_and(|c| !c.limits().is_empty())
+        self.limits_set.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every limit of a tenant, by queue name (empty: the tenant's own), sorted.

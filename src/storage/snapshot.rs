@@ -261,6 +261,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     files::recover_install(dir)?;
     *g = Shards::open(&files::sm_dir(dir), shards)?;
     shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
+    shared.limits_set.store(g.any_limits(), std::sync::atomic::Ordering::Relaxed);
     drop(g);
     publish_current(dir, meta, &keep)?;
     Ok(())

@@ -74,6 +74,11 @@ impl Shards {
         (m.last_applied, m.membership.clone())
     }
 
+    /// Whether any limit is set (every shard holds them all; shard 0 answers).
+    pub(super) fn any_limits(&self) -> bool {
+        self.cores.first().is_some_and(|c| !c.limits().is_empty())
+    }
+
     /// The cluster version every shard has applied.
     pub fn cluster_version(&self) -> u32 {
         self.cores.iter().map(|c| c.cluster_version).min().unwrap_or(0)
@@ -105,6 +110,9 @@ pub struct SmShared {
     pub(super) flush_lock: Mutex<()>,
     /// Changed records in the shards' newest layers.
     pub(super) dirty_records: AtomicUsize,
+    /// Whether any tenant has a limit set (`queue::Limits`), kept after every apply batch, open and install, so
+    /// the hot paths (every enqueue, every claim pass) ask without taking the shards' lock.
+    pub(super) limits_set: std::sync::atomic::AtomicBool,
     /// Wakes the flusher early; dropping it stops the flusher.
     pub(super) flush_wake: Mutex<Option<mpsc::Sender<()>>>,
     /// The first flush error: apply fails from then on, which stops the node.
@@ -141,6 +149,7 @@ impl StateMachine {
         fs::create_dir_all(files::snap_dir(dir))?;
         let set = Shards::open(&files::sm_dir(dir), shards.max(1))?;
         let applied = set.applied().0.map(|l| l.index).unwrap_or(0);
+        let limits_set = set.any_limits();
         let (wake, woken) = mpsc::channel();
         let shared = Arc::new(SmShared {
             shards: RwLock::new(set),
@@ -152,6 +161,7 @@ impl StateMachine {
             metrics: Arc::default(),
             flush_lock: Mutex::new(()),
             dirty_records: AtomicUsize::new(0),
+            limits_set: limits_set.into(),
             flush_wake: Mutex::new(Some(wake)),
             broken: Mutex::new(None),
         });

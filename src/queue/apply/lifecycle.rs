@@ -18,7 +18,10 @@ impl ShardCore {
     ) -> Result<(), S::Error> {
         if before.state == TaskState::InProgress && after.state != TaskState::InProgress {
             // A slot of the key (or of a capped queue) came free: tasks of it may be claimable now.
-            let capped = || self.idx.limits.get(&QueueKey::of(before)).is_some_and(|l| l.max_running.is_some());
+            let capped = || {
+                !self.idx.limits.is_empty()
+                    && self.idx.limits.get(&QueueKey::of(before)).is_some_and(|l| l.max_running.is_some())
+            };
             if before.concurrency.is_some() || capped() {
                 cx.fx.ready.insert(QueueKey::of(before));
             }

@@ -182,7 +182,7 @@ impl JobsApi {
             SmResponse::FairnessWeight(w) => w,
             other => return Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         };
-        let rows = self.proposer.shared.fairness(&who.tenant, Some(&queue));
+        let rows = self.proposer.shared.fairness(&who.tenant, Some(&queue), wall_clock_ms());
         let row = rows.into_iter().find(|r| r.key == key);
         let (ready, running) = row.map_or((0, 0), |r| (r.ready, r.running));
         Ok(pb::FairnessKey { queue, key, weight, ready, running })
@@ -202,7 +202,8 @@ impl JobsApi {
         if linearize {
             self.proposer.linearize().await.map_err(ApiError::from)?;
         }
-        let rows = self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()));
+        let rows =
+            self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()), wall_clock_ms());
         let keys = rows
             .into_iter()
             .filter(|r| who.may_use_queue(&r.queue))

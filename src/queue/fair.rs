@@ -8,7 +8,8 @@
 //! *stride*, `STRIDE_ONE / weight`, to its pass (stride scheduling). A key that becomes active starts at the
 //! queue's virtual time, the smallest pass of its active keys (or its own pass, if that is larger), so an idle
 //! key banks no credit and a newly active key is served at once but gets no burst. A key whose concurrency limit
-//! is full is passed over for this pick without being charged.
+//! is full is passed over for this pick without being charged, and so is a key (or a whole queue) whose token
+//! bucket is empty (`queue::rate`).
 //!
 //! Priority and fairness: fairness across keys first, then priority and FIFO within a key. A request for several
 //! queues takes, at each step, the best head (priority, then FIFO) among the queues' fair heads.
@@ -23,6 +24,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 use super::index::ReadyKey;
+use super::rate::{QueueRates, RateBudget};
 use super::shard::ShardCore;
 use super::types::*;
 
@@ -60,6 +62,8 @@ enum KeyHead {
     Exhausted,
     /// Its concurrency limit is full.
     Blocked,
+    /// Its token bucket is empty (`queue::rate`).
+    Throttled,
     Ready(ReadyKey),
 }
 
@@ -78,6 +82,10 @@ impl FairClock {
 /// Chooses up to `count` ready tasks across `queues` of `tenant`: fair across the keys of each queue (weights,
 /// passes in `clock`), priority and FIFO within a key, skipping tasks promised to in-flight claims (`skip`) and
 /// keys at their concurrency limit. Charges the chosen keys in `clock`.
+///
+/// With a token `budget` (`queue::rate`), a queue whose own bucket, or a key whose bucket, has no token left is
+/// passed over (uncharged, as a key at its concurrency limit is), and each task picked takes its tokens from the
+/// budget. `None`: no bucket is looked at (no rate limit exists).
 pub fn pick_ready(
     shards: &[ShardCore],
     clock: &mut FairClock,
@@ -85,6 +93,7 @@ pub fn pick_ready(
     queues: &[String],
     count: usize,
     skip: &HashSet<TaskId>,
+    budget: Option<&RateBudget<'_>>,
 ) -> Vec<TaskId> {
     let mut qks: Vec<QueueKey> = Vec::new();
     for q in queues {
@@ -96,11 +105,25 @@ pub fn pick_ready(
     for qk in &qks {
         clock.queues.entry(qk.clone()).or_default().absorb(shards, qk);
     }
+    // Every shard holds every bucket: the first answers.
+    let rates: Vec<Option<&QueueRates>> = match (budget, shards.first()) {
+        (Some(_), Some(s)) => qks.iter().map(|qk| s.rates(qk)).collect(),
+        _ => vec![None; qks.len()],
+    };
     let mut pick = Pick::new(shards, tenant, skip);
+    pick.budget = budget;
     let mut out = Vec::new();
     while out.len() < count {
         let mut best: Option<(ReadyKey, usize, String)> = None;
         for (i, qk) in qks.iter().enumerate() {
+            if let (Some(b), Some(r)) = (budget, rates[i]) {
+                if !b.allows(Some(r), qk, None) {
+                    continue;
+                }
+                pick.rates = Some(r);
+            } else {
+                pick.rates = None;
+            }
             let q = clock.queues.get_mut(qk).expect("absorbed above");
             if let Some((rk, key)) = q.head(&pick, qk) {
                 if best.as_ref().is_none_or(|b| rk < b.0) {
@@ -111,6 +134,9 @@ pub fn pick_ready(
         let Some((rk, i, key)) = best else { break };
         let qk = &qks[i];
         pick.take(qk, &key, rk);
+        if let Some(b) = budget {
+            b.take(rates[i], qk, &key);
+        }
         clock.queues.get_mut(qk).expect("absorbed above").charge(&key, weight(shards, qk, &key));
         out.push(rk.2);
     }
@@ -171,7 +197,7 @@ impl QueueClock {
         for (p, key) in &self.order {
             match pick.next_of(qk, key) {
                 KeyHead::Inactive => inactive.push(key.clone()),
-                KeyHead::Exhausted | KeyHead::Blocked => passed.push(key.clone()),
+                KeyHead::Exhausted | KeyHead::Blocked | KeyHead::Throttled => passed.push(key.clone()),
                 KeyHead::Ready(rk) => {
                     found = Some((rk, key.clone(), *p));
                     break;
@@ -218,6 +244,9 @@ struct Pick<'a> {
     promised: HashMap<&'a str, u32>,
     taken: HashMap<String, u32>,
     cursor: HashMap<&'a QueueKey, HashMap<String, ReadyKey>>,
+    /// The token budget of the pass, and the buckets of the queue being looked at (`pick_ready`).
+    budget: Option<&'a RateBudget<'a>>,
+    rates: Option<&'a QueueRates>,
 }
 
 impl<'a> Pick<'a> {
@@ -236,7 +265,16 @@ impl<'a> Pick<'a> {
                 }
             }
         }
-        Pick { shards, tenant, skip, promised, taken: HashMap::new(), cursor: HashMap::new() }
+        Pick {
+            shards,
+            tenant,
+            skip,
+            promised,
+            taken: HashMap::new(),
+            cursor: HashMap::new(),
+            budget: None,
+            rates: None,
+        }
     }
 
     /// The best task a key can give now: its first ready task (priority, FIFO, across shards) after those this
@@ -261,6 +299,7 @@ impl<'a> Pick<'a> {
             None => KeyHead::Inactive,
             Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
                 Some(ck) if self.busy(s, &ck.key) >= ck.limit.max(1) => KeyHead::Blocked,
+                _ if self.budget.is_some_and(|b| !b.allows(self.rates, qk, Some(key))) => KeyHead::Throttled,
                 _ => KeyHead::Ready(rk),
             },
         }

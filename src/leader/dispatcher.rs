@@ -290,7 +290,7 @@ impl Dispatch {
         let rated = self.shared.any_rates();
         let caught_up = (rated || self.shared.any_limits()).then(|| super::limits::caught_up(&self.raft));
         self.catching_up = caught_up == Some(false);
-        let now_ms = wall_clock_ms();
+        let now_ms = if rated { wall_clock_ms() } else { 0 };
         let budget = rated.then(|| RateBudget::new(now_ms, caught_up != Some(false), &self.promised_tokens));
         let budget = budget.as_ref();
         let limited = self.shared.any_limits();

@@ -433,6 +433,9 @@ impl SmShared {
                     fresh.index_sizes()
                 )));
             }
+            if fresh.all_rates() != core.all_rates() {
+                return Err(io::Error::other(format!("shard {i}: live token buckets differ from their records")));
+            }
             let txn = db.begin_read().map_err(io_err)?;
             let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;
             let s = core.index_sizes();

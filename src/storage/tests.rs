@@ -548,6 +548,7 @@ async fn rate_buckets_are_identical_in_every_shard_and_survive_a_snapshot_and_a_
         first
     };
     let buckets = every_shard(&leader);
+    leader.shared.check_indexes().expect("the indexed buckets agree with their records");
 
     // A follower with another shard count installs the snapshot: every one of its shards holds the buckets.
     let (snap, _) = snapshot_bytes(&mut leader).await;

@@ -177,3 +177,44 @@ async fn a_whole_queue_bucket_holds_every_key_and_bad_limits_are_refused() {
     assert_eq!(limits.len(), 2, "{list}");
     assert!(limits[0]["key"].is_null(), "the whole queue's first: {list}");
 }
+
+/// Three processes: the leader that served a key's burst is killed with `kill -9`; the next leader continues the
+/// same bucket (replicated, level included), so a claim right after the failover is still throttled, and every
+/// replica ends with the same state (the digests, which cover the bucket records, agree).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_leader_continues_the_same_bucket_after_a_leader_kill() {
+    use crate::procs::*;
+    use raftq_proto::v1::jobs_client::JobsClient;
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.node(leader).status().await.is_none_or(|s| s.cluster_version < 2) {
+        assert!(Instant::now() < deadline, "cluster version 2 never came");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let follower = c.nodes.iter().find(|n| n.id != leader).expect("a follower").grpc.clone();
+    let mut j = JobsClient::new(channel(&follower).await);
+    // One token per 10 s, three at once: no election takes long enough to refill one.
+    let set =
+        pb::SetRateLimitRequest { queue: "rf".into(), key: "k".into(), whole_queue: false, per_second: 0.1, burst: 3 };
+    j.set_rate_limit(set).await.expect("set, forwarded to the leader");
+    let mut p = connect(&follower).await;
+    enqueue_keyed(&mut p, "rf", "k", 10).await;
+    let got = p.claim(claim_req("rf", 10, 1_000)).await.expect("claim").into_inner().tasks;
+    assert_eq!(got.len(), 3, "the burst");
+
+    c.node(leader).kill9();
+    let next = c.wait_leader(Duration::from_secs(10)).await;
+    assert_ne!(next, leader);
+    let addr = c.node(next).grpc.clone();
+    let mut p = connect(&addr).await;
+    let got = p.claim(claim_req("rf", 10, 500)).await.expect("claim").into_inner().tasks;
+    assert!(got.is_empty(), "the new leader gave {} more: it started a fresh bucket", got.len());
+    let mut j = JobsClient::new(channel(&addr).await);
+    let list = j.list_rate_limits(pb::ListRateLimitsRequest { queue: "rf".into() }).await.expect("list").into_inner();
+    assert_eq!(list.limits.len(), 1, "{list:?}");
+    let l = &list.limits[0];
+    assert!(l.tokens < 1.0 && l.throttled && l.ready == 7, "{l:?}");
+    c.node(leader).start();
+    c.wait_digests_agree(Duration::from_secs(20)).await;
+}

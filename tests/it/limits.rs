@@ -270,11 +270,7 @@ async fn the_running_cap_holds_across_a_leader_kill() {
     const CAP: u32 = 3;
     let mut c = ProcCluster::start(3, FAST).await;
     let leader = c.wait_leader(Duration::from_secs(10)).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.node(leader).status().await.is_none_or(|s| s.cluster_version < 2) {
-        assert!(Instant::now() < deadline, "cluster version 2 never came");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    c.wait_cluster_version(leader, 2, Duration::from_secs(20)).await;
     let followers: Vec<String> = c.nodes.iter().filter(|n| n.id != leader).map(|n| n.grpc.clone()).collect();
     jobs(&followers[0]).await.set_queue_limits(limits("capf", CAP, 0)).await.expect("cap, forwarded to the leader");
     let mut p = connect(&followers[1]).await;

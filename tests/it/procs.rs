@@ -246,6 +246,15 @@ impl ProcCluster {
         None
     }
 
+    /// Waits until node `id` reports the cluster at `version` or later.
+    pub async fn wait_cluster_version(&mut self, id: u64, version: u32, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.node(id).status().await.is_none_or(|s| s.cluster_version < version) {
+            assert!(Instant::now() < deadline, "cluster version {version} never came");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn wait_leader(&self, limit: Duration) -> u64 {
         let deadline = Instant::now() + limit;
         loop {

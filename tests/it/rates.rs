@@ -187,11 +187,7 @@ async fn the_next_leader_continues_the_same_bucket_after_a_leader_kill() {
     use raftq_proto::v1::jobs_client::JobsClient;
     let mut c = ProcCluster::start(3, FAST).await;
     let leader = c.wait_leader(Duration::from_secs(10)).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.node(leader).status().await.is_none_or(|s| s.cluster_version < 2) {
-        assert!(Instant::now() < deadline, "cluster version 2 never came");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    c.wait_cluster_version(leader, 2, Duration::from_secs(20)).await;
     let follower = c.nodes.iter().find(|n| n.id != leader).expect("a follower").grpc.clone();
     let mut j = JobsClient::new(channel(&follower).await);
     // One token per 10 s, three at once: no election takes long enough to refill one.

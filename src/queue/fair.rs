@@ -105,18 +105,19 @@ pub fn pick_ready(
     for qk in &qks {
         clock.queues.entry(qk.clone()).or_default().absorb(shards, qk);
     }
-    // Every shard holds every bucket: the first answers.
-    let rates: Vec<Option<&QueueRates>> = match (budget, shards.first()) {
-        (Some(_), Some(s)) => qks.iter().map(|qk| s.rates(qk)).collect(),
-        _ => vec![None; qks.len()],
+    // Every shard holds every bucket: the first answers. Nothing is looked up (or allocated) without a budget.
+    let rates: Option<Vec<Option<&QueueRates>>> = match (budget, shards.first()) {
+        (Some(_), Some(s)) => Some(qks.iter().map(|qk| s.rates(qk)).collect()),
+        _ => None,
     };
+    let rates_of = |i: usize| rates.as_ref().and_then(|r| r[i]);
     let mut pick = Pick::new(shards, tenant, skip);
     pick.budget = budget;
     let mut out = Vec::new();
     while out.len() < count {
         let mut best: Option<(ReadyKey, usize, String)> = None;
         for (i, qk) in qks.iter().enumerate() {
-            if let (Some(b), Some(r)) = (budget, rates[i]) {
+            if let (Some(b), Some(r)) = (budget, rates_of(i)) {
                 if !b.allows(Some(r), qk, None) {
                     continue;
                 }
@@ -135,7 +136,7 @@ pub fn pick_ready(
         let qk = &qks[i];
         pick.take(qk, &key, rk);
         if let Some(b) = budget {
-            b.take(rates[i], qk, &key);
+            b.take(rates_of(i), qk, &key);
         }
         clock.queues.get_mut(qk).expect("absorbed above").charge(&key, weight(shards, qk, &key));
         out.push(rk.2);

@@ -93,6 +93,13 @@ pub fn pick_ready(
             qks.push(qk);
         }
     }
+    if let [qk] = qks.as_slice() {
+        if let Some(out) = pick_unkeyed(shards, qk, count, skip) {
+            // A key alone has nobody to be fair to: the queue's passes start afresh when a second key comes.
+            clock.queues.remove(qk);
+            return out;
+        }
+    }
     for qk in &qks {
         clock.queues.entry(qk.clone()).or_default().absorb(shards, qk);
     }
@@ -121,6 +128,36 @@ pub fn pick_ready(
         }
     }
     out
+}
+
+/// The pick of a queue whose ready tasks all lack a fairness key (the common case), or `None` if any has one:
+/// the best `count` tasks across shards in claim order (priority, then FIFO), skipping `skip`. Same result as
+/// the fair pick with one key, without its per-task bookkeeping.
+fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &HashSet<TaskId>) -> Option<Vec<TaskId>> {
+    let mut heads = Vec::new();
+    for shard in shards {
+        let Some(keyed) = shard.idx.by_key.get(qk) else { continue };
+        if keyed.keys.len() != 1 {
+            return None;
+        }
+        let (_, set) = keyed.keys.get("")?;
+        heads.push(set.iter().filter(|rk| !skip.contains(&rk.2)).peekable());
+    }
+    let mut out = Vec::new();
+    while out.len() < count {
+        let mut best: Option<(usize, ReadyKey)> = None;
+        for (i, h) in heads.iter_mut().enumerate() {
+            if let Some(rk) = h.peek() {
+                if best.is_none_or(|(_, b)| **rk < b) {
+                    best = Some((i, **rk));
+                }
+            }
+        }
+        let Some((i, rk)) = best else { break };
+        heads[i].next();
+        out.push(rk.2);
+    }
+    Some(out)
 }
 
 /// A key's weight in a queue (every shard holds the weights; the first answers).

@@ -23,8 +23,6 @@ pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
 /// The derived indexes of one shard.
 #[derive(Debug, Default)]
 pub struct ShardIndex {
-    /// Claimable pending tasks per queue, in claim order.
-    pub(super) ready: HashMap<QueueKey, BTreeSet<ReadyKey>>,
     /// Pending tasks not yet visible, by visible time: (queue, priority, seq) to move them to `ready`.
     pub(super) delayed: BTreeMap<(TimeMs, TaskId), (QueueKey, u8, u64)>,
     /// Running tasks by lease deadline.
@@ -45,7 +43,8 @@ pub struct ShardIndex {
     pub(super) paused: HashSet<QueueKey>,
     /// Flow-control limits per queue, and per tenant under an empty queue name (every shard holds them all).
     pub(super) limits: HashMap<QueueKey, Limits>,
-    /// Ready tasks per queue and fairness key: the same entries as `ready`, split by key.
+    /// Claimable pending tasks per queue, split by fairness key, each key's in claim order. A queue with
+    /// ready tasks has an entry; the leader's pick (`queue::fair`) reads only this.
     pub(super) by_key: HashMap<QueueKey, KeyedReady>,
     /// Activation numbers handed out so far (see `KeyedReady::activated`); only grows within this index's life.
     pub(super) activations: u64,
@@ -129,8 +128,6 @@ pub struct IndexSizes {
     pub deadlines: usize,
     /// Pending tasks held by dependencies.
     pub held: usize,
-    /// Ready tasks counted per fairness key (`by_key`): always equal to `ready`.
-    pub ready_by_key: usize,
 }
 
 impl ShardIndex {
@@ -264,13 +261,9 @@ impl ShardIndex {
         }
     }
 
-    /// Adds a ready task to `ready` and to its key's set in `by_key`, activating the key if it had none.
+    /// Adds a ready task to its key's set in `by_key`, activating the key if it had none.
     pub(super) fn ready_insert(&mut self, qk: QueueKey, key: &str, rk: ReadyKey) {
-        // Clone the queue key only when it is new here (this runs for every task made ready, on every replica).
-        if !self.by_key.contains_key(&qk) {
-            self.by_key.insert(qk.clone(), KeyedReady::default());
-        }
-        let keyed = self.by_key.get_mut(&qk).expect("inserted above");
+        let keyed = self.by_key.entry(qk).or_default();
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
                 set.insert(rk);
@@ -281,17 +274,10 @@ impl ShardIndex {
                 keyed.keys.insert(key.to_string(), (self.activations, BTreeSet::from([rk])));
             }
         }
-        self.ready.entry(qk).or_default().insert(rk);
     }
 
-    /// Removes a ready task from `ready` and `by_key`; a key left without ready tasks is no longer active.
+    /// Removes a ready task from `by_key`; a key left without ready tasks is no longer active.
     fn ready_remove(&mut self, qk: &QueueKey, key: &str, rk: &ReadyKey) {
-        if let Some(set) = self.ready.get_mut(qk) {
-            set.remove(rk);
-            if set.is_empty() {
-                self.ready.remove(qk);
-            }
-        }
         let Some(keyed) = self.by_key.get_mut(qk) else { return };
         if let Some((activation, set)) = keyed.keys.get_mut(key) {
             set.remove(rk);
@@ -349,7 +335,7 @@ impl ShardIndex {
 
     pub fn sizes(&self) -> IndexSizes {
         IndexSizes {
-            ready: self.ready.values().map(|s| s.len()).sum(),
+            ready: self.by_key.values().flat_map(|k| k.keys.values()).map(|(_, set)| set.len()).sum(),
             delayed: self.delayed.len(),
             leases: self.leases.len(),
             retention: self.retention.len(),
@@ -358,7 +344,6 @@ impl ShardIndex {
             webhooks: self.webhooks.len(),
             deadlines: self.deadlines.len(),
             held: self.held.len(),
-            ready_by_key: self.by_key.values().flat_map(|k| k.keys.values()).map(|(_, set)| set.len()).sum(),
         }
     }
 }

@@ -50,8 +50,9 @@ pub struct ShardIndex {
     pub(super) activations: u64,
     /// Fairness weights other than 1, per queue and key (every shard holds the whole set).
     pub(super) weights: HashMap<QueueKey, HashMap<String, u32>>,
-    /// Running tasks per (tenant, concurrency key) of this shard.
-    pub(super) running_keys: HashMap<(String, String), u32>,
+    /// Running tasks per tenant and concurrency key of this shard (nested, so a lookup by `&str` allocates
+    /// nothing).
+    pub(super) running_keys: HashMap<String, HashMap<String, u32>>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
     pub(super) pending_keys: HashMap<TaskId, ConcurrencyKey>,
     /// Schedules stored in this shard.
@@ -152,7 +153,19 @@ impl ShardIndex {
         }
         if let Some(ck) = &t.concurrency {
             match t.state {
-                TaskState::InProgress => *self.running_keys.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1,
+                TaskState::InProgress => {
+                    // Allocate the names only when the tenant or key is new here (this runs for every claim).
+                    if !self.running_keys.contains_key(&t.tenant) {
+                        self.running_keys.insert(t.tenant.clone(), HashMap::new());
+                    }
+                    let keys = self.running_keys.get_mut(&t.tenant).expect("inserted above");
+                    match keys.get_mut(&ck.key) {
+                        Some(n) => *n += 1,
+                        None => {
+                            keys.insert(ck.key.clone(), 1);
+                        }
+                    }
+                }
                 TaskState::Pending => {
                     self.pending_keys.insert(t.id, ck.clone());
                 }
@@ -215,11 +228,15 @@ impl ShardIndex {
         if let Some(ck) = &t.concurrency {
             match t.state {
                 TaskState::InProgress => {
-                    let k = (t.tenant.clone(), ck.key.clone());
-                    if let Some(n) = self.running_keys.get_mut(&k) {
-                        *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            self.running_keys.remove(&k);
+                    if let Some(keys) = self.running_keys.get_mut(&t.tenant) {
+                        if let Some(n) = keys.get_mut(&ck.key) {
+                            *n = n.saturating_sub(1);
+                            if *n == 0 {
+                                keys.remove(&ck.key);
+                            }
+                        }
+                        if keys.is_empty() {
+                            self.running_keys.remove(&t.tenant);
                         }
                     }
                 }

@@ -11,6 +11,8 @@
 //!   `enqueue` calls; 8 concurrent batches of 100).
 //! - `cycle-1`, `cycle-3`: full cycles per second (durable enqueue ack → claim → completion ack) on one and
 //!   three nodes, with at most `--backlog-cap` tasks enqueued and not yet handled (producers wait for room).
+//! - `cycle-keyed-1`: `cycle-1` with every task under one of 16 concurrency keys (limits that never bind): what
+//!   keyed tasks and the fair pick across keys cost against `cycle-1`.
 //! - `overload-1`, `overload-3`: the same without the cap (producers as fast as the server acknowledges):
 //!   completions should stay at the capped peak while enqueues are slowed.
 //! - `overload-capped-1`: `overload-1` with the queue's `max_depth` set to `--backlog-cap`: the server refuses
@@ -79,6 +81,7 @@ const ALL: &[&str] = &[
     "enqueue-unary",
     "enqueue-batch",
     "cycle-1",
+    "cycle-keyed-1",
     "cycle-3",
     "overload-1",
     "overload-3",
@@ -90,6 +93,10 @@ const ALL: &[&str] = &[
 ];
 
 const WARMUP: Duration = Duration::from_secs(2);
+/// `cycle-keyed-1`: the keys the tasks are spread over, and each key's concurrency limit (high enough never to
+/// bind, so the run measures what the keys and the fair pick cost, not a limit).
+const KEYED_CYCLE_KEYS: usize = 16;
+const KEYED_CYCLE_LIMIT: u32 = 1_000_000;
 const QUEUE: &str = "bench";
 
 pub async fn run(a: SuiteArgs) -> Result<()> {
@@ -221,6 +228,10 @@ fn describe(s: &str, a: &SuiteArgs) -> (String, &'static str) {
         "enqueue-unary" => "1 node, 64 concurrent unary enqueues".to_string(),
         "enqueue-batch" => "1 node, 8 concurrent batches of 100".to_string(),
         "cycle-1" => format!("1 node, full cycle, at most {} in flight", a.backlog_cap),
+        "cycle-keyed-1" => format!(
+            "1 node, full cycle, at most {} in flight, every task under one of {KEYED_CYCLE_KEYS} concurrency keys",
+            a.backlog_cap
+        ),
         "cycle-3" => format!("3 nodes, full cycle, at most {} in flight", a.backlog_cap),
         "overload-1" => "1 node, full cycle, producers unpaced (no cap)".to_string(),
         "overload-3" => "3 nodes, full cycle, producers unpaced (no cap)".to_string(),
@@ -282,6 +293,7 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
         "enqueue-unary" => enqueue_load(&cluster, a, 64, 1).await,
         "enqueue-batch" => enqueue_load(&cluster, a, 8, 100).await,
         "cycle-1" | "cycle-3" => cycle(&cluster, a, Pace::Capped, Fault::None).await,
+        "cycle-keyed-1" => cycle_with(&cluster, a, Pace::Capped, Fault::None, KEYED_CYCLE_KEYS).await,
         "overload-1" | "overload-3" => cycle(&cluster, a, Pace::Unpaced, Fault::None).await,
         "overload-capped-1" => {
             set_depth_limit(&cluster, a.backlog_cap as u64).await?;
@@ -539,6 +551,12 @@ struct Seen {
 
 /// The full cycle through the SDK: producer streams (one task per create) and workers completing each task.
 async fn cycle(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault) -> Result<RunResult> {
+    cycle_with(c, a, pace, fault, 0).await
+}
+
+/// A full-cycle run whose tasks, when `keys` > 0, each carry one of `keys` concurrency keys (no limit that
+/// binds), round robin per producer: the fair pick then rotates among the keys.
+async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: usize) -> Result<RunResult> {
     let addrs = c.addrs();
     let stop = CancellationToken::new();
     let room = Arc::new(Semaphore::new(match pace {
@@ -624,7 +642,11 @@ async fn cycle(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault) -> Result<R
                         _ = stop.cancelled() => break,
                     }
                 }
-                let pending = match s.create(NewTask::new(QUEUE, payload(size))).await {
+                let mut task = NewTask::new(QUEUE, payload(size));
+                if keys > 0 {
+                    task = task.concurrency(format!("k{}", sent as usize % keys), KEYED_CYCLE_LIMIT);
+                }
+                let pending = match s.create(task).await {
                     Ok(p) => p,
                     Err(_) => continue,
                 };

@@ -393,15 +393,18 @@ impl Dispatch {
         }
         match done.result {
             Ok(Response::Claimed(results)) => {
-                let mut results: Vec<Option<Task>> = results.into_iter().map(|r| r.ok().map(|b| *b)).collect();
                 if crate::telemetry::task_spans_enabled() {
                     for t in results.iter().flatten().filter(|t| t.traceparent.is_some()) {
                         crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
                     }
                 }
+                // The groups cover the results in order: hand each its share without gathering them all first
+                // (a whole entry's tasks in one vector cost a large allocation per entry).
                 let now = Instant::now();
+                let mut results = results.into_iter();
                 for (req, range) in done.groups {
-                    let tasks: Vec<Task> = results[range].iter_mut().filter_map(Option::take).collect();
+                    let tasks: Vec<Task> =
+                        results.by_ref().take(range.len()).filter_map(|r| r.ok().map(|b| *b)).collect();
                     if tasks.is_empty() && req.deadline > now {
                         // Every pick lost a race with an entry applied meanwhile: wait again, first in line.
                         self.parked.push_front(req);

@@ -20,10 +20,12 @@
 //! of the queue plus the keys passed over (blocked by their limit, or with every ready task promised to a claim
 //! in flight), never in the number of tasks.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
+use std::sync::Arc;
 
-use super::index::ReadyKey;
+use super::index::{KeyedReady, ReadyKey};
 use super::rate::{QueueRates, RateBudget};
 use super::shard::ShardCore;
 use super::types::*;
@@ -44,9 +46,9 @@ pub struct FairClock {
 
 #[derive(Debug, Default)]
 struct QueueClock {
-    pass: HashMap<String, u64>,
+    pass: HashMap<Arc<str>, u64>,
     /// (pass, key) of every key believed active; a key found inactive is dropped when met.
-    order: BTreeSet<(u64, String)>,
+    order: BTreeSet<(u64, Arc<str>)>,
     /// The queue's virtual time: the smallest pass of its active keys when last looked at. Never decreases.
     vtime: u64,
     /// Per shard: the highest activation number absorbed (`KeyedReady::activated`), and the shard's activation
@@ -102,52 +104,91 @@ pub fn pick_ready(
             qks.push(qk);
         }
     }
-    for qk in &qks {
-        clock.queues.entry(qk.clone()).or_default().absorb(shards, qk);
+    // The plain merge of a queue without fairness keys knows no buckets: a rate-limited queue takes the fair pick.
+    let limited = |qk: &QueueKey| budget.is_some() && shards.first().is_some_and(|s| s.rates(qk).is_some());
+    if let [qk] = qks.as_slice() {
+        if !limited(qk) {
+            if let Some(out) = pick_unkeyed(shards, qk, count, skip) {
+                // A key alone has nobody to be fair to: the queue's passes start afresh when a second key comes.
+                clock.queues.remove(qk);
+                return out;
+            }
+        }
     }
     // Every shard holds every bucket: the first answers. Nothing is looked up (or allocated) without a budget.
-    let rates: Option<Vec<Option<&QueueRates>>> = match (budget, shards.first()) {
-        (Some(_), Some(s)) => Some(qks.iter().map(|qk| s.rates(qk)).collect()),
-        _ => None,
+    let rates: Vec<Option<&QueueRates>> = match (budget, shards.first()) {
+        (Some(_), Some(s)) => qks.iter().map(|qk| s.rates(qk)).collect(),
+        _ => Vec::new(),
     };
-    let rates_of = |i: usize| rates.as_ref().and_then(|r| r[i]);
-    let mut pick = Pick::new(shards, tenant, skip);
+    // The queues' clocks are taken out of the map for the pick (no lookup per task) and put back after.
+    let mut clocks: Vec<QueueClock> = qks.iter().map(|qk| clock.queues.remove(qk).unwrap_or_default()).collect();
+    for (qk, q) in qks.iter().zip(&mut clocks) {
+        q.absorb(shards, qk);
+    }
+    let mut pick = Pick::new(shards, tenant, skip, &qks);
     pick.budget = budget;
+    pick.rates = &rates;
     let mut out = Vec::new();
     while out.len() < count {
-        let mut best: Option<(ReadyKey, usize, String)> = None;
-        for (i, qk) in qks.iter().enumerate() {
-            if let (Some(b), Some(r)) = (budget, rates_of(i)) {
-                if !b.allows(Some(r), qk, None) {
+        let mut best: Option<(ReadyKey, usize, Arc<str>)> = None;
+        for (i, q) in clocks.iter_mut().enumerate() {
+            if let (Some(b), Some(r)) = (budget, pick.rates_of(i)) {
+                if !b.allows(Some(r), &qks[i], None) {
                     continue;
                 }
-                pick.rates = Some(r);
-            } else {
-                pick.rates = None;
             }
-            let q = clock.queues.get_mut(qk).expect("absorbed above");
-            if let Some((rk, key)) = q.head(&pick, qk) {
+            if let Some((rk, key)) = q.head(&pick, i) {
                 if best.as_ref().is_none_or(|b| rk < b.0) {
                     best = Some((rk, i, key));
                 }
             }
         }
         let Some((rk, i, key)) = best else { break };
-        let qk = &qks[i];
-        pick.take(qk, &key, rk);
+        pick.take(i, &key, rk);
         if let Some(b) = budget {
-            b.take(rates_of(i), qk, &key);
+            b.take(pick.rates_of(i), &qks[i], &key);
         }
-        clock.queues.get_mut(qk).expect("absorbed above").charge(&key, weight(shards, qk, &key));
+        clocks[i].charge(&key, weight(shards, &qks[i], &key));
         out.push(rk.2);
     }
+    drop(pick);
     // A queue with no active key keeps no state: its next pick starts it afresh, as it would anyway.
-    for qk in &qks {
-        if clock.queues.get(qk).is_some_and(|q| q.order.is_empty()) {
-            clock.queues.remove(qk);
+    for (qk, q) in qks.into_iter().zip(clocks) {
+        if !q.order.is_empty() {
+            clock.queues.insert(qk, q);
         }
     }
     out
+}
+
+/// The pick of a queue whose ready tasks all lack a fairness key (the common case), or `None` if any has one:
+/// the best `count` tasks across shards in claim order (priority, then FIFO), skipping `skip`. Same result as
+/// the fair pick with one key, without its per-task bookkeeping.
+fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &HashSet<TaskId>) -> Option<Vec<TaskId>> {
+    let mut heads = Vec::new();
+    for shard in shards {
+        let Some(keyed) = shard.idx.by_key.get(qk) else { continue };
+        if keyed.keys.len() != 1 {
+            return None;
+        }
+        let (_, set) = keyed.keys.get("")?;
+        heads.push(set.iter().filter(|rk| !skip.contains(&rk.2)).peekable());
+    }
+    let mut out = Vec::new();
+    while out.len() < count {
+        let mut best: Option<(usize, ReadyKey)> = None;
+        for (i, h) in heads.iter_mut().enumerate() {
+            if let Some(rk) = h.peek() {
+                if best.is_none_or(|(_, b)| **rk < b) {
+                    best = Some((i, **rk));
+                }
+            }
+        }
+        let Some((i, rk)) = best else { break };
+        heads[i].next();
+        out.push(rk.2);
+    }
+    Some(out)
 }
 
 /// A key's weight in a queue (every shard holds the weights; the first answers).
@@ -168,7 +209,7 @@ impl QueueClock {
             if let Some(keyed) = shard.idx.by_key.get(qk) {
                 for (n, key) in keyed.activated.range((Bound::Excluded(from), Bound::Unbounded)) {
                     newest = *n;
-                    let start = self.pass.get(key).map_or(self.vtime, |p| (*p).max(self.vtime));
+                    let start = self.pass.get(key.as_str()).map_or(self.vtime, |p| (*p).max(self.vtime));
                     self.set_pass(key, start);
                 }
             }
@@ -184,19 +225,20 @@ impl QueueClock {
                 return;
             }
             self.order.pop_first();
-            self.pass.remove(&key);
+            self.pass.remove(&*key);
         }
     }
 
-    /// The queue's next task: the first key in pass order that can give one, and its best task. Keys passed
-    /// over (at their concurrency limit, or with every ready task promised) are lifted to the served key's pass:
-    /// like an idle key, a key that cannot be served banks no credit (and does not hold the virtual time back).
-    fn head(&mut self, pick: &Pick<'_>, qk: &QueueKey) -> Option<(ReadyKey, String)> {
+    /// The next task of the pick's queue `qi`: the first key in pass order that can give one, and its best task.
+    /// Keys passed over (at their concurrency limit, or with every ready task promised) are lifted to the served
+    /// key's pass: like an idle key, a key that cannot be served banks no credit (and does not hold the virtual
+    /// time back).
+    fn head(&mut self, pick: &Pick<'_>, qi: usize) -> Option<(ReadyKey, Arc<str>)> {
         let mut inactive = Vec::new();
         let mut passed = Vec::new();
         let mut found = None;
         for (p, key) in &self.order {
-            match pick.next_of(qk, key) {
+            match pick.next_of(qi, key) {
                 KeyHead::Inactive => inactive.push(key.clone()),
                 KeyHead::Exhausted | KeyHead::Blocked | KeyHead::Throttled => passed.push(key.clone()),
                 KeyHead::Ready(rk) => {
@@ -206,7 +248,7 @@ impl QueueClock {
             }
         }
         for key in inactive {
-            if let Some(p) = self.pass.remove(&key) {
+            if let Some(p) = self.pass.remove(&*key) {
                 self.order.remove(&(p, key));
             }
         }
@@ -223,11 +265,19 @@ impl QueueClock {
         self.set_pass(key, p.saturating_add(stride));
     }
 
+    /// Moves a key to `pass` (the key's name is allocated once, when the key is first tracked).
     fn set_pass(&mut self, key: &str, pass: u64) {
-        if let Some(old) = self.pass.insert(key.to_string(), pass) {
-            self.order.remove(&(old, key.to_string()));
-        }
-        self.order.insert((pass, key.to_string()));
+        let name = match self.pass.get_key_value(key) {
+            Some((_, &old)) if old == pass => return,
+            Some((name, &old)) => {
+                let name = name.clone();
+                self.order.remove(&(old, name.clone()));
+                name
+            }
+            None => Arc::from(key),
+        };
+        self.order.insert((pass, name.clone()));
+        self.pass.insert(name, pass);
     }
 }
 
@@ -236,56 +286,80 @@ fn is_active(shards: &[ShardCore], qk: &QueueKey, key: &str) -> bool {
     shards.iter().any(|s| s.idx.by_key.get(qk).is_some_and(|k| k.keys.contains_key(key)))
 }
 
-/// One pick's transients: the keyed tasks promised to claims in flight (per concurrency key, which spans the
-/// tenant's queues), those taken by this pick, and where each (queue, key) got to.
+/// One pick's transients: the shards' ready tasks of each queue of the request (looked up once), the keyed tasks
+/// promised to claims in flight (per concurrency key, which spans the tenant's queues; counted only when a
+/// limit could bind), those taken by this pick, and where each (queue, key) got to.
 struct Pick<'a> {
     shards: &'a [ShardCore],
     tenant: &'a str,
     skip: &'a HashSet<TaskId>,
-    promised: HashMap<&'a str, u32>,
-    taken: HashMap<String, u32>,
-    cursor: HashMap<&'a QueueKey, HashMap<String, ReadyKey>>,
-    /// The token budget of the pass, and the buckets of the queue being looked at (`pick_ready`).
+    /// Per queue of the request (by position): (shard, its ready tasks of the queue) for each shard holding any.
+    queues: Vec<Vec<(usize, &'a KeyedReady)>>,
+    qks: &'a [QueueKey],
+    promised: OnceCell<HashMap<&'a str, u32>>,
+    taken: HashMap<Arc<str>, u32>,
+    cursor: Vec<HashMap<Arc<str>, ReadyKey>>,
+    /// The token budget of the pass and the buckets of each queue (by position; empty without a budget).
     budget: Option<&'a RateBudget<'a>>,
-    rates: Option<&'a QueueRates>,
+    rates: &'a [Option<&'a QueueRates>],
 }
 
 impl<'a> Pick<'a> {
-    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>) -> Self {
-        let mut promised: HashMap<&'a str, u32> = HashMap::new();
-        for shard in shards {
-            // Walk the smaller of the two sets (claims without keys, the common case, cost nothing here).
-            let pending = &shard.idx.pending_keys;
-            if pending.len() <= skip.len() {
-                for (_, ck) in pending.iter().filter(|(id, _)| skip.contains(*id)) {
-                    *promised.entry(ck.key.as_str()).or_default() += 1;
-                }
-            } else {
-                for ck in skip.iter().filter_map(|id| pending.get(id)) {
-                    *promised.entry(ck.key.as_str()).or_default() += 1;
-                }
-            }
-        }
+    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>, qks: &'a [QueueKey]) -> Self {
+        let queues: Vec<Vec<(usize, &KeyedReady)>> = qks
+            .iter()
+            .map(|qk| shards.iter().enumerate().filter_map(|(s, sh)| sh.idx.by_key.get(qk).map(|k| (s, k))).collect())
+            .collect();
+        let cursor = vec![HashMap::new(); qks.len()];
         Pick {
             shards,
             tenant,
             skip,
-            promised,
+            queues,
+            qks,
+            promised: OnceCell::new(),
             taken: HashMap::new(),
-            cursor: HashMap::new(),
+            cursor,
             budget: None,
-            rates: None,
+            rates: &[],
         }
+    }
+
+    /// The token buckets of the pick's queue `qi`, if it has any and the pick has a budget.
+    fn rates_of(&self, qi: usize) -> Option<&'a QueueRates> {
+        self.rates.get(qi).copied().flatten()
+    }
+
+    /// Keyed tasks promised to claims in flight, per concurrency key (computed on first use).
+    fn promised(&self, key: &str) -> u32 {
+        let promised = self.promised.get_or_init(|| {
+            let mut promised: HashMap<&'a str, u32> = HashMap::new();
+            for shard in self.shards {
+                // Walk the smaller of the two sets.
+                let pending = &shard.idx.pending_keys;
+                if pending.len() <= self.skip.len() {
+                    for (_, ck) in pending.iter().filter(|(id, _)| self.skip.contains(*id)) {
+                        *promised.entry(ck.key.as_str()).or_default() += 1;
+                    }
+                } else {
+                    for ck in self.skip.iter().filter_map(|id| pending.get(id)) {
+                        *promised.entry(ck.key.as_str()).or_default() += 1;
+                    }
+                }
+            }
+            promised
+        });
+        promised.get(key).copied().unwrap_or(0)
     }
 
     /// The best task a key can give now: its first ready task (priority, FIFO, across shards) after those this
     /// pick took and not promised elsewhere, if its concurrency key has a free slot.
-    fn next_of(&self, qk: &QueueKey, key: &str) -> KeyHead {
-        let after = self.cursor.get(qk).and_then(|m| m.get(key));
+    fn next_of(&self, qi: usize, key: &str) -> KeyHead {
+        let after = self.cursor[qi].get(key);
         let mut active = false;
         let mut best: Option<(ReadyKey, usize)> = None;
-        for (s, shard) in self.shards.iter().enumerate() {
-            let Some((_, set)) = shard.idx.by_key.get(qk).and_then(|k| k.keys.get(key)) else { continue };
+        for &(s, keyed) in &self.queues[qi] {
+            let Some((_, set)) = keyed.keys.get(key) else { continue };
             active = true;
             let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
             let next = set.range((lower, Bound::Unbounded)).find(|rk| !self.skip.contains(&rk.2));
@@ -294,29 +368,40 @@ impl<'a> Pick<'a> {
                     best = Some((*rk, s));
                 }
             }
+            if !key.is_empty() {
+                // Every task of a concurrency key lives in one shard: no other shard has any.
+                break;
+            }
         }
         match best {
             None if active => KeyHead::Exhausted,
             None => KeyHead::Inactive,
             Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
-                Some(ck) if self.busy(s, &ck.key) >= ck.limit.max(1) => KeyHead::Blocked,
-                _ if self.budget.is_some_and(|b| !b.allows(self.rates, qk, Some(key))) => KeyHead::Throttled,
+                Some(ck) if self.full(s, &ck.key, ck.limit.max(1)) => KeyHead::Blocked,
+                _ if self.budget.is_some_and(|b| !b.allows(self.rates_of(qi), &self.qks[qi], Some(key))) => {
+                    KeyHead::Throttled
+                }
                 _ => KeyHead::Ready(rk),
             },
         }
     }
 
-    /// Slots of a concurrency key in use: running (in shard `s`, where every task of the key lives), promised
-    /// to claims in flight, taken by this pick.
-    fn busy(&self, s: usize, key: &str) -> u32 {
+    /// Whether a concurrency key's slots are all in use: running (in shard `s`, where every task of the key
+    /// lives), promised to claims in flight, taken by this pick. The promises are counted only when the others
+    /// and every claim in flight together could reach the limit.
+    fn full(&self, s: usize, key: &str, limit: u32) -> bool {
         let running = self.shards[s].running_with_key(self.tenant, key);
-        running + self.promised.get(key).copied().unwrap_or(0) + self.taken.get(key).copied().unwrap_or(0)
+        let used = running.saturating_add(self.taken.get(key).copied().unwrap_or(0));
+        if used.saturating_add(u32::try_from(self.skip.len()).unwrap_or(u32::MAX)) < limit {
+            return false;
+        }
+        used.saturating_add(self.promised(key)) >= limit
     }
 
-    fn take(&mut self, qk: &'a QueueKey, key: &str, rk: ReadyKey) {
+    fn take(&mut self, qi: usize, key: &Arc<str>, rk: ReadyKey) {
         if !key.is_empty() {
-            *self.taken.entry(key.to_string()).or_default() += 1;
+            *self.taken.entry(key.clone()).or_default() += 1;
         }
-        self.cursor.entry(qk).or_default().insert(key.to_string(), rk);
+        self.cursor[qi].insert(key.clone(), rk);
     }
 }

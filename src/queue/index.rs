@@ -23,8 +23,6 @@ pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
 /// The derived indexes of one shard.
 #[derive(Debug, Default)]
 pub struct ShardIndex {
-    /// Claimable pending tasks per queue, in claim order.
-    pub(super) ready: HashMap<QueueKey, BTreeSet<ReadyKey>>,
     /// Pending tasks not yet visible, by visible time: (queue, priority, seq) to move them to `ready`.
     pub(super) delayed: BTreeMap<(TimeMs, TaskId), (QueueKey, u8, u64)>,
     /// Running tasks by lease deadline.
@@ -45,7 +43,8 @@ pub struct ShardIndex {
     pub(super) paused: HashSet<QueueKey>,
     /// Flow-control limits per queue, and per tenant under an empty queue name (every shard holds them all).
     pub(super) limits: HashMap<QueueKey, Limits>,
-    /// Ready tasks per queue and fairness key: the same entries as `ready`, split by key.
+    /// Claimable pending tasks per queue, split by fairness key, each key's in claim order. A queue with
+    /// ready tasks has an entry; the leader's pick (`queue::fair`) reads only this.
     pub(super) by_key: HashMap<QueueKey, KeyedReady>,
     /// Activation numbers handed out so far (see `KeyedReady::activated`); only grows within this index's life.
     pub(super) activations: u64,
@@ -54,8 +53,9 @@ pub struct ShardIndex {
     /// Token buckets per queue (the whole queue's and its keys'), configuration and level (every shard holds
     /// them all, identical: `queue::rate`).
     pub(super) rates: HashMap<QueueKey, super::rate::QueueRates>,
-    /// Running tasks per (tenant, concurrency key) of this shard.
-    pub(super) running_keys: HashMap<(String, String), u32>,
+    /// Running tasks per tenant and concurrency key of this shard (nested, so a lookup by `&str` allocates
+    /// nothing).
+    pub(super) running_keys: HashMap<String, HashMap<String, u32>>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
     pub(super) pending_keys: HashMap<TaskId, ConcurrencyKey>,
     /// Schedules stored in this shard.
@@ -132,8 +132,6 @@ pub struct IndexSizes {
     pub deadlines: usize,
     /// Pending tasks held by dependencies.
     pub held: usize,
-    /// Ready tasks counted per fairness key (`by_key`): always equal to `ready`.
-    pub ready_by_key: usize,
 }
 
 impl ShardIndex {
@@ -158,7 +156,19 @@ impl ShardIndex {
         }
         if let Some(ck) = &t.concurrency {
             match t.state {
-                TaskState::InProgress => *self.running_keys.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1,
+                TaskState::InProgress => {
+                    // Allocate the names only when the tenant or key is new here (this runs for every claim).
+                    if !self.running_keys.contains_key(&t.tenant) {
+                        self.running_keys.insert(t.tenant.clone(), HashMap::new());
+                    }
+                    let keys = self.running_keys.get_mut(&t.tenant).expect("inserted above");
+                    match keys.get_mut(&ck.key) {
+                        Some(n) => *n += 1,
+                        None => {
+                            keys.insert(ck.key.clone(), 1);
+                        }
+                    }
+                }
                 TaskState::Pending => {
                     self.pending_keys.insert(t.id, ck.clone());
                 }
@@ -221,11 +231,15 @@ impl ShardIndex {
         if let Some(ck) = &t.concurrency {
             match t.state {
                 TaskState::InProgress => {
-                    let k = (t.tenant.clone(), ck.key.clone());
-                    if let Some(n) = self.running_keys.get_mut(&k) {
-                        *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            self.running_keys.remove(&k);
+                    if let Some(keys) = self.running_keys.get_mut(&t.tenant) {
+                        if let Some(n) = keys.get_mut(&ck.key) {
+                            *n = n.saturating_sub(1);
+                            if *n == 0 {
+                                keys.remove(&ck.key);
+                            }
+                        }
+                        if keys.is_empty() {
+                            self.running_keys.remove(&t.tenant);
                         }
                     }
                 }
@@ -267,13 +281,9 @@ impl ShardIndex {
         }
     }
 
-    /// Adds a ready task to `ready` and to its key's set in `by_key`, activating the key if it had none.
+    /// Adds a ready task to its key's set in `by_key`, activating the key if it had none.
     pub(super) fn ready_insert(&mut self, qk: QueueKey, key: &str, rk: ReadyKey) {
-        // Clone the queue key only when it is new here (this runs for every task made ready, on every replica).
-        if !self.by_key.contains_key(&qk) {
-            self.by_key.insert(qk.clone(), KeyedReady::default());
-        }
-        let keyed = self.by_key.get_mut(&qk).expect("inserted above");
+        let keyed = self.by_key.entry(qk).or_default();
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
                 set.insert(rk);
@@ -284,17 +294,10 @@ impl ShardIndex {
                 keyed.keys.insert(key.to_string(), (self.activations, BTreeSet::from([rk])));
             }
         }
-        self.ready.entry(qk).or_default().insert(rk);
     }
 
-    /// Removes a ready task from `ready` and `by_key`; a key left without ready tasks is no longer active.
+    /// Removes a ready task from `by_key`; a key left without ready tasks is no longer active.
     fn ready_remove(&mut self, qk: &QueueKey, key: &str, rk: &ReadyKey) {
-        if let Some(set) = self.ready.get_mut(qk) {
-            set.remove(rk);
-            if set.is_empty() {
-                self.ready.remove(qk);
-            }
-        }
         let Some(keyed) = self.by_key.get_mut(qk) else { return };
         if let Some((activation, set)) = keyed.keys.get_mut(key) {
             set.remove(rk);
@@ -352,7 +355,7 @@ impl ShardIndex {
 
     pub fn sizes(&self) -> IndexSizes {
         IndexSizes {
-            ready: self.ready.values().map(|s| s.len()).sum(),
+            ready: self.by_key.values().flat_map(|k| k.keys.values()).map(|(_, set)| set.len()).sum(),
             delayed: self.delayed.len(),
             leases: self.leases.len(),
             retention: self.retention.len(),
@@ -361,7 +364,6 @@ impl ShardIndex {
             webhooks: self.webhooks.len(),
             deadlines: self.deadlines.len(),
             held: self.held.len(),
-            ready_by_key: self.by_key.values().flat_map(|k| k.keys.values()).map(|(_, set)| set.len()).sum(),
         }
     }
 }

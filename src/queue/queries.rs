@@ -23,7 +23,7 @@ impl ShardCore {
 
     /// Tasks of this shard running under a tenant's concurrency key.
     pub fn running_with_key(&self, tenant: &str, key: &str) -> u32 {
-        self.idx.running_keys.get(&(tenant.to_string(), key.to_string())).copied().unwrap_or(0)
+        self.idx.running_keys.get(tenant).and_then(|keys| keys.get(key)).copied().unwrap_or(0)
     }
 
     /// The weight of a fairness key of a queue (1 unless set).

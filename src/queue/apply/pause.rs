@@ -21,7 +21,7 @@ impl ShardCore {
             store.remove_paused(&qk)?;
             self.idx.paused.remove(&qk);
             // Resumed: its ready tasks are claimable again.
-            if self.idx.ready.contains_key(&qk) {
+            if self.idx.by_key.contains_key(&qk) {
                 cx.fx.ready.insert(qk);
             }
         }

@@ -106,7 +106,6 @@ fn assert_indexes_match_records(m: &MemMachine) {
                 }
                 TaskState::Pending => {
                     want.ready += 1;
-                    want.ready_by_key += 1;
                     c.pending += 1;
                 }
                 TaskState::InProgress => {
@@ -137,6 +136,35 @@ fn assert_indexes_match_records(m: &MemMachine) {
         for ((tenant, key), rec) in &store.keys {
             assert_eq!(rec.task_id.shard(m.shards.len()), i, "key {tenant}/{key} stored apart from its task");
         }
+        // Slot accounting cannot leak: the running count per (tenant, concurrency key) and the pending tasks'
+        // keys (of those not held) are exactly what the records say, with no entry left behind at zero.
+        let mut running: BTreeMap<(String, String), u32> = BTreeMap::new();
+        let mut pending_keys: BTreeMap<TaskId, String> = BTreeMap::new();
+        for t in store.tasks.values() {
+            match (&t.concurrency, t.state) {
+                (Some(ck), TaskState::InProgress) => {
+                    *running.entry((t.tenant.clone(), ck.key.clone())).or_default() += 1
+                }
+                // Tasks held by dependencies are in no claim index until released.
+                (Some(ck), TaskState::Pending) if t.waiting_on.is_empty() => {
+                    pending_keys.insert(t.id, ck.key.clone());
+                }
+                _ => {}
+            }
+        }
+        let indexed: BTreeMap<(String, String), u32> = core
+            .idx
+            .running_keys
+            .iter()
+            .flat_map(|(tenant, keys)| keys.iter().map(move |(k, n)| ((tenant.clone(), k.clone()), *n)))
+            .collect();
+        assert_eq!(indexed, running, "shard {i}: running tasks per concurrency key disagree with the records");
+        for ((tenant, key), n) in &running {
+            assert_eq!(core.running_with_key(tenant, key), *n, "shard {i}: running_with_key({tenant}, {key})");
+        }
+        let indexed: BTreeMap<TaskId, String> =
+            core.idx.pending_keys.iter().map(|(id, ck)| (*id, ck.key.clone())).collect();
+        assert_eq!(indexed, pending_keys, "shard {i}: pending tasks' concurrency keys disagree with the records");
         let got = core.index_sizes();
         assert_eq!(
             IndexSizes { keys: 0, ..got },

@@ -472,7 +472,6 @@ impl Model {
             .filter(|(id, t)| id.shard(SHARDS) == shard && !t.state.is_terminal() && t.task_deadline.is_some())
             .count();
         s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count();
-        s.ready_by_key = s.ready;
         s
     }
 

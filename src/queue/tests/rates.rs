@@ -252,3 +252,18 @@ fn replicas_with_other_shard_counts_apply_the_same_log_to_the_same_buckets() {
         assert_eq!(buckets(&m.rebuilt()), want, "{shards} shards, rebuilt");
     }
 }
+
+#[test]
+fn a_queue_without_fairness_keys_is_held_to_its_buckets_too() {
+    // Only unkeyed tasks: the pick's plain merge for such a queue must not bypass the buckets.
+    for key in [None, Some("")] {
+        let mut h = Harness::new();
+        add_keyed(&mut h, Q, "", 20);
+        set_rate(&mut h, key, 10.0, 3);
+        let mut clock = FairClock::default();
+        assert_eq!(pass(&mut h, &mut clock, 10).len(), 3, "{key:?}: the burst");
+        assert_eq!(pass(&mut h, &mut clock, 10).len(), 0, "{key:?}: out of tokens");
+        h.advance(300);
+        assert_eq!(pass(&mut h, &mut clock, 10).len(), 3, "{key:?}: 10/s for 300 ms");
+    }
+}

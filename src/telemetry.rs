@@ -106,6 +106,9 @@ pub struct Metrics {
     pub refused_full: AtomicU64,
     /// Times the leader held back claims because a queue was at its running cap.
     pub capped_claims: AtomicU64,
+    /// Token buckets (a queue's or a fairness key's) passed over by a dispatch pass for lack of tokens while
+    /// they had ready tasks (on the leader; once per bucket per pass).
+    pub throttled_claims: AtomicU64,
 }
 
 impl Metrics {
@@ -151,6 +154,11 @@ impl Metrics {
                 "raftq_claims_capped_total",
                 "Times this leader held back claims of a queue at its running cap.",
                 &self.capped_claims,
+            ),
+            (
+                "raftq_claims_throttled_total",
+                "Times this leader passed over a queue's or a fairness key's ready tasks for lack of rate-limit tokens.",
+                &self.throttled_claims,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

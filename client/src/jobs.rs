@@ -110,12 +110,52 @@ pub struct FairnessKey {
     pub ready: u64,
     /// Its running tasks (across the tenant's queues; 0 for the empty key).
     pub running: u64,
+    /// It has ready tasks and its token bucket (or its queue's) is empty: claims pass it over until a token
+    /// refills (see [`Producer::set_rate_limit`]).
+    pub throttled: bool,
 }
 
 impl FairnessKey {
     fn from_proto(k: pb::FairnessKey) -> FairnessKey {
-        let pb::FairnessKey { queue, key, weight, ready, running } = k;
-        FairnessKey { queue, key, weight, ready, running }
+        let pb::FairnessKey { queue, key, weight, ready, running, throttled } = k;
+        FairnessKey { queue, key, weight, ready, running, throttled }
+    }
+}
+
+/// Which token bucket of a queue a rate limit is about (see [`Producer::set_rate_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RateScope {
+    /// The whole queue: every claim of it takes a token.
+    Queue,
+    /// One fairness key: a concurrency key, or "" for the queue's tasks without one.
+    Key(String),
+}
+
+/// A token bucket of a queue, as read at the time of the answer.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    /// The queue.
+    pub queue: String,
+    /// The whole queue's bucket or a key's.
+    pub scope: RateScope,
+    /// Tokens (claims) per second; 0 once removed.
+    pub per_second: f64,
+    /// Tokens the bucket holds at most.
+    pub burst: u32,
+    /// The level now, in tokens (negative while a debt is paid back).
+    pub tokens: f64,
+    /// Ready tasks the bucket governs.
+    pub ready: u64,
+    /// Ready tasks and not one whole token: claims pass them over until one refills.
+    pub throttled: bool,
+}
+
+impl RateLimit {
+    fn from_proto(r: pb::RateLimit) -> RateLimit {
+        let pb::RateLimit { queue, key, whole_queue, per_second, burst, tokens, ready, throttled } = r;
+        let scope = if whole_queue { RateScope::Queue } else { RateScope::Key(key) };
+        RateLimit { queue, scope, per_second, burst, tokens, ready, throttled }
     }
 }
 
@@ -316,6 +356,47 @@ impl Producer {
             })
             .await?;
         Ok(r.keys.into_iter().map(FairnessKey::from_proto).collect())
+    }
+
+    /// Sets the token bucket of a queue (`RateScope::Queue`) or of one of its fairness keys: `per_second` tokens
+    /// (to a thousandth: 0.5 is one every 2 s) refill a bucket of `burst` (`None`: the rate's whole tasks per
+    /// second, at least 1); every claimed task takes a token of its queue's bucket and of its key's. A key or
+    /// queue without a token is passed over, not failed, until one refills. `per_second` 0 removes the limit.
+    /// The buckets are replicated: a new leader carries on with the same levels. Needs the `admin` scope and
+    /// cluster version 2. Sets a state, so retried like a read (a repeat keeps the bucket's level).
+    pub async fn set_rate_limit(
+        &self,
+        queue: &str,
+        scope: RateScope,
+        per_second: f64,
+        burst: Option<u32>,
+    ) -> Result<RateLimit> {
+        let (key, whole_queue) = match scope {
+            RateScope::Queue => (String::new(), true),
+            RateScope::Key(k) => (k, false),
+        };
+        let burst = burst.unwrap_or(0);
+        let req = pb::SetRateLimitRequest { queue: queue.to_string(), key, whole_queue, per_second, burst };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.set_rate_limit(req).await }
+            })
+            .await?;
+        Ok(RateLimit::from_proto(r))
+    }
+
+    /// The token buckets of a queue (`None`: of every queue of the tenant), by queue, the whole queue's first.
+    pub async fn rate_limits(&self, queue: Option<&str>) -> Result<Vec<RateLimit>> {
+        let req = pb::ListRateLimitsRequest { queue: queue.unwrap_or_default().to_string() };
+        let stale = self.stale;
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.read_request(req.clone(), stale);
+                async move { c.list_rate_limits(req).await }
+            })
+            .await?;
+        Ok(r.limits.into_iter().map(RateLimit::from_proto).collect())
     }
 
     /// The tenant's paused queues.

@@ -121,7 +121,8 @@ impl<'a, B: Backend> Upgrade<'a, B> {
         }
         let version = self.c.admins().status(id).await.map(|s| s.version);
         // The newest cluster version this build applies (`raft::version::SUPPORTED` in the server: 2 since
-        // SetLimits and SetFairnessWeight); the harness links only the SDK, so the number is written here.
+        // SetLimits, SetFairnessWeight and SetRateLimit); the harness links only the SDK, so the number is written
+        // here.
         let want = if old { 0 } else { 2 };
         if version != Some(want) {
             self.expect(

@@ -39,6 +39,28 @@ pub fn validate_fairness(cfg: &Config, key: &str, weight: u32) -> Result<(), Api
     Ok(())
 }
 
+/// A token bucket's configuration as `SetRateLimit` takes it: `per_second` to a thousandth (0 removes the
+/// limit), `burst` 0 for the default (`RateLimit::new`).
+pub fn rate_limit(per_second: f64, burst: u32) -> Result<crate::queue::RateLimit, ApiError> {
+    use crate::queue::rate::{MAX_BURST, MAX_MILLI_PER_S};
+    use crate::queue::RateLimit;
+    let max = MAX_MILLI_PER_S / 1_000;
+    if !per_second.is_finite() || !(0.0..=max as f64).contains(&per_second) {
+        return Err(invalid(format!("per_second must be 0 to {max}, got {per_second}")));
+    }
+    let milli_per_s = (per_second * 1_000.0).round() as u64;
+    if per_second > 0.0 && milli_per_s == 0 {
+        return Err(invalid(format!("per_second must be at least 0.001 (or 0 to remove the limit), got {per_second}")));
+    }
+    if burst > MAX_BURST {
+        return Err(invalid(format!("burst must be at most {MAX_BURST}, got {burst}")));
+    }
+    if milli_per_s == 0 {
+        return Ok(RateLimit::default());
+    }
+    Ok(RateLimit::new(milli_per_s, Some(burst)))
+}
+
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

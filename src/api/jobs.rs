@@ -58,6 +58,20 @@ fn limits_pb(queue: String, l: Limits) -> pb::QueueLimits {
     pb::QueueLimits { queue, max_running: l.max_running.unwrap_or(0), max_depth: l.max_depth.unwrap_or(0) }
 }
 
+fn rate_limit_pb(r: crate::storage::RateRow) -> pb::RateLimit {
+    let crate::storage::RateRow { queue, key, limit, tokens, ready, throttled } = r;
+    pb::RateLimit {
+        queue,
+        whole_queue: key.is_none(),
+        key: key.unwrap_or_default(),
+        per_second: limit.milli_per_s as f64 / 1_000.0,
+        burst: limit.burst,
+        tokens,
+        ready,
+        throttled,
+    }
+}
+
 pub struct JobsApi {
     pub proposer: Arc<Proposer>,
     pub dispatcher: Dispatcher,
@@ -182,10 +196,10 @@ impl JobsApi {
             SmResponse::FairnessWeight(w) => w,
             other => return Err(ApiError::Internal(format!("unexpected response {other:?}"))),
         };
-        let rows = self.proposer.shared.fairness(&who.tenant, Some(&queue));
+        let rows = self.proposer.shared.fairness(&who.tenant, Some(&queue), wall_clock_ms());
         let row = rows.into_iter().find(|r| r.key == key);
-        let (ready, running) = row.map_or((0, 0), |r| (r.ready, r.running));
-        Ok(pb::FairnessKey { queue, key, weight, ready, running })
+        let (ready, running, throttled) = row.map_or((0, 0, false), |r| (r.ready, r.running, r.throttled));
+        Ok(pb::FairnessKey { queue, key, weight, ready, running, throttled })
     }
 
     async fn list_fairness_local(
@@ -202,7 +216,8 @@ impl JobsApi {
         if linearize {
             self.proposer.linearize().await.map_err(ApiError::from)?;
         }
-        let rows = self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()));
+        let rows =
+            self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()), wall_clock_ms());
         let keys = rows
             .into_iter()
             .filter(|r| who.may_use_queue(&r.queue))
@@ -212,9 +227,62 @@ impl JobsApi {
                 weight: r.weight,
                 ready: r.ready,
                 running: r.running,
+                throttled: r.throttled,
             })
             .collect();
         Ok(pb::ListFairnessResponse { keys })
+    }
+
+    async fn set_rate_limit_local(&self, req: Request<pb::SetRateLimitRequest>) -> Result<pb::RateLimit, ApiError> {
+        let who = caller_with(&req, Scope::Admin)?;
+        let pb::SetRateLimitRequest { queue, key, whole_queue, per_second, burst } = req.into_inner();
+        convert::validate_queue(&self.proposer.cfg, &queue)?;
+        who.check_queue(&queue)?;
+        if whole_queue && !key.is_empty() {
+            return Err(invalid("whole_queue limits the queue: give no key"));
+        }
+        convert::validate_fairness(&self.proposer.cfg, &key, crate::queue::fair::DEFAULT_WEIGHT)?;
+        let limit = convert::rate_limit(per_second, burst)?;
+        let key = (!whole_queue).then_some(key);
+        let cmd = Command::SetRateLimit { tenant: who.tenant.clone(), queue: queue.clone(), key: key.clone(), limit };
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::RateLimit(_) => {}
+            other => return Err(ApiError::Internal(format!("unexpected response {other:?}"))),
+        }
+        let rows = self.proposer.shared.rate_limits(&who.tenant, Some(&queue), wall_clock_ms());
+        Ok(match rows.into_iter().find(|r| r.key == key) {
+            Some(r) => rate_limit_pb(r),
+            None => pb::RateLimit {
+                queue,
+                key: key.unwrap_or_default(),
+                whole_queue,
+                per_second: 0.0,
+                burst: 0,
+                tokens: 0.0,
+                ready: 0,
+                throttled: false,
+            },
+        })
+    }
+
+    async fn list_rate_limits_local(
+        &self,
+        req: Request<pb::ListRateLimitsRequest>,
+    ) -> Result<pb::ListRateLimitsResponse, ApiError> {
+        let who = caller_with(&req, Scope::Read)?;
+        let linearize = !stale_read(&req);
+        let pb::ListRateLimitsRequest { queue } = req.into_inner();
+        if !queue.is_empty() {
+            convert::validate_queue(&self.proposer.cfg, &queue)?;
+            who.check_queue(&queue)?;
+        }
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let queue = Some(queue.as_str()).filter(|q| !q.is_empty());
+        let rows = self.proposer.shared.rate_limits(&who.tenant, queue, wall_clock_ms());
+        let limits = rows.into_iter().filter(|r| who.may_use_queue(&r.queue)).map(rate_limit_pb).collect();
+        Ok(pb::ListRateLimitsResponse { limits })
     }
 
     async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
@@ -488,6 +556,22 @@ impl JobsApi {
         self.fwd.unary(req, Kind::Read, |r| self.list_fairness_local(r), remote).await
     }
 
+    /// Setting a rate limit sets a state: safe to repeat (a repeat keeps the bucket's level).
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, per_second = req.get_ref().per_second))]
+    pub async fn set_rate_limit(&self, req: Request<pb::SetRateLimitRequest>) -> Result<pb::RateLimit, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).set_rate_limit(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.set_rate_limit_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    pub async fn list_rate_limits(
+        &self,
+        req: Request<pb::ListRateLimitsRequest>,
+    ) -> Result<pb::ListRateLimitsResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_rate_limits(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_rate_limits_local(r), remote).await
+    }
+
     #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, page_size = req.get_ref().page_size))]
     pub async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
         let remote = |ch, r| async move { jobs_on(ch).list_tasks(r).await };
@@ -568,6 +652,14 @@ impl Jobs for JobsApi {
 
     async fn list_fairness(&self, req: Request<pb::ListFairnessRequest>) -> Res<pb::ListFairnessResponse> {
         reply(JobsApi::list_fairness(self, req).await)
+    }
+
+    async fn set_rate_limit(&self, req: Request<pb::SetRateLimitRequest>) -> Res<pb::RateLimit> {
+        reply(JobsApi::set_rate_limit(self, req).await)
+    }
+
+    async fn list_rate_limits(&self, req: Request<pb::ListRateLimitsRequest>) -> Res<pb::ListRateLimitsResponse> {
+        reply(JobsApi::list_rate_limits(self, req).await)
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {

@@ -135,6 +135,30 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
             Some("Weight"),
             (200, Some("FairnessKey")),
         ),
+        ("get", "/v1/queues/{queue}/rate-limits") => op(
+            "listRateLimits",
+            "A queue's token buckets (the whole queue's, then its keys'): rate, burst, tokens now, throttled",
+            None,
+            (200, Some("RateLimitList")),
+        ),
+        ("put", "/v1/queues/{queue}/rate-limits") => op(
+            "setQueueRateLimit",
+            "Set the whole queue's token bucket (per_second 0 removes it)",
+            Some("RateBody"),
+            (200, Some("RateLimit")),
+        ),
+        ("put", "/v1/queues/{queue}/rate-limits/unkeyed") => op(
+            "setUnkeyedRateLimit",
+            "Set the token bucket of the queue's tasks without a concurrency key (per_second 0 removes it)",
+            Some("RateBody"),
+            (200, Some("RateLimit")),
+        ),
+        ("put", "/v1/queues/{queue}/rate-limits/keys/{key}") => op(
+            "setKeyRateLimit",
+            "Set a concurrency key's token bucket in the queue (per_second 0 removes it)",
+            Some("RateBody"),
+            (200, Some("RateLimit")),
+        ),
         ("get", "/v1/queues/{queue}/capacity") => {
             op("queueCapacity", "A queue's backlog, throughput and workers needed", None, (200, Some("Capacity")))
         }
@@ -330,10 +354,46 @@ pub fn schemas() -> Map<String, Value> {
                     ("weight", int()),
                     ("ready", int()),
                     ("running", int()),
+                    ("throttled", boolean()),
                 ],
                 &[],
             ),
         ),
+        (
+            "RateBody",
+            object(
+                &[
+                    (
+                        "per_second",
+                        json!({"type": "number", "description": "Tokens per second, to a thousandth; 0 removes the limit"}),
+                    ),
+                    (
+                        "burst",
+                        json!({"type": "integer", "description": "Tokens at most; absent or 0: the rate, at least 1"}),
+                    ),
+                ],
+                &["per_second"],
+            ),
+        ),
+        (
+            "RateLimit",
+            object(
+                &[
+                    ("queue", string()),
+                    (
+                        "key",
+                        json!({"type": ["string", "null"], "description": "Absent or null: the whole queue's bucket"}),
+                    ),
+                    ("per_second", number()),
+                    ("burst", int()),
+                    ("tokens", json!({"type": "number", "description": "The level now; negative: a debt"})),
+                    ("ready", int()),
+                    ("throttled", boolean()),
+                ],
+                &[],
+            ),
+        ),
+        ("RateLimitList", json!({"type": "object", "properties": {"limits": array(reference("RateLimit"))}})),
         ("FairnessList", json!({"type": "object", "properties": {"keys": array(reference("FairnessKey"))}})),
         ("QueuePause", json!({"type": "object", "properties": {"queue": string(), "paused": boolean()}})),
         (
@@ -746,6 +806,9 @@ fn error_statuses(method: &str, path: &str, o: &Operation) -> Vec<(u16, &'static
             | "deleteSchedule"
             | "setFairnessWeight"
             | "setUnkeyedWeight"
+            | "setQueueRateLimit"
+            | "setUnkeyedRateLimit"
+            | "setKeyRateLimit"
     );
     if conflicts {
         v.push((409, "LEASE_LOST, NOT_IN_PROGRESS, ALREADY_ENDED, FEATURE_NOT_ACTIVE, ...: the state refuses this"));
@@ -781,6 +844,8 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "listLimits" => "read",
         "listTasks" | "queueCapacity" | "capacity" | "listSchedules" | "listFairness" => "read",
         "setFairnessWeight" | "setUnkeyedWeight" => "admin",
+        "setQueueRateLimit" | "setUnkeyedRateLimit" | "setKeyRateLimit" => "admin",
+        "listRateLimits" => "read",
         "exception" => "work",
         "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",
         _ => return None,

@@ -79,6 +79,10 @@ rest_routes! {
     get "/v1/queues/{queue}/fairness" => list_fairness;
     put "/v1/queues/{queue}/fairness" => set_unkeyed_weight;
     put "/v1/queues/{queue}/fairness/{key}" => set_fairness_weight;
+    get "/v1/queues/{queue}/rate-limits" => list_rates;
+    put "/v1/queues/{queue}/rate-limits" => set_queue_rate;
+    put "/v1/queues/{queue}/rate-limits/unkeyed" => set_unkeyed_rate;
+    put "/v1/queues/{queue}/rate-limits/keys/{key}" => set_key_rate;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
     get "/v1/capacity" => capacity;
     post "/v1/schedules" => create_schedule;
@@ -783,7 +787,10 @@ struct WeightBody {
 }
 
 fn fairness_json(k: &pb::FairnessKey) -> Value {
-    json!({"queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running})
+    json!({
+        "queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running,
+        "throttled": k.throttled,
+    })
 }
 
 async fn put_weight(r: Rest, headers: HeaderMap, queue: String, key: String, weight: u32) -> Res {
@@ -815,6 +822,65 @@ async fn set_unkeyed_weight(
 async fn list_fairness(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
     let l = r.jobs.list_fairness(request(&r, &headers, pb::ListFairnessRequest { queue })?).await?;
     ok(json!({"keys": l.keys.iter().map(fairness_json).collect::<Vec<_>>()}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateBody {
+    per_second: f64,
+    #[serde(default)]
+    burst: u32,
+}
+
+/// A bucket as JSON: `key` is absent for the whole queue's.
+fn rate_json(l: &pb::RateLimit) -> Value {
+    json!({
+        "queue": l.queue, "key": (!l.whole_queue).then_some(&l.key), "per_second": l.per_second,
+        "burst": l.burst, "tokens": l.tokens, "ready": l.ready, "throttled": l.throttled,
+    })
+}
+
+async fn put_rate(r: Rest, headers: HeaderMap, queue: String, key: Option<String>, b: RateBody) -> Res {
+    let whole_queue = key.is_none();
+    let key = key.unwrap_or_default();
+    let req = pb::SetRateLimitRequest { queue, key, whole_queue, per_second: b.per_second, burst: b.burst };
+    ok(rate_json(&r.jobs.set_rate_limit(request(&r, &headers, req)?).await?))
+}
+
+/// `PUT /v1/queues/{queue}/rate-limits` `{"per_second": R, "burst": B}`: the whole queue's bucket.
+async fn set_queue_rate(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Body(b): Body<RateBody>,
+) -> Res {
+    put_rate(r, headers, queue, None, b).await
+}
+
+/// `PUT /v1/queues/{queue}/rate-limits/keys/{key}`: a concurrency key's bucket.
+async fn set_key_rate(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path((queue, key)): Path<(String, String)>,
+    Body(b): Body<RateBody>,
+) -> Res {
+    put_rate(r, headers, queue, Some(key), b).await
+}
+
+/// `PUT /v1/queues/{queue}/rate-limits/unkeyed`: the bucket of the queue's tasks without a concurrency key (the
+/// empty key, which a path segment cannot name).
+async fn set_unkeyed_rate(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(queue): Path<String>,
+    Body(b): Body<RateBody>,
+) -> Res {
+    put_rate(r, headers, queue, Some(String::new()), b).await
+}
+
+async fn list_rates(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path<String>) -> Res {
+    let l = r.jobs.list_rate_limits(request(&r, &headers, pb::ListRateLimitsRequest { queue })?).await?;
+    ok(json!({"limits": l.limits.iter().map(rate_json).collect::<Vec<_>>()}))
 }
 
 fn capacity_json(c: &pb::QueueCapacity) -> Value {

@@ -1,8 +1,9 @@
 //! `raftq queues`: how many tasks of each queue are in each state; `raftq queues fairness set|list`: the weights
-//! of the fairness keys of a queue (fair dispatch).
+//! of the fairness keys of a queue (fair dispatch); `raftq queues rate-limit set|list`: token buckets per queue
+//! and per fairness key.
 
 use anyhow::Result;
-use raftq_client::FairnessKey;
+use raftq_client::{FairnessKey, RateLimit, RateScope};
 use serde_json::json;
 
 use super::client::{print_json, ClientArgs, Output};
@@ -27,6 +28,68 @@ enum QueuesCmd {
     /// Fair dispatch: claims serve the fairness keys (concurrency keys) of a queue in proportion to their weights.
     #[command(subcommand)]
     Fairness(FairnessCmd),
+    /// Rate limits: token buckets per queue and per fairness key; a key or queue out of tokens is passed over.
+    #[command(subcommand)]
+    RateLimit(RateLimitCmd),
+}
+
+#[derive(clap::Subcommand)]
+enum RateLimitCmd {
+    /// Set a token bucket (rate 0 removes it). Needs the admin scope.
+    Set {
+        #[arg(long)]
+        queue: String,
+        /// The concurrency key whose bucket to set (`--key ''`: the queue's tasks without one); leave it out for
+        /// the whole queue's bucket.
+        #[arg(long)]
+        key: Option<String>,
+        /// Claims per second (`20`, `0.5`), or per minute or hour (`30/min`, `100/h`); 0 removes the limit.
+        #[arg(long, value_parser = parse_rate)]
+        rate: f64,
+        /// Tokens the bucket holds at most (default: the rate per second, at least 1).
+        #[arg(long)]
+        burst: Option<u32>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the buckets: rate, burst, tokens now, ready tasks and whether they are throttled.
+    List(ListArgs),
+}
+
+/// What `fairness list` and `rate-limit list` take.
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Only this queue (default: all).
+    #[arg(long)]
+    queue: Option<String>,
+    /// Read this node's replica without asking the leader.
+    #[arg(long)]
+    stale: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+impl ListArgs {
+    async fn connect(&self) -> Result<raftq_client::Producer> {
+        let producer = self.client.connect().await?;
+        Ok(if self.stale { producer.stale_reads() } else { producer })
+    }
+}
+
+/// A rate in tasks per second from `N`, `N/s`, `N/min` or `N/h`.
+fn parse_rate(s: &str) -> std::result::Result<f64, String> {
+    let (n, per) = match s.split_once('/') {
+        None => (s, 1.0),
+        Some((n, "s" | "sec" | "second")) => (n, 1.0),
+        Some((n, "m" | "min" | "minute")) => (n, 60.0),
+        Some((n, "h" | "hour")) => (n, 3_600.0),
+        Some((_, unit)) => return Err(format!("unknown unit {unit:?}: use s, min or h")),
+    };
+    let n: f64 = n.trim().parse().map_err(|e| format!("{n:?} is not a number: {e}"))?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("{n} is not a rate"));
+    }
+    Ok(n / per)
 }
 
 #[derive(clap::Subcommand)]
@@ -43,22 +106,15 @@ enum FairnessCmd {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// List the keys with a weight or ready tasks: weight, ready and running tasks.
-    List {
-        /// Only this queue (default: all).
-        #[arg(long)]
-        queue: Option<String>,
-        /// Read this node's replica without asking the leader.
-        #[arg(long)]
-        stale: bool,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    /// List the keys with a weight or ready tasks: weight, ready and running tasks, throttled.
+    List(ListArgs),
 }
 
 pub async fn run(a: QueuesArgs) -> Result<()> {
-    if let Some(QueuesCmd::Fairness(cmd)) = a.command {
-        return fairness(cmd).await;
+    match a.command {
+        Some(QueuesCmd::Fairness(cmd)) => return fairness(cmd).await,
+        Some(QueuesCmd::RateLimit(cmd)) => return rate_limits(cmd).await,
+        None => {}
     }
     let mut producer = a.client.connect().await?;
     if a.stale {
@@ -108,13 +164,7 @@ async fn fairness(cmd: FairnessCmd) -> Result<()> {
             let producer = client.connect().await?;
             (vec![producer.set_fairness_weight(&queue, &key, weight).await?], client.output())
         }
-        FairnessCmd::List { queue, stale, client } => {
-            let mut producer = client.connect().await?;
-            if stale {
-                producer = producer.stale_reads();
-            }
-            (producer.fairness(queue.as_deref()).await?, client.output())
-        }
+        FairnessCmd::List(l) => (l.connect().await?.fairness(l.queue.as_deref()).await?, l.client.output()),
     };
     match output {
         // Each key as REST renders it under `GET /v1/queues/{queue}/fairness`.
@@ -131,5 +181,67 @@ async fn fairness(cmd: FairnessCmd) -> Result<()> {
 }
 
 fn fairness_json(k: &FairnessKey) -> serde_json::Value {
-    json!({"queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running})
+    json!({"queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running,
+        "throttled": k.throttled})
+}
+
+async fn rate_limits(cmd: RateLimitCmd) -> Result<()> {
+    let (limits, output) = match cmd {
+        RateLimitCmd::Set { queue, key, rate, burst, client } => {
+            let producer = client.connect().await?;
+            let scope = key.map_or(RateScope::Queue, RateScope::Key);
+            (vec![producer.set_rate_limit(&queue, scope, rate, burst).await?], client.output())
+        }
+        RateLimitCmd::List(l) => (l.connect().await?.rate_limits(l.queue.as_deref()).await?, l.client.output()),
+    };
+    match output {
+        // Each bucket as REST renders it under `GET /v1/queues/{queue}/rate-limits`.
+        Output::Json => print_json(&serde_json::Value::Array(limits.iter().map(rate_json).collect())),
+        Output::Table => {
+            println!(
+                "{:<24} {:<24} {:>10} {:>7} {:>9} {:>9}  throttled",
+                "queue", "key", "per_s", "burst", "tokens", "ready"
+            );
+            for l in &limits {
+                let key = match &l.scope {
+                    RateScope::Queue => "(whole queue)",
+                    RateScope::Key(k) if k.is_empty() => "(none)",
+                    RateScope::Key(k) => k.as_str(),
+                };
+                println!(
+                    "{:<24} {:<24} {:>10} {:>7} {:>9.2} {:>9}  {}",
+                    l.queue,
+                    key,
+                    l.per_second,
+                    l.burst,
+                    l.tokens,
+                    l.ready,
+                    if l.throttled { "yes" } else { "no" }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rate_json(l: &RateLimit) -> serde_json::Value {
+    let key = match &l.scope {
+        RateScope::Queue => None,
+        RateScope::Key(k) => Some(k),
+    };
+    json!({"queue": l.queue, "key": key, "per_second": l.per_second, "burst": l.burst, "tokens": l.tokens,
+        "ready": l.ready, "throttled": l.throttled})
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rates_parse_per_second_minute_and_hour() {
+        assert_eq!(super::parse_rate("20"), Ok(20.0));
+        assert_eq!(super::parse_rate("0.5/s"), Ok(0.5));
+        assert_eq!(super::parse_rate("30/min"), Ok(0.5));
+        assert_eq!(super::parse_rate("36/h"), Ok(0.01));
+        assert!(super::parse_rate("3/day").is_err());
+        assert!(super::parse_rate("-1").is_err());
+    }
 }

@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::proposer::{not_leader, write, ProposeError};
+use super::proposer::{not_leader, wall_clock_ms, write, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, FairClock, QueueKey, Response, Task, TaskId};
+use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
@@ -80,6 +80,8 @@ struct Done {
     ids: Vec<TaskId>,
     /// Tasks of capped queues in this claim, per queue (see `Dispatch::promised`).
     capped: HashMap<QueueKey, u64>,
+    /// Tokens this claim takes (see `Dispatch::promised_tokens`).
+    tokens: RateCounts,
     result: Result<Response, ProposeError>,
 }
 
@@ -104,6 +106,8 @@ impl Dispatcher {
             parked: VecDeque::new(),
             reserved: HashSet::new(),
             promised: HashMap::new(),
+            promised_tokens: RateCounts::default(),
+            rate_wake: None,
             catching_up: false,
             unsettled: Vec::new(),
             in_flight: 0,
@@ -171,11 +175,17 @@ struct Dispatch {
     /// Tasks of capped queues (`leader::limits`) in claims in flight, per queue: they count against the cap
     /// until their claim is answered (by then apply counts them as running).
     promised: HashMap<QueueKey, u64>,
+    /// Tokens of rate-limited buckets (`queue::rate`) taken by claims in flight: they count against the bucket
+    /// until their claim is answered (by then apply has charged them).
+    promised_tokens: RateCounts,
+    /// When a bucket passed over for lack of tokens has its next one: look again then (parked claims are not
+    /// woken by apply for a refill, which is no entry).
+    rate_wake: Option<Instant>,
     /// Limits exist and this leader has not yet applied an entry of its term: assign again as apply moves.
     catching_up: bool,
     /// Promises of claim entries that failed with an unknown outcome, held until everything this node had
-    /// appended by then is applied: (that last index, tasks per capped queue).
-    unsettled: Vec<(u64, HashMap<QueueKey, u64>)>,
+    /// appended by then is applied: (that last index, tasks per capped queue, tokens).
+    unsettled: Vec<(u64, HashMap<QueueKey, u64>, RateCounts)>,
     in_flight: usize,
     /// The passes of the fair pick; leader-local, started over at each leadership change.
     fair: FairClock,
@@ -224,6 +234,10 @@ impl Dispatch {
                     dirty = true;
                 }
                 _ = sleep_until(next_deadline) => self.expire(),
+                _ = sleep_until(self.rate_wake) => {
+                    self.rate_wake = None;
+                    dirty = true;
+                }
                 changed = applied.changed(), if self.catching_up || !self.unsettled.is_empty() => {
                     if changed.is_err() {
                         break;
@@ -253,6 +267,7 @@ impl Dispatch {
     }
 
     fn assign(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
+        self.rate_wake = None;
         self.parked.retain(|p| !p.reply.is_closed());
         if self.parked.is_empty() {
             return;
@@ -270,9 +285,15 @@ impl Dispatch {
         let mut items: Vec<ClaimItem> = Vec::new();
         let mut groups = Vec::new();
         let mut capped: HashMap<QueueKey, u64> = HashMap::new();
-        // Limits are read only when some exist; a leader not caught up gives capped queues nothing.
-        let caught_up = self.shared.any_limits().then(|| super::limits::caught_up(&self.raft));
+        // Limits and buckets are read only when some exist; a leader not caught up gives capped queues and
+        // rate-limited keys nothing.
+        let rated = self.shared.any_rates();
+        let caught_up = (rated || self.shared.any_limits()).then(|| super::limits::caught_up(&self.raft));
         self.catching_up = caught_up == Some(false);
+        let now_ms = if rated { wall_clock_ms() } else { 0 };
+        let budget = rated.then(|| RateBudget::new(now_ms, caught_up != Some(false), &self.promised_tokens));
+        let budget = budget.as_ref();
+        let limited = self.shared.any_limits();
         // (tenant, queues) already found empty in this pass: skip their other requests.
         let mut empty: HashSet<(String, Vec<String>)> = HashSet::new();
         let mut i = 0;
@@ -284,8 +305,8 @@ impl Dispatch {
                 continue;
             }
             let room = (self.max_items - items.len()).min(p.count);
-            let ids = match caught_up {
-                None => self.shared.pick_ready(&mut self.fair, &p.tenant, &p.queues, room, &self.reserved),
+            let ids = match caught_up.filter(|_| limited) {
+                None => self.shared.pick_ready(&mut self.fair, &p.tenant, &p.queues, room, &self.reserved, budget),
                 Some(caught_up) => pick_capped(
                     &self.shared,
                     &self.reserved,
@@ -295,6 +316,7 @@ impl Dispatch {
                     room,
                     caught_up,
                     &mut capped,
+                    budget,
                 ),
             };
             if ids.is_empty() {
@@ -315,27 +337,44 @@ impl Dispatch {
             }
             groups.push((req, start..items.len()));
         }
+        let tokens = match budget {
+            None => RateCounts::default(),
+            Some(b) => {
+                let (tokens, throttled, wake_at) = b.finish();
+                self.shared.metrics.throttled_claims.fetch_add(throttled as u64, std::sync::atomic::Ordering::Relaxed);
+                self.rate_wake = wake_at.map(|at| Instant::now() + Duration::from_millis(at.saturating_sub(now_ms)));
+                tokens
+            }
+        };
         if items.is_empty() {
             return;
         }
+        self.promised_tokens.merge(&tokens);
         self.in_flight += 1;
         let ids: Vec<TaskId> = items.iter().map(|c| c.task_id).collect();
         let raft = self.raft.clone();
         let timeout = self.write_timeout;
         let done_tx = done_tx.clone();
+        // A plain `Claim` unless a bucket is charged: clusters without rate limits never see a `RatedClaim`.
+        let command = if tokens.is_empty() {
+            Command::Claim(items)
+        } else {
+            Command::RatedClaim { items, charges: tokens.charges() }
+        };
         tokio::spawn(async move {
-            let result = write(&raft, Command::Claim(items), timeout).await;
-            let _ = done_tx.send(Done { groups, ids, capped, result });
+            let result = write(&raft, command, timeout).await;
+            let _ = done_tx.send(Done { groups, ids, capped, tokens, result });
         });
     }
 
     /// Releases the promises of failed claims whose outcome is settled (see `finish`).
     fn settle(&mut self) {
         let applied = *self.shared.applied.borrow();
-        let (settled, keep): (Vec<_>, Vec<_>) = self.unsettled.drain(..).partition(|(at, _)| *at <= applied);
+        let (settled, keep): (Vec<_>, Vec<_>) = self.unsettled.drain(..).partition(|(at, _, _)| *at <= applied);
         self.unsettled = keep;
-        for (_, capped) in settled {
+        for (_, capped, tokens) in settled {
             release(&mut self.promised, &capped);
+            self.promised_tokens.release(&tokens);
         }
     }
 
@@ -345,11 +384,12 @@ impl Dispatch {
         }
         if done.result.is_ok() {
             release(&mut self.promised, &done.capped);
-        } else if !done.capped.is_empty() {
+            self.promised_tokens.release(&done.tokens);
+        } else if !done.capped.is_empty() || !done.tokens.is_empty() {
             // The entry may still commit (a timeout, a leader change): its promises hold until everything this
-            // node appended so far is applied, when it is either counted as running or gone.
+            // node appended so far is applied, when it is either counted as running (and charged) or gone.
             let appended = crate::raft::metrics(&self.raft).last_log_index.unwrap_or(0);
-            self.unsettled.push((appended, done.capped));
+            self.unsettled.push((appended, done.capped, done.tokens));
         }
         match done.result {
             Ok(Response::Claimed(results)) => {
@@ -402,6 +442,7 @@ fn pick_capped(
     room: usize,
     caught_up: bool,
     capped: &mut HashMap<QueueKey, u64>,
+    budget: Option<&RateBudget<'_>>,
 ) -> Vec<TaskId> {
     let rooms: Vec<Option<u64>> = p
         .queues
@@ -413,7 +454,7 @@ fn pick_capped(
         })
         .collect();
     if rooms.iter().all(Option::is_none) {
-        return shared.pick_ready(fair, &p.tenant, &p.queues, room, reserved);
+        return shared.pick_ready(fair, &p.tenant, &p.queues, room, reserved, budget);
     }
     let mut ids = Vec::new();
     for (q, r) in p.queues.iter().zip(rooms) {
@@ -421,7 +462,7 @@ fn pick_capped(
         if want == 0 {
             continue;
         }
-        let got = shared.pick_ready(fair, &p.tenant, std::slice::from_ref(q), want, reserved);
+        let got = shared.pick_ready(fair, &p.tenant, std::slice::from_ref(q), want, reserved, budget);
         if r.is_some() && !got.is_empty() {
             let qk = QueueKey::new(&p.tenant, q);
             *capped.entry(qk.clone()).or_default() += got.len() as u64;

@@ -8,7 +8,8 @@
 //! *stride*, `STRIDE_ONE / weight`, to its pass (stride scheduling). A key that becomes active starts at the
 //! queue's virtual time, the smallest pass of its active keys (or its own pass, if that is larger), so an idle
 //! key banks no credit and a newly active key is served at once but gets no burst. A key whose concurrency limit
-//! is full is passed over for this pick without being charged.
+//! is full is passed over for this pick without being charged, and so is a key (or a whole queue) whose token
+//! bucket is empty (`queue::rate`).
 //!
 //! Priority and fairness: fairness across keys first, then priority and FIFO within a key. A request for several
 //! queues takes, at each step, the best head (priority, then FIFO) among the queues' fair heads.
@@ -25,6 +26,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::index::{KeyedReady, ReadyKey};
+use super::rate::{QueueRates, RateBudget};
 use super::shard::ShardCore;
 use super::types::*;
 
@@ -62,6 +64,8 @@ enum KeyHead {
     Exhausted,
     /// Its concurrency limit is full.
     Blocked,
+    /// Its token bucket is empty (`queue::rate`).
+    Throttled,
     Ready(ReadyKey),
 }
 
@@ -80,6 +84,10 @@ impl FairClock {
 /// Chooses up to `count` ready tasks across `queues` of `tenant`: fair across the keys of each queue (weights,
 /// passes in `clock`), priority and FIFO within a key, skipping tasks promised to in-flight claims (`skip`) and
 /// keys at their concurrency limit. Charges the chosen keys in `clock`.
+///
+/// With a token `budget` (`queue::rate`), a queue whose own bucket, or a key whose bucket, has no token left is
+/// passed over (uncharged, as a key at its concurrency limit is), and each task picked takes its tokens from the
+/// budget. `None`: no bucket is looked at (no rate limit exists).
 pub fn pick_ready(
     shards: &[ShardCore],
     clock: &mut FairClock,
@@ -87,6 +95,7 @@ pub fn pick_ready(
     queues: &[String],
     count: usize,
     skip: &HashSet<TaskId>,
+    budget: Option<&RateBudget<'_>>,
 ) -> Vec<TaskId> {
     let mut qks: Vec<QueueKey> = Vec::new();
     for q in queues {
@@ -95,7 +104,12 @@ pub fn pick_ready(
             qks.push(qk);
         }
     }
-    if let [qk] = qks.as_slice() {
+    // Every shard holds every bucket: the first answers.
+    let rates: Vec<Option<&QueueRates>> = match (budget, shards.first()) {
+        (Some(_), Some(s)) => qks.iter().map(|qk| s.rates(qk)).collect(),
+        _ => vec![None; qks.len()],
+    };
+    if let ([qk], [None]) = (qks.as_slice(), rates.as_slice()) {
         if let Some(out) = pick_unkeyed(shards, qk, count, skip) {
             // A key alone has nobody to be fair to: the queue's passes start afresh when a second key comes.
             clock.queues.remove(qk);
@@ -107,11 +121,14 @@ pub fn pick_ready(
     for (qk, q) in qks.iter().zip(&mut clocks) {
         q.absorb(shards, qk);
     }
-    let mut pick = Pick::new(shards, tenant, skip, &qks);
+    let mut pick = Pick::new(shards, tenant, skip, &qks, budget, &rates);
     let mut out = Vec::new();
     while out.len() < count {
         let mut best: Option<(ReadyKey, usize, Arc<str>)> = None;
         for (i, q) in clocks.iter_mut().enumerate() {
+            if budget.is_some_and(|b| rates[i].is_some() && !b.allows(rates[i], &qks[i], None)) {
+                continue;
+            }
             if let Some((rk, key)) = q.head(&pick, i) {
                 if best.as_ref().is_none_or(|b| rk < b.0) {
                     best = Some((rk, i, key));
@@ -120,6 +137,9 @@ pub fn pick_ready(
         }
         let Some((rk, i, key)) = best else { break };
         pick.take(i, &key, rk);
+        if let Some(b) = budget {
+            b.take(rates[i], &qks[i], &key);
+        }
         clocks[i].charge(&key, weight(shards, &qks[i], &key));
         out.push(rk.2);
     }
@@ -212,7 +232,7 @@ impl QueueClock {
         for (p, key) in &self.order {
             match pick.next_of(qi, key) {
                 KeyHead::Inactive => inactive.push(key.clone()),
-                KeyHead::Exhausted | KeyHead::Blocked => passed.push(key.clone()),
+                KeyHead::Exhausted | KeyHead::Blocked | KeyHead::Throttled => passed.push(key.clone()),
                 KeyHead::Ready(rk) => {
                     found = Some((rk, key.clone(), *p));
                     break;
@@ -270,16 +290,38 @@ struct Pick<'a> {
     promised: OnceCell<HashMap<&'a str, u32>>,
     taken: HashMap<Arc<str>, u32>,
     cursor: Vec<HashMap<Arc<str>, ReadyKey>>,
+    /// The queues of the request, the token budget of the pass and each queue's buckets (`pick_ready`).
+    qks: &'a [QueueKey],
+    budget: Option<&'a RateBudget<'a>>,
+    rates: &'a [Option<&'a QueueRates>],
 }
 
 impl<'a> Pick<'a> {
-    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>, qks: &[QueueKey]) -> Self {
+    fn new(
+        shards: &'a [ShardCore],
+        tenant: &'a str,
+        skip: &'a HashSet<TaskId>,
+        qks: &'a [QueueKey],
+        budget: Option<&'a RateBudget<'a>>,
+        rates: &'a [Option<&'a QueueRates>],
+    ) -> Self {
         let queues: Vec<Vec<(usize, &KeyedReady)>> = qks
             .iter()
             .map(|qk| shards.iter().enumerate().filter_map(|(s, sh)| sh.idx.by_key.get(qk).map(|k| (s, k))).collect())
             .collect();
         let cursor = vec![HashMap::new(); qks.len()];
-        Pick { shards, tenant, skip, queues, promised: OnceCell::new(), taken: HashMap::new(), cursor }
+        Pick {
+            shards,
+            tenant,
+            skip,
+            queues,
+            promised: OnceCell::new(),
+            taken: HashMap::new(),
+            cursor,
+            qks,
+            budget,
+            rates,
+        }
     }
 
     /// Keyed tasks promised to claims in flight, per concurrency key (computed on first use).
@@ -330,6 +372,9 @@ impl<'a> Pick<'a> {
             None => KeyHead::Inactive,
             Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
                 Some(ck) if self.full(s, &ck.key, ck.limit.max(1)) => KeyHead::Blocked,
+                _ if self.budget.is_some_and(|b| !b.allows(self.rates[qi], &self.qks[qi], Some(key))) => {
+                    KeyHead::Throttled
+                }
                 _ => KeyHead::Ready(rk),
             },
         }

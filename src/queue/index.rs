@@ -1,7 +1,7 @@
 //! One shard's in-memory indexes, derived from its records: which tasks are ready, delayed, leased, ended,
 //! dead-lettered or held, when each falls due, per-queue counts, running concurrency keys, the outbox by due time,
 //! ready tasks per fairness key (for the leader's fair pick), and copies of the small shard records (paused
-//! queues, fairness weights, schedules).
+//! queues, fairness weights, rate buckets, schedules).
 //!
 //! Nothing here is stored: every replica rebuilds the same indexes from the records at start and after a snapshot
 //! install (`ShardCore::index_*`). Apply keeps them in step with every record it writes (`add_task` after,
@@ -50,6 +50,9 @@ pub struct ShardIndex {
     pub(super) activations: u64,
     /// Fairness weights other than 1, per queue and key (every shard holds the whole set).
     pub(super) weights: HashMap<QueueKey, HashMap<String, u32>>,
+    /// Token buckets per queue (the whole queue's and its keys'), configuration and level (every shard holds
+    /// them all, identical: `queue::rate`).
+    pub(super) rates: HashMap<QueueKey, super::rate::QueueRates>,
     /// Running tasks per tenant and concurrency key of this shard (nested, so a lookup by `&str` allocates
     /// nothing).
     pub(super) running_keys: HashMap<String, HashMap<String, u32>>,

@@ -26,6 +26,7 @@ pub struct MemStore {
     pub paused: BTreeSet<QueueKey>,
     pub limits: BTreeMap<QueueKey, Limits>,
     pub weights: BTreeMap<(QueueKey, String), u32>,
+    pub rates: BTreeMap<(QueueKey, Option<String>), RateBucket>,
     pub cluster_version: Option<u32>,
 }
 
@@ -96,6 +97,14 @@ impl TaskStore for MemStore {
         self.weights.remove(&(qk.clone(), key.to_string()));
         Ok(())
     }
+    fn put_rate(&mut self, qk: &QueueKey, key: Option<&str>, bucket: &RateBucket) -> Result<(), Self::Error> {
+        self.rates.insert((qk.clone(), key.map(str::to_string)), *bucket);
+        Ok(())
+    }
+    fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> Result<(), Self::Error> {
+        self.rates.remove(&(qk.clone(), key.map(str::to_string)));
+        Ok(())
+    }
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error> {
         self.cluster_version = Some(version);
         Ok(())
@@ -155,7 +164,7 @@ impl MemMachine {
 
     /// The leader's pick, charging `clock` as the leader's dispatcher does across picks.
     pub fn pick_with(&self, clock: &mut FairClock, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
-        pick_ready(&self.shards, clock, tenant, queues, count, &HashSet::new())
+        pick_ready(&self.shards, clock, tenant, queues, count, &HashSet::new(), None)
     }
 
     /// Rebuilds every shard's indexes from its records, as a restart does.
@@ -178,6 +187,9 @@ impl MemMachine {
             }
             for ((qk, key), w) in &store.weights {
                 core.index_weight(qk.clone(), key, *w);
+            }
+            for ((qk, key), b) in &store.rates {
+                core.index_rate(qk.clone(), key.as_deref(), *b);
             }
             for s in store.schedules.values() {
                 core.index_schedule(s.clone());

@@ -10,6 +10,7 @@
 //! - `index`: the derived in-memory indexes (no rules).
 //! - `apply/`: what each command does to a shard, one file per command family (the table in `apply/mod.rs`).
 //! - `fair`: the leader's claim choice, weighted fair across the fairness keys of a queue (`pick_ready`).
+//! - `rate`: token buckets per queue and fairness key: their arithmetic and the leader's budget of tokens.
 //! - `queries`: reads for the leader and the API (due deliveries, dead letters, counts, weights).
 //! - `capacity`, `cron`: the capacity arithmetic and the cron parser (leader-side, never in apply).
 //! - `mem`: the same machine over maps, for tests and log replays.
@@ -21,6 +22,7 @@ pub mod fair;
 mod index;
 mod mem;
 mod queries;
+pub mod rate;
 mod shard;
 mod store;
 pub mod types;
@@ -33,6 +35,7 @@ pub use fair::{pick_ready, FairClock};
 pub use index::{fairness_key, IndexSizes, ReadyKey, StateCounts, THROUGHPUT_WINDOW_S};
 pub use mem::{MemMachine, MemStore};
 pub use queries::Throughput;
+pub use rate::{QueueRates, RateBudget, RateCounts};
 pub use shard::ShardCore;
 pub use store::TaskStore;
 pub use types::*;

@@ -37,6 +37,16 @@ impl ShardCore {
         queues.flat_map(|(qk, m)| m.iter().map(move |(k, w)| (qk.queue.as_str(), k.as_str(), *w)))
     }
 
+    /// The token buckets of a queue (every shard holds them all, identical).
+    pub fn rates(&self, qk: &QueueKey) -> Option<&crate::queue::rate::QueueRates> {
+        self.idx.rates.get(qk)
+    }
+
+    /// Every queue's token buckets.
+    pub fn all_rates(&self) -> &std::collections::HashMap<QueueKey, crate::queue::rate::QueueRates> {
+        &self.idx.rates
+    }
+
     /// Ready tasks of a queue in this shard per fairness key.
     pub fn ready_by_key(&self, qk: &QueueKey) -> impl Iterator<Item = (&str, usize)> + '_ {
         let keys = self.idx.by_key.get(qk).into_iter().flat_map(|k| k.keys.iter());

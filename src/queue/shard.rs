@@ -64,6 +64,10 @@ impl ShardCore {
         self.idx.set_weight(qk, key, weight);
     }
 
+    pub fn index_rate(&mut self, qk: QueueKey, key: Option<&str>, bucket: RateBucket) {
+        self.idx.rates.entry(qk).or_default().set(key, Some(bucket));
+    }
+
     pub fn index_cluster_version(&mut self, version: u32) {
         self.cluster_version = self.cluster_version.max(version);
     }

@@ -38,6 +38,10 @@ pub trait TaskStore {
     fn put_weight(&mut self, qk: &QueueKey, key: &str, weight: u32) -> Result<(), Self::Error>;
     fn remove_weight(&mut self, qk: &QueueKey, key: &str) -> Result<(), Self::Error>;
 
+    // ---- token buckets per queue (`key: None`) and per fairness key: every shard holds them all ----------
+    fn put_rate(&mut self, qk: &QueueKey, key: Option<&str>, bucket: &RateBucket) -> Result<(), Self::Error>;
+    fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> Result<(), Self::Error>;
+
     // ---- the cluster version: every shard holds it ------------------------------------------------------
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error>;
 }

@@ -625,6 +625,54 @@ pub enum Command {
         key: String,
         weight: u32,
     },
+    /// Sets (or, with `limit.milli_per_s == 0`, removes) the token bucket of a tenant's queue (`key: None`, the
+    /// whole queue) or of one fairness key of it (`Some("")` is the key of tasks without a concurrency key).
+    /// Every shard keeps a copy of every bucket (config and level, one record each; `queue::rate`). A new bucket
+    /// starts full; a changed one keeps its level, capped at the new burst. Cluster version 2.
+    SetRateLimit {
+        tenant: String,
+        queue: String,
+        key: Option<String>,
+        limit: RateLimit,
+    },
+    /// A claim whose tasks draw on token buckets (`SetRateLimit`): the claims as `Claim` does, plus the tokens
+    /// they take, decided by the leader. Every shard applies every charge to its copy of the bucket (whichever
+    /// shard holds the task), so the buckets are identical on every shard and every replica whatever the shard
+    /// count. Apply never refuses a claim for lack of tokens (the leader decided; see `queue::rate`). Proposed
+    /// instead of `Claim` only when a charge is due, so a cluster without rate limits never sees it. Cluster
+    /// version 2.
+    RatedClaim {
+        items: Vec<ClaimItem>,
+        charges: Vec<RateCharge>,
+    },
+}
+
+/// A token bucket's configuration: `milli_per_s` tokens per 1000 s (thousandths of a task per second, so
+/// fractional rates such as 0.5/s or 30/min are exact) refill a bucket of `burst` tokens; a claimed task takes
+/// one token. `milli_per_s == 0` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub milli_per_s: u64,
+    pub burst: u32,
+}
+
+/// A token bucket: its configuration and its level, `micros` millionths of a token at state-machine time `at`
+/// (the level later is `min(burst, micros + milli_per_s * elapsed_ms)`; see `queue::rate`). Negative after a
+/// charge past the level (the leader decided with an earlier clock): the debt is paid back before the next token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateBucket {
+    pub limit: RateLimit,
+    pub micros: i64,
+    pub at: TimeMs,
+}
+
+/// Tokens a `RatedClaim` takes from one bucket: the whole queue's (`key: None`) or a fairness key's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RateCharge {
+    pub tenant: String,
+    pub queue: String,
+    pub key: Option<String>,
+    pub tokens: u32,
 }
 
 /// Flow-control limits of a queue (or of a tenant, over all its queues). `None` is no limit.
@@ -658,6 +706,8 @@ impl Command {
             Command::SetClusterVersion { .. } => 1,
             Command::SetLimits { .. } => 2,
             Command::SetFairnessWeight { .. } => 2,
+            Command::SetRateLimit { .. } => 2,
+            Command::RatedClaim { .. } => 2,
             _ => 0,
         }
     }
@@ -691,6 +741,8 @@ impl fmt::Display for Request {
             Command::SetClusterVersion { .. } => ("cluster-version", 1),
             Command::SetLimits { .. } => ("limits", 1),
             Command::SetFairnessWeight { .. } => ("fairness-weight", 1),
+            Command::SetRateLimit { .. } => ("rate-limit", 1),
+            Command::RatedClaim { items, .. } => ("rated-claim", items.len()),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -771,6 +823,8 @@ pub enum Response {
     LimitsSet(Limits),
     /// The key's weight after a `SetFairnessWeight`.
     FairnessWeight(u32),
+    /// The bucket after a `SetRateLimit` (`None`: removed).
+    RateLimit(Option<RateBucket>),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

@@ -25,6 +25,23 @@ pub struct FairnessRow {
     pub weight: u32,
     pub ready: u64,
     pub running: u64,
+    /// Whether the key has ready tasks and its token bucket, or its queue's, has no whole token at the time of
+    /// the view (`queue::rate`): dispatch passes it over until one refills.
+    pub throttled: bool,
+}
+
+/// One token bucket of a queue (`SmShared::rate_limits`): the whole queue's (`key: None`) or a key's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateRow {
+    pub queue: String,
+    pub key: Option<String>,
+    pub limit: queue::RateLimit,
+    /// The level at the time of the view, in tokens (negative: a debt being paid back).
+    pub tokens: f64,
+    /// Ready tasks the bucket governs (the queue's, or the key's in the queue).
+    pub ready: u64,
+    /// Ready tasks and no whole token.
+    pub throttled: bool,
 }
 
 /// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
@@ -48,8 +65,8 @@ impl SmShared {
         }
     }
 
-    /// Claim choice for the leader, fair across the keys of each queue by the passes in `clock`: see
-    /// `queue::pick_ready`.
+    /// Claim choice for the leader, fair across the keys of each queue by the passes in `clock`, drawing on the
+    /// token buckets through `budget` when any exist: see `queue::pick_ready`.
     pub fn pick_ready(
         &self,
         clock: &mut queue::FairClock,
@@ -57,14 +74,56 @@ impl SmShared {
         queues: &[String],
         count: usize,
         skip: &HashSet<TaskId>,
+        budget: Option<&queue::RateBudget<'_>>,
     ) -> Vec<TaskId> {
-        queue::pick_ready(&self.read().cores, clock, tenant, queues, count, skip)
+        queue::pick_ready(&self.read().cores, clock, tenant, queues, count, skip, budget)
+    }
+
+    /// Whether any token bucket exists: the dispatcher looks at none until one does.
+    pub fn any_rates(&self) -> bool {
+        self.rates_set.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The token buckets of a tenant's queue (every queue when `None`) at `now`, sorted by queue, then the whole
+    /// queue's before its keys'.
+    pub fn rate_limits(&self, tenant: &str, queue: Option<&str>, now: TimeMs) -> Vec<RateRow> {
+        let g = self.read();
+        let Some(first) = g.cores.first() else { return vec![] };
+        let mut rows = Vec::new();
+        for (qk, rates) in first.all_rates().iter().filter(|(qk, _)| qk.tenant == tenant) {
+            if queue.is_some_and(|q| q != qk.queue) {
+                continue;
+            }
+            let by_key: BTreeMap<&str, u64> =
+                g.cores.iter().flat_map(|c| c.ready_by_key(qk)).fold(BTreeMap::new(), |mut m, (k, n)| {
+                    *m.entry(k).or_default() += n as u64;
+                    m
+                });
+            let buckets = rates.queue.iter().map(|b| (None, b)).chain(rates.keys.iter().map(|(k, b)| (Some(k), b)));
+            for (key, b) in buckets {
+                let ready = match key {
+                    None => by_key.values().sum(),
+                    Some(k) => by_key.get(k.as_str()).copied().unwrap_or(0),
+                };
+                rows.push(RateRow {
+                    queue: qk.queue.clone(),
+                    key: key.cloned(),
+                    limit: b.limit,
+                    tokens: b.level(now) as f64 / queue::rate::TOKEN as f64,
+                    ready,
+                    throttled: ready > 0 && b.tokens(now) == 0,
+                });
+            }
+        }
+        rows.sort_by(|a, b| (&a.queue, &a.key).cmp(&(&b.queue, &b.key)));
+        rows
     }
 
     /// The fairness view of a tenant's queue (every queue when `None`): each key with a weight other than 1 or
     /// with ready tasks, its weight, its ready tasks in the queue and its running tasks (a concurrency key's
     /// running tasks count across the tenant's queues; "" never counts running tasks). Sorted by queue, key.
-    pub fn fairness(&self, tenant: &str, queue: Option<&str>) -> Vec<FairnessRow> {
+    /// `now` is the time the token buckets are read at (`FairnessRow::throttled`).
+    pub fn fairness(&self, tenant: &str, queue: Option<&str>, now: TimeMs) -> Vec<FairnessRow> {
         let g = self.read();
         let mut rows: BTreeMap<(String, String), FairnessRow> = BTreeMap::new();
         let row = |q: &str, k: &str| FairnessRow {
@@ -73,6 +132,7 @@ impl SmShared {
             weight: 1,
             ready: 0,
             running: 0,
+            throttled: false,
         };
         if let Some(first) = g.cores.first() {
             for (q, k, w) in first.fairness_weights(tenant).filter(|(q, _, _)| queue.is_none_or(|x| x == *q)) {
@@ -93,6 +153,13 @@ impl SmShared {
         }
         for r in rows.values_mut().filter(|r| !r.key.is_empty()) {
             r.running = g.cores.iter().map(|c| u64::from(c.running_with_key(tenant, &r.key))).sum();
+        }
+        if let Some(first) = g.cores.first().filter(|_| self.any_rates()) {
+            for r in rows.values_mut().filter(|r| r.ready > 0) {
+                let Some(rates) = first.rates(&queue::QueueKey::new(tenant, &r.queue)) else { continue };
+                let empty = |key: Option<&str>| rates.get(key).is_some_and(|b| b.tokens(now) == 0);
+                r.throttled = empty(None) || empty(Some(&r.key));
+            }
         }
         rows.into_values().collect()
     }
@@ -365,6 +432,9 @@ impl SmShared {
                     core.index_sizes(),
                     fresh.index_sizes()
                 )));
+            }
+            if fresh.all_rates() != core.all_rates() {
+                return Err(io::Error::other(format!("shard {i}: live token buckets differ from their records")));
             }
             let txn = db.begin_read().map_err(io_err)?;
             let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;

@@ -13,7 +13,8 @@ use super::codec::io_err;
 use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::queue::{
-    DeliveryId, KeyRecord, Limits, QueueKey, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs, WebhookDelivery,
+    DeliveryId, KeyRecord, Limits, QueueKey, RateBucket, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs,
+    WebhookDelivery,
 };
 use crate::raft::types::{LogId, StoredMembership};
 
@@ -91,6 +92,9 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         }
         if let Some((qk, key)) = RecordKey::parse_weight(k.value()) {
             core.index_weight(qk, &key, decode(v.value(), "fairness weight record")?);
+        }
+        if let Some((qk, key)) = RecordKey::parse_rate(k.value()) {
+            core.index_rate(qk, key.as_deref(), decode(v.value(), "rate bucket record")?);
         }
         if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value(), "schedule record")?);
@@ -336,6 +340,16 @@ impl TaskStore for CachedStore<'_> {
 
     fn remove_weight(&mut self, qk: &QueueKey, key: &str) -> io::Result<()> {
         self.dirty.records.insert(RecordKey::weight(qk, key), None);
+        Ok(())
+    }
+
+    fn put_rate(&mut self, qk: &QueueKey, key: Option<&str>, bucket: &RateBucket) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::rate(qk, key), Some(encode(bucket)?));
+        Ok(())
+    }
+
+    fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::rate(qk, key), None);
         Ok(())
     }
 

@@ -262,6 +262,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     *g = Shards::open(&files::sm_dir(dir), shards)?;
     shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
     shared.limits_set.store(g.any_limits(), std::sync::atomic::Ordering::Relaxed);
+    shared.rates_set.store(g.any_rates(), std::sync::atomic::Ordering::Relaxed);
     drop(g);
     publish_current(dir, meta, &keep)?;
     Ok(())

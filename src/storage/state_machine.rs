@@ -79,6 +79,11 @@ impl Shards {
         self.cores.first().is_some_and(|c| !c.limits().is_empty())
     }
 
+    /// Whether any token bucket exists (every shard holds them all; shard 0 answers).
+    pub(super) fn any_rates(&self) -> bool {
+        self.cores.first().is_some_and(|c| !c.all_rates().is_empty())
+    }
+
     /// The cluster version every shard has applied.
     pub fn cluster_version(&self) -> u32 {
         self.cores.iter().map(|c| c.cluster_version).min().unwrap_or(0)
@@ -113,6 +118,9 @@ pub struct SmShared {
     /// Whether any tenant has a limit set (`queue::Limits`), kept after every apply batch, open and install, so
     /// the hot paths (every enqueue, every claim pass) ask without taking the shards' lock.
     pub(super) limits_set: std::sync::atomic::AtomicBool,
+    /// Whether any queue has a token bucket (`queue::rate`), kept like `limits_set`: without one the dispatcher
+    /// looks at no bucket.
+    pub(super) rates_set: std::sync::atomic::AtomicBool,
     /// Wakes the flusher early; dropping it stops the flusher.
     pub(super) flush_wake: Mutex<Option<mpsc::Sender<()>>>,
     /// The first flush error: apply fails from then on, which stops the node.
@@ -150,6 +158,7 @@ impl StateMachine {
         let set = Shards::open(&files::sm_dir(dir), shards.max(1))?;
         let applied = set.applied().0.map(|l| l.index).unwrap_or(0);
         let limits_set = set.any_limits();
+        let rates_set = set.any_rates();
         let (wake, woken) = mpsc::channel();
         let shared = Arc::new(SmShared {
             shards: RwLock::new(set),
@@ -162,6 +171,7 @@ impl StateMachine {
             flush_lock: Mutex::new(()),
             dirty_records: AtomicUsize::new(0),
             limits_set: limits_set.into(),
+            rates_set: rates_set.into(),
             flush_wake: Mutex::new(Some(wake)),
             broken: Mutex::new(None),
         });

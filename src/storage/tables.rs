@@ -64,7 +64,7 @@ pub fn outbox_key(id: &DeliveryId) -> [u8; 24] {
 }
 
 /// Keys of `SHARD_RECORDS`. The first byte is the kind; it also says where a snapshot puts the record: `PAUSED`
-/// and `WEIGHT` records are held by every shard, `SCHEDULE` records by the shard of their id.
+/// `WEIGHT`, `LIMITS` and `RATE` records are held by every shard, `SCHEDULE` records by the shard of their id.
 pub struct RecordKey;
 
 impl RecordKey {
@@ -77,6 +77,9 @@ impl RecordKey {
     pub const LIMITS: u8 = b'l';
     /// `w tenant \0 queue \0 key`: a fairness key's weight other than 1 (bincode `u32`), in every shard.
     pub const WEIGHT: u8 = b'w';
+    /// `r tenant \0 queue`: the whole queue's token bucket; `r tenant \0 queue \0 key`: a fairness key's (bincode
+    /// `RateBucket`, configuration and level), in every shard. Cluster version 2.
+    pub const RATE: u8 = b'r';
     /// `v`: the cluster version in force (bincode `u32`), in every shard. Absent: version 0.
     pub const CLUSTER_VERSION: &'static [u8] = b"v";
 
@@ -108,6 +111,24 @@ impl RecordKey {
             v.extend_from_slice(part);
         }
         v
+    }
+
+    pub fn rate(qk: &QueueKey, key: Option<&str>) -> Vec<u8> {
+        let mut v = Self::queue_record(Self::RATE, qk);
+        if let Some(key) = key {
+            v.push(0);
+            v.extend_from_slice(key.as_bytes());
+        }
+        v
+    }
+
+    /// The queue and key (`None`: the whole queue's bucket) of a rate record. Tenant and queue names hold no NUL.
+    pub fn parse_rate(key: &[u8]) -> Option<(QueueKey, Option<String>)> {
+        let rest = key.strip_prefix(&[Self::RATE])?;
+        let mut parts = rest.splitn(3, |b| *b == 0);
+        let (tenant, queue, key) = (parts.next()?, parts.next()?, parts.next());
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Some((QueueKey { tenant: text(tenant), queue: text(queue) }, key.map(text)))
     }
 
     /// The one shard that holds a record, or `None` for records every shard holds.

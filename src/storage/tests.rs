@@ -158,7 +158,7 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     let queues = vec!["q".to_string()];
     let none = Default::default();
-    let pick = |sm: &StateMachine| sm.shared.pick_ready(&mut Default::default(), "t", &queues, 50, &none);
+    let pick = |sm: &StateMachine| sm.shared.pick_ready(&mut Default::default(), "t", &queues, 50, &none, None);
     assert_eq!(pick(&follower), pick(&leader));
 
     // The installed state survives a reopen, and the snapshot is kept as the follower's current one.
@@ -472,7 +472,7 @@ async fn fairness_weights_are_written_to_every_shard_and_survive_a_snapshot_and_
     apply(&mut leader, vec![set_version(8, 2), weight(9, "k", 3), weight(10, "", 5), weight(11, "gone", 4)]).await;
     apply(&mut leader, vec![weight(12, "gone", 1)]).await;
     let weights = |sm: &StateMachine| -> Vec<(String, u32)> {
-        sm.shared.fairness("t", Some("q")).into_iter().filter(|r| r.weight != 1).map(|r| (r.key, r.weight)).collect()
+        sm.shared.fairness("t", Some("q"), 0).into_iter().filter(|r| r.weight != 1).map(|r| (r.key, r.weight)).collect()
     };
     let want = vec![(String::new(), 5), ("k".to_string(), 3)];
     assert_eq!(weights(&leader), want);
@@ -488,4 +488,83 @@ async fn fairness_weights_are_written_to_every_shard_and_survive_a_snapshot_and_
     drop(leader);
     assert_eq!(weights(&StateMachine::open(a.path(), 2).expect("reopen")), want, "loaded from the shard files");
     assert_eq!(weights(&StateMachine::open(b.path(), 3).expect("reopen")), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_buckets_are_identical_in_every_shard_and_survive_a_snapshot_and_a_reopen() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    let set = |index: u64, key: Option<&str>, milli_per_s: u64, burst: u32| {
+        let limit = RateLimit { milli_per_s, burst };
+        let command = Command::SetRateLimit { tenant: "t".into(), queue: "q".into(), key: key.map(Into::into), limit };
+        entry(index, Request { time_ms: 1_500, seed: index, command })
+    };
+    // Tasks 8 (key "k") and 7 (no key) are ready; the claim charges the key's bucket and the queue's.
+    let items = [8u64, 7]
+        .iter()
+        .map(|i| ClaimItem {
+            task_id: TaskId::new(1_000, *i as u16, *i),
+            tenant: "t".into(),
+            worker_id: "w".into(),
+            lease_ms: 60_000,
+        })
+        .collect();
+    let charge = |key: Option<&str>, tokens: u32| RateCharge {
+        tenant: "t".into(),
+        queue: "q".into(),
+        key: key.map(Into::into),
+        tokens,
+    };
+    let charges = vec![charge(None, 2), charge(Some("k"), 1), charge(Some("gone"), 1)];
+    let claim = entry(14, Request { time_ms: 1_600, seed: 14, command: Command::RatedClaim { items, charges } });
+    apply(
+        &mut leader,
+        vec![
+            set_version(8, 2),
+            set(9, Some("k"), 2_000, 3),
+            set(10, None, 500, 4),
+            set(11, Some(""), 1_000, 0),
+            set(12, Some("gone"), 1_000, 1),
+            set(13, Some("gone"), 0, 0),
+            claim,
+        ],
+    )
+    .await;
+    let rows = |sm: &StateMachine| -> Vec<(Option<String>, RateLimit, f64)> {
+        sm.shared.rate_limits("t", Some("q"), 1_600).into_iter().map(|r| (r.key, r.limit, r.tokens)).collect()
+    };
+    let want = vec![
+        (None, RateLimit { milli_per_s: 500, burst: 4 }, 2.0),
+        (Some(String::new()), RateLimit { milli_per_s: 1_000, burst: 1 }, 1.0),
+        (Some("k".to_string()), RateLimit { milli_per_s: 2_000, burst: 3 }, 2.0),
+    ];
+    assert_eq!(rows(&leader), want, "charged by the claim; a removed bucket takes nothing");
+    let every_shard = |sm: &StateMachine| {
+        let g = sm.shared.read();
+        let qk = QueueKey::new("t", "q");
+        let first = g.cores[0].rates(&qk).cloned();
+        assert!(first.is_some());
+        assert!(g.cores.iter().all(|c| c.rates(&qk).cloned() == first), "every shard holds the same buckets");
+        first
+    };
+    let buckets = every_shard(&leader);
+    leader.shared.check_indexes().expect("the indexed buckets agree with their records");
+
+    // A follower with another shard count installs the snapshot: every one of its shards holds the buckets.
+    let (snap, _) = snapshot_bytes(&mut leader).await;
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(every_shard(&follower), buckets);
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
+    follower.shared.check_indexes().expect("indexes agree with records");
+    assert!(follower.shared.any_rates());
+    drop(follower);
+    drop(leader);
+    for (dir, shards) in [(a.path(), 2), (b.path(), 3)] {
+        let reopened = StateMachine::open(dir, shards).expect("reopen");
+        assert_eq!(every_shard(&reopened), buckets, "loaded from the shard files");
+        assert_eq!(rows(&reopened), want);
+        assert!(reopened.shared.any_rates());
+    }
 }

@@ -387,3 +387,33 @@ async fn queues_fairness_set_and_list_weights() {
     // The counts view is still `raftq queues`.
     assert!(raftq(&["queues", "--addr", &a, "--output", "json"]).await.ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_rate_limit_set_and_list_buckets() {
+    let n = TestNode::start().await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 2).await;
+    let a = addr(&n);
+    let set = ["queues", "rate-limit", "set", "--addr", &a, "--queue", "cr", "--rate", "30/min", "--output", "json"];
+    let set = raftq(&set).await.json();
+    assert_eq!((set[0]["key"].is_null(), set[0]["per_second"].as_f64()), (true, Some(0.5)), "no --key: the queue");
+    assert_eq!(set[0]["burst"].as_u64(), Some(1), "the default burst is at least 1");
+    let keyed =
+        ["queues", "rate-limit", "set", "--addr", &a, "--queue", "cr", "--key", "k", "--rate", "20", "--burst", "5"];
+    let keyed = raftq(&keyed).await;
+    assert!(keyed.ok && keyed.stdout.contains("20"), "{keyed:?}");
+    let list = raftq(&["queues", "rate-limit", "list", "--addr", &a, "--queue", "cr", "--output", "json"]).await.json();
+    let got: Vec<(Option<&str>, u64)> = list
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|l| (l["key"].as_str(), l["burst"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(got, vec![(None, 1), (Some("k"), 5)]);
+    let bad = raftq(&["queues", "rate-limit", "set", "--addr", &a, "--queue", "cr", "--rate", "3/day"]).await;
+    assert!(!bad.ok, "{bad:?}");
+    let off = raftq(&["queues", "rate-limit", "set", "--addr", &a, "--queue", "cr", "--rate", "0"]).await;
+    assert!(off.ok, "{off:?}");
+    let list = raftq(&["queues", "rate-limit", "list", "--addr", &a, "--output", "json"]).await.json();
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "rate 0 removed the queue's bucket: {list}");
+}

@@ -17,6 +17,7 @@ mod limits;
 mod metrics;
 mod openapi;
 mod procs;
+mod rates;
 mod rest;
 mod revoke;
 mod sdk;

@@ -190,6 +190,36 @@ def set_limits(queue: str, max_running: Optional[int], max_depth: Optional[int])
     )
 
 
+def _rate(r: "jobs_pb2.RateLimit") -> Dict[str, Any]:
+    return {
+        "queue": r.queue,
+        "key": None if r.whole_queue else r.key,
+        "per_second": r.per_second,
+        "burst": r.burst,
+        "tokens": r.tokens,
+        "ready": r.ready,
+        "throttled": r.throttled,
+    }
+
+
+# Setting a rate limit sets a state (a repeat keeps the bucket's level): retried like a read.
+def set_rate_limit(queue: str, key: Optional[str], per_second: float, burst: Optional[int]) -> Op[Dict[str, Any]]:
+    req = jobs_pb2.SetRateLimitRequest(
+        queue=queue, key=key or "", whole_queue=key is None, per_second=per_second, burst=burst or 0
+    )
+    return Op(JOBS + "SetRateLimit", req, jobs_pb2.RateLimit, _rate, write=False)
+
+
+def rate_limits(queue: Optional[str]) -> Op[List[Dict[str, Any]]]:
+    return Op(
+        JOBS + "ListRateLimits",
+        jobs_pb2.ListRateLimitsRequest(queue=queue or ""),
+        jobs_pb2.ListRateLimitsResponse,
+        lambda r: [_rate(x) for x in r.limits],
+        write=False,
+    )
+
+
 def queue_limits() -> Op[List[Dict[str, Any]]]:
     return Op(
         JOBS + "ListQueueLimits",

@@ -226,6 +226,20 @@ class Producer:
         """The tenant's limits, the tenant's own under queue ``""``."""
         return self._run(_ops.queue_limits())
 
+    def set_rate_limit(
+        self, queue: str, per_second: float, burst: Optional[int] = None, key: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Sets a token bucket: the whole queue's (``key=None``) or a fairness key's (``""``: the queue's tasks
+        without a concurrency key). ``per_second`` tokens (to a thousandth) refill ``burst`` (default: the rate,
+        at least 1); each claimed task takes a token of its queue's and its key's bucket, and a key or queue
+        without one is passed over until one refills. ``per_second=0`` removes it. Needs the admin scope."""
+        return self._run(_ops.set_rate_limit(queue, key, per_second, burst))
+
+    def rate_limits(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The token buckets of a queue (``None``: of every queue of the tenant): rate, burst, tokens now,
+        ready tasks and ``throttled``; ``key`` is ``None`` for the whole queue's."""
+        return self._run(_ops.rate_limits(queue))
+
     def list_tasks(
         self,
         queue: Optional[str] = None,
@@ -367,6 +381,14 @@ class AsyncProducer:
 
     async def queue_limits(self) -> List[Dict[str, Any]]:
         return await self._run(_ops.queue_limits())
+
+    async def set_rate_limit(
+        self, queue: str, per_second: float, burst: Optional[int] = None, key: Optional[str] = None
+    ) -> Dict[str, Any]:
+        return await self._run(_ops.set_rate_limit(queue, key, per_second, burst))
+
+    async def rate_limits(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
+        return await self._run(_ops.rate_limits(queue))
 
     async def list_tasks(
         self,

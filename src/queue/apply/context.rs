@@ -115,6 +115,7 @@ pub enum PartialResponse {
     ClusterVersion(u32),
     LimitsSet(Limits),
     FairnessWeight(u32),
+    RateLimit(Option<RateBucket>),
 }
 
 impl PartialResponse {
@@ -135,6 +136,8 @@ impl PartialResponse {
             Command::SetClusterVersion { version } => PartialResponse::ClusterVersion(*version),
             Command::SetLimits { limits, .. } => PartialResponse::LimitsSet(*limits),
             Command::SetFairnessWeight { weight, .. } => PartialResponse::FairnessWeight(*weight),
+            Command::SetRateLimit { .. } => PartialResponse::RateLimit(None),
+            Command::RatedClaim { items, .. } => PartialResponse::Claimed(vec![None; items.len()]),
         }
     }
 
@@ -161,6 +164,7 @@ impl PartialResponse {
             PartialResponse::ClusterVersion(v) => Response::ClusterVersion(v),
             PartialResponse::LimitsSet(l) => Response::LimitsSet(l),
             PartialResponse::FairnessWeight(w) => Response::FairnessWeight(w),
+            PartialResponse::RateLimit(b) => Response::RateLimit(b),
         }
     }
 }

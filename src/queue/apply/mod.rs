@@ -21,6 +21,7 @@
 //! | `SetClusterVersion`                    | `version.rs`                       |
 //! | `SetLimits`                            | `limits.rs`                        |
 //! | `SetFairnessWeight`                    | `fairness.rs`                      |
+//! | `SetRateLimit`, `RatedClaim`'s charges | `rates.rs` (its claims: `claim.rs`) |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -36,6 +37,7 @@ mod fairness;
 mod lifecycle;
 mod limits;
 mod pause;
+mod rates;
 mod schedules;
 mod tick;
 mod version;
@@ -114,6 +116,13 @@ impl ShardCore {
             }
             (Command::SetFairnessWeight { tenant, queue, key, weight }, Out::FairnessWeight(out)) => {
                 self.apply_set_fairness_weight(store, QueueKey::new(tenant, queue), key, *weight, out)
+            }
+            (Command::SetRateLimit { tenant, queue, key, limit }, Out::RateLimit(out)) => {
+                self.apply_set_rate_limit(store, cx, QueueKey::new(tenant, queue), key.as_deref(), *limit, out)
+            }
+            (Command::RatedClaim { items, charges }, Out::Claimed(slots)) => {
+                self.apply_claim(store, cx, items, slots)?;
+                self.apply_rate_charges(store, cx, charges)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

@@ -13,6 +13,7 @@ use super::*;
 mod fairness;
 mod model;
 mod property;
+mod rates;
 mod rules;
 mod webhooks;
 
@@ -229,11 +230,13 @@ struct Harness {
     m: MemMachine,
     time: TimeMs,
     next_id: u64,
+    /// Every entry applied, in order (to replay into replicas of other shard counts).
+    log: Vec<Request>,
 }
 
 impl Harness {
     fn new() -> Self {
-        let mut h = Harness { m: MemMachine::new(SHARDS), time: T0, next_id: 0 };
+        let mut h = Harness { m: MemMachine::new(SHARDS), time: T0, next_id: 0, log: Vec::new() };
         h.tick_at(T0);
         h
     }
@@ -241,7 +244,9 @@ impl Harness {
     fn apply_at(&mut self, time: TimeMs, command: Command) -> Response {
         self.time = time;
         let seed = 0x5eed_0000 ^ self.m.last_index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let (resp, _) = self.m.apply(&Request { time_ms: time, seed, command });
+        let req = Request { time_ms: time, seed, command };
+        let (resp, _) = self.m.apply(&req);
+        self.log.push(req);
         assert_indexes_match_records(&self.m);
         resp
     }

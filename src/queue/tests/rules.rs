@@ -852,7 +852,7 @@ fn a_blocked_concurrency_key_never_delays_other_keys_or_queues() {
     assert_eq!(h.pick(A, &[Q], 10), vec![plain, a[1], b]);
     // Promised to a claim in flight counts as running for the key.
     let skip: HashSet<TaskId> = [a[1]].into();
-    assert_eq!(pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &skip), vec![plain, b]);
+    assert_eq!(pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &skip, None), vec![plain, b]);
 }
 
 #[test]
@@ -1058,7 +1058,7 @@ fn rebuilt_machine_has_the_same_indexes_and_claim_order() {
     }
 
     // Both go on identically: expiries, promotions and claims.
-    let mut r = Harness { m: r, time: h.time, next_id: h.next_id };
+    let mut r = Harness { m: r, time: h.time, next_id: h.next_id, log: Vec::new() };
     for dt in [1_000, 2_000, 5_000] {
         h.advance(dt);
         r.advance(dt);

@@ -75,18 +75,66 @@ class SetFairnessWeightRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
 
 class FairnessKey(_message.Message):
-    __slots__ = ("queue", "key", "weight", "ready", "running")
+    __slots__ = ("queue", "key", "weight", "ready", "running", "throttled")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
     queue: str
     key: str
     weight: int
     ready: int
     running: int
-    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., weight: _Optional[int] = ..., ready: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    throttled: bool
+    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., weight: _Optional[int] = ..., ready: _Optional[int] = ..., running: _Optional[int] = ..., throttled: bool = ...) -> None: ...
+
+class SetRateLimitRequest(_message.Message):
+    __slots__ = ("queue", "key", "whole_queue", "per_second", "burst")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    key: str
+    whole_queue: bool
+    per_second: float
+    burst: int
+    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., whole_queue: bool = ..., per_second: _Optional[float] = ..., burst: _Optional[int] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("queue", "key", "whole_queue", "per_second", "burst", "tokens", "ready", "throttled")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    key: str
+    whole_queue: bool
+    per_second: float
+    burst: int
+    tokens: float
+    ready: int
+    throttled: bool
+    def __init__(self, queue: _Optional[str] = ..., key: _Optional[str] = ..., whole_queue: bool = ..., per_second: _Optional[float] = ..., burst: _Optional[int] = ..., tokens: _Optional[float] = ..., ready: _Optional[int] = ..., throttled: bool = ...) -> None: ...
+
+class ListRateLimitsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ListRateLimitsResponse(_message.Message):
+    __slots__ = ("limits",)
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
+    def __init__(self, limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...
 
 class ListFairnessRequest(_message.Message):
     __slots__ = ("queue",)

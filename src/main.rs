@@ -106,8 +106,9 @@ async fn run() -> Result<()> {
         Cmd::Worker(a) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();
+            let signalled = cmd::on_signal();
             tokio::spawn(async move {
-                cmd::wait_for_signal().await;
+                signalled.await;
                 stop.cancel();
             });
             cmd::worker::run(a, shutdown).await

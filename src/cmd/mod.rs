@@ -44,18 +44,24 @@ pub fn init_logging(cfg: Option<&Config>) {
     tracing_subscriber::registry().with(fmt).with(otlp).init();
 }
 
-/// Returns on SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
+/// Takes over SIGTERM and SIGINT at once (from this call on, either one ends the returned future instead of
+/// killing the process) and returns a future that resolves on the first of them. Call it before any slow start-up,
+/// so a signal that arrives meanwhile still shuts down cleanly.
+pub fn on_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

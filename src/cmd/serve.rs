@@ -26,11 +26,13 @@ impl ServeArgs {
 
 pub async fn run(cfg: Config) -> Result<()> {
     tracing::info!(config = ?cfg, "effective configuration");
+    // Before the listeners open: a SIGTERM while the node starts (it may already answer) still stops it cleanly.
+    let signalled = super::on_signal();
     let shutdown = CancellationToken::new();
     let listeners = Listeners::bind(&cfg).await?;
     let node = Node::start(cfg, listeners, shutdown.clone()).await?;
     tokio::spawn(async move {
-        super::wait_for_signal().await;
+        signalled.await;
         tracing::info!("shutting down");
         shutdown.cancel();
     });

@@ -94,6 +94,9 @@ pub struct QueueCapacity {
     pub max_running: Option<u32>,
     /// The queue's depth limit, if it has one.
     pub max_depth: Option<u64>,
+    /// Its fairness keys with ready or running tasks or a weight: each key's waiting and running tasks and
+    /// whether its token bucket holds it back (as [`Producer::fairness`] reports them).
+    pub keys: Vec<FairnessKey>,
 }
 
 /// One fairness key of a queue (see [`Producer::set_fairness_weight`]).
@@ -190,6 +193,7 @@ impl QueueCapacity {
             paused,
             max_running,
             max_depth,
+            keys,
         } = c;
         QueueCapacity {
             queue,
@@ -206,6 +210,7 @@ impl QueueCapacity {
             workers_needed: [needed(workers_needed_1h), needed(workers_needed_4h), needed(workers_needed_8h)],
             max_running: (max_running > 0).then_some(max_running),
             max_depth: (max_depth > 0).then_some(max_depth),
+            keys: keys.into_iter().map(FairnessKey::from_proto).collect(),
         }
     }
 }

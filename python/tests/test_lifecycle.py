@@ -199,7 +199,7 @@ def test_pause_resume_listing_capacity_and_schedules(server, queue):
 def test_a_depth_limit_refuses_with_queue_full_and_the_sdk_backs_off_until_there_is_room(server, queue):
     with producer(server, max_retries=10) as p:
         # The limits need cluster version 2, which a fresh node raises within a second of starting.
-        wait_for(lambda: _try_set_limits(p, queue), limit=10, what="cluster version 2")
+        wait_for(lambda: _try(lambda: p.set_queue_limits(queue, max_depth=1)), limit=10, what="cluster version 2")
         assert {"queue": queue, "max_running": None, "max_depth": 1} in p.queue_limits()
         first = p.enqueue(queue, b"first")
         with producer(server, max_retries=0) as quick:
@@ -217,9 +217,48 @@ def test_a_depth_limit_refuses_with_queue_full_and_the_sdk_backs_off_until_there
         assert all(l["queue"] != queue for l in p.queue_limits())
 
 
-def _try_set_limits(p, queue):  # type: ignore[no-untyped-def]
+def test_a_rate_limited_key_is_held_to_its_bucket_while_a_weighted_key_is_served(server, queue):
+    done = {"slow": 0, "fast": 0}
+    lock = threading.Lock()
+
+    def handle(task):  # type: ignore[no-untyped-def]
+        with lock:
+            done[task.payload.decode()] += 1
+
+    with producer(server) as p:
+        # Weights and buckets need cluster version 2, which a fresh node raises within a second of starting.
+        wait_for(lambda: _try(lambda: p.set_fairness_weight(queue, "fast", 3)), limit=10, what="cluster version 2")
+        bucket = p.set_rate_limit(queue, per_second=0.1, burst=1, key="slow")
+        assert (bucket["key"], bucket["per_second"], bucket["burst"]) == ("slow", 0.1, 1)
+        for key in ("slow", "fast"):
+            p.enqueue_batch([NewTask(queue, key.encode(), concurrency_key=key, concurrency_limit=100)] * 6)
+        keys = {k["key"]: k for k in p.fairness(queue)}
+        assert (keys["fast"]["weight"], keys["fast"]["ready"], keys["slow"]["weight"], keys["slow"]["ready"]) == (3, 6, 1, 6)
+        assert [(b["key"], b["burst"]) for b in p.rate_limits(queue)] == [("slow", 1)]
+        started = time.monotonic()
+        with Running(worker(server, queue), handle):
+            wait_for(lambda: done["fast"] == 6, limit=20, what="the fast key drained")
+            elapsed = time.monotonic() - started
+            # One token to start with, then one per 10 s: the slow key cannot have run more, however slow this
+            # machine was; the rest of its tasks wait, reported as throttled.
+            with lock:
+                slow = done["slow"]
+            assert slow <= 1 + int(elapsed * 0.1) + 1, (slow, elapsed)
+            throttled = {k["key"]: k for k in p.fairness(queue)}["slow"]
+            assert throttled["throttled"] and throttled["ready"] == 6 - slow
+            # Removing the bucket lets the key's tasks run at once.
+            p.set_rate_limit(queue, per_second=0, key="slow")
+            wait_for(lambda: done["slow"] == 6, limit=20, what="the slow key drained once unlimited")
+        assert p.rate_limits(queue) == []
+        p.set_fairness_weight(queue, "fast", 1)
+        assert all(k["key"] != "fast" for k in p.fairness(queue))
+
+
+def _try(call):  # type: ignore[no-untyped-def]
+    """Makes the call; False while the cluster does not run the version it needs yet."""
     try:
-        return p.set_queue_limits(queue, max_depth=1)["max_depth"] == 1
+        call()
+        return True
     except raftq.errors.ServerError as e:
         if e.reason == "FEATURE_NOT_ACTIVE":
             return False

@@ -48,4 +48,5 @@ def _all_ops(ops):  # type: ignore[no-untyped-def]
         ops.create_schedule("n", t, None, "", 60, False), ops.schedules(), ops.pause_schedule("x", True),
         ops.pause_schedule("x", False), ops.delete_schedule("x"), ops.set_limits("q", 1, None), ops.queue_limits(),
         ops.set_rate_limit("q", "k", 0.5, None), ops.set_rate_limit("q", None, 20, 5), ops.rate_limits(None),
+        ops.set_fairness_weight("q", "k", 3), ops.fairness(None),
     ]

@@ -2,6 +2,7 @@
 //! capacity view. Reads are linearizable unless the request carries `x-raftq-read: stale`; requests reaching a
 //! follower are forwarded to the leader like the task service's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +57,11 @@ fn schedule_pb(s: &Schedule) -> pb::Schedule {
 
 fn limits_pb(queue: String, l: Limits) -> pb::QueueLimits {
     pb::QueueLimits { queue, max_running: l.max_running.unwrap_or(0), max_depth: l.max_depth.unwrap_or(0) }
+}
+
+fn fairness_pb(r: crate::storage::FairnessRow) -> pb::FairnessKey {
+    let crate::storage::FairnessRow { queue, key, weight, ready, running, throttled } = r;
+    pb::FairnessKey { queue, key, weight, ready, running, throttled }
 }
 
 fn rate_limit_pb(r: crate::storage::RateRow) -> pb::RateLimit {
@@ -218,18 +224,7 @@ impl JobsApi {
         }
         let rows =
             self.proposer.shared.fairness(&who.tenant, Some(queue.as_str()).filter(|q| !q.is_empty()), wall_clock_ms());
-        let keys = rows
-            .into_iter()
-            .filter(|r| who.may_use_queue(&r.queue))
-            .map(|r| pb::FairnessKey {
-                queue: r.queue,
-                key: r.key,
-                weight: r.weight,
-                ready: r.ready,
-                running: r.running,
-                throttled: r.throttled,
-            })
-            .collect();
+        let keys = rows.into_iter().filter(|r| who.may_use_queue(&r.queue)).map(fairness_pb).collect();
         Ok(pb::ListFairnessResponse { keys })
     }
 
@@ -343,6 +338,10 @@ impl JobsApi {
         let shared = &self.proposer.shared;
         let window = Duration::from_millis(self.proposer.cfg.active_worker_window_ms);
         let mut counts = shared.counts(Some(&who.tenant));
+        let mut keys: HashMap<String, Vec<pb::FairnessKey>> = HashMap::new();
+        for r in shared.fairness(&who.tenant, None, wall_clock_ms()) {
+            keys.entry(r.queue.clone()).or_default().push(fairness_pb(r));
+        }
         // A queue asked for by name is reported even when it holds nothing yet.
         for q in &queues {
             if !counts.iter().any(|(qk, _)| qk.queue == *q) {
@@ -360,6 +359,7 @@ impl JobsApi {
                 let needed = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64).unwrap_or(-1);
                 let limits = shared.limits(&qk.tenant, &qk.queue).unwrap_or_default();
                 pb::QueueCapacity {
+                    keys: keys.remove(&qk.queue).unwrap_or_default(),
                     paused: shared.is_paused(&qk.tenant, &qk.queue),
                     max_running: limits.max_running.unwrap_or(0),
                     max_depth: limits.max_depth.unwrap_or(0),

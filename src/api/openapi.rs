@@ -420,6 +420,7 @@ pub fn schemas() -> Map<String, Value> {
                     ("per_worker_rate", json!({"type": ["number", "null"]})),
                     ("max_running", nint()),
                     ("max_depth", nint()),
+                    ("keys", array(reference("FairnessKey"))),
                     ("workers_needed", object(&[("1h", nint()), ("4h", nint()), ("8h", nint())], &[])),
                 ],
                 &["queue"],

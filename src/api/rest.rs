@@ -893,6 +893,7 @@ fn capacity_json(c: &pb::QueueCapacity) -> Value {
         "per_worker_rate": (c.per_worker_rate >= 0.0).then_some(c.per_worker_rate),
         "max_running": (c.max_running > 0).then_some(c.max_running),
         "max_depth": (c.max_depth > 0).then_some(c.max_depth),
+        "keys": c.keys.iter().map(fairness_json).collect::<Vec<_>>(),
         "workers_needed": {
             "1h": (c.workers_needed_1h >= 0).then_some(c.workers_needed_1h),
             "4h": (c.workers_needed_4h >= 0).then_some(c.workers_needed_4h),

@@ -134,6 +134,10 @@ fn capacity_json(c: &QueueCapacity) -> serde_json::Value {
         "rate_1m": rate_1m, "rate_5m": rate_5m, "rate_15m": rate_15m,
         "drain_seconds": c.drain.map(|d| d.as_secs_f64()), "per_worker_rate": c.per_worker_rate,
         "max_running": c.max_running, "max_depth": c.max_depth,
+        "keys": c.keys.iter().map(|k| json!({
+            "queue": k.queue, "key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running,
+            "throttled": k.throttled,
+        })).collect::<Vec<_>>(),
         "workers_needed": {"1h": need_1h, "4h": need_4h, "8h": need_8h},
     })
 }
@@ -282,6 +286,14 @@ pub async fn run(cmd: JobsCmd) -> Result<()> {
                             n(c.workers_needed[2]),
                             c.paused
                         );
+                        for k in &c.keys {
+                            let key = if k.key.is_empty() { "(no key)" } else { &k.key };
+                            let throttled = if k.throttled { " throttled" } else { "" };
+                            println!(
+                                "  key {key}	weight={}	ready={}	running={}{throttled}",
+                                k.weight, k.ready, k.running
+                            );
+                        }
                     }
                 }
             }

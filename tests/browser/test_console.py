@@ -146,6 +146,8 @@ def seed(base, tok):
     for _ in range(3):
         enqueue()
     ok(base, tok, "POST", "/v1/tasks", {"queue": "reports", "payload": "daily"}, want=201)
+    for key in ["eu", "eu", "us"]:
+        ok(base, tok, "POST", "/v1/tasks", {"queue": "reports", "payload": key, "concurrency_key": key}, want=201)
     ok(base, tok, "POST", "/v1/schedules", {"name": "nightly-report", "interval_ms": 3600000,
                                              "task": {"queue": "reports", "payload": "nightly"}}, want=201)
     return dead
@@ -308,6 +310,17 @@ def single_node(tmp, d):
                                                                        "result": "delivered"})
             done.add(t["id"]) if t["id"] in dead else None
         c.wait_text("main", "COMPLETED", "delivered", limit=15)
+
+        # A queue with fairness keys lists them: waiting and running tasks per key, and the weight an admin set
+        # (weights need cluster version 2, which the node raised long before this point).
+        ok(base, admin, "PUT", "/v1/queues/reports/fairness/eu", {"weight": 3})
+        c.go("#/queue/reports")
+        c.until("the key table", lambda: len(c.table_rows("#keys")) == 3)
+        api_keys = ok(base, admin, "GET", "/v1/queues/reports/fairness")["keys"]
+        want = sorted([k["key"] or "(no key)", str(k["weight"]), str(k["ready"]), str(k["running"])] for k in api_keys)
+        assert ["eu", "3", "2", "0"] in want and ["us", "1", "1", "0"] in want, want
+        assert sorted(r[:4] for r in c.table_rows("#keys")) == want, c.table_rows("#keys")
+        c.shot("queue-keys", docs=False)
 
         c.go("#/schedules")
         c.wait_text("main", "nightly-report")

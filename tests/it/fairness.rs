@@ -137,9 +137,10 @@ fn a_of(n: &TestNode) -> std::net::SocketAddr {
 }
 
 /// Two in-process nodes of a three-node membership whose third member never starts: the gate cannot ask it,
-/// so the cluster stays at version 0 and a weight is refused with FEATURE_NOT_ACTIVE, nothing proposed.
+/// so the cluster stays at version 0 and a weight, a rate limit or a queue cap is refused with FEATURE_NOT_ACTIVE,
+/// nothing proposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
+async fn weights_rates_and_limits_are_refused_before_the_cluster_runs_version_2() {
     let dirs = [tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir")];
     let addr = || format!("127.0.0.1:{}", free_port());
     let peers: Vec<Peer> = (1..=3).map(|id| Peer { id, raft_addr: addr(), api_addr: addr() }).collect();
@@ -168,6 +169,15 @@ async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
     assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
     let list = j.list_fairness(pb::ListFairnessRequest { queue: "v".into() }).await.expect("list").into_inner();
     assert!(list.keys.is_empty(), "nothing was applied: {list:?}");
+    // The other commands of version 2 are held back the same way.
+    let rate = pb::SetRateLimitRequest { queue: "v".into(), key: "k".into(), per_second: 2.0, ..Default::default() };
+    let e = j.set_rate_limit(rate).await.expect_err("refused before version 2");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    let cap = pb::QueueLimits { queue: "v".into(), max_running: 1, max_depth: 0 };
+    let e = j.set_queue_limits(cap).await.expect_err("refused before version 2");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    let rates = j.list_rate_limits(pb::ListRateLimitsRequest { queue: "v".into() }).await.expect("list");
+    assert!(rates.into_inner().limits.is_empty(), "nothing was applied");
     for n in nodes {
         n.stop().await;
     }

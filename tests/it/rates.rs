@@ -96,6 +96,15 @@ async fn a_limited_key_is_claimed_at_its_rate_while_another_key_is_served_at_ful
     assert_eq!((rows[0].scope.clone(), rows[0].ready), (RateScope::Key("slow".into()), 100 - slow as u64));
     assert!(rows[0].tokens < BURST, "{rows:?}");
     assert!(n.node().shared.metrics.throttled_claims.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    // The capacity view breaks the queue down by key: the slow key's waiting and running tasks.
+    let cap = p.capacity(&["rl"]).await.expect("capacity");
+    let key = cap[0].keys.iter().find(|k| k.key == "slow").expect("the slow key in the capacity view");
+    assert_eq!((key.ready, key.running), (100 - slow as u64, slow as u64), "{:?}", cap[0].keys);
+    let (s, _, body) = http(n.node().http_addr, "GET", "/v1/queues/rl/capacity", None).await;
+    assert_eq!(s, 200, "{body}");
+    let keys = body["keys"].as_array().expect("keys");
+    let slow_row = keys.iter().find(|k| k["key"] == "slow").expect("slow key over REST");
+    assert_eq!(slow_row["ready"], json!(100 - slow as u64), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,6 +220,33 @@ def rate_limits(queue: Optional[str]) -> Op[List[Dict[str, Any]]]:
     )
 
 
+def _fairness(r: "jobs_pb2.FairnessKey") -> Dict[str, Any]:
+    return {
+        "queue": r.queue,
+        "key": r.key,
+        "weight": r.weight,
+        "ready": r.ready,
+        "running": r.running,
+        "throttled": r.throttled,
+    }
+
+
+# Setting a weight sets a state: idempotent, retried like a read.
+def set_fairness_weight(queue: str, key: str, weight: int) -> Op[Dict[str, Any]]:
+    req = jobs_pb2.SetFairnessWeightRequest(queue=queue, key=key, weight=weight)
+    return Op(JOBS + "SetFairnessWeight", req, jobs_pb2.FairnessKey, _fairness, write=False)
+
+
+def fairness(queue: Optional[str]) -> Op[List[Dict[str, Any]]]:
+    return Op(
+        JOBS + "ListFairness",
+        jobs_pb2.ListFairnessRequest(queue=queue or ""),
+        jobs_pb2.ListFairnessResponse,
+        lambda r: [_fairness(x) for x in r.keys],
+        write=False,
+    )
+
+
 def queue_limits() -> Op[List[Dict[str, Any]]]:
     return Op(
         JOBS + "ListQueueLimits",

@@ -240,6 +240,17 @@ class Producer:
         ready tasks and ``throttled``; ``key`` is ``None`` for the whole queue's."""
         return self._run(_ops.rate_limits(queue))
 
+    def set_fairness_weight(self, queue: str, key: str, weight: int) -> Dict[str, Any]:
+        """Sets the weight of a fairness key of a queue (a concurrency key; ``""`` for the queue's tasks without
+        one): claims serve the queue's keys with ready tasks in proportion to their weights. 1 to 1000; 1 is the
+        default (setting it removes the weight). Needs the admin scope."""
+        return self._run(_ops.set_fairness_weight(queue, key, weight))
+
+    def fairness(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The fairness keys of a queue (``None``: of every queue of the tenant) that have a weight other than 1
+        or ready tasks: weight, ready and running tasks, and ``throttled`` (out of rate-limit tokens)."""
+        return self._run(_ops.fairness(queue))
+
     def list_tasks(
         self,
         queue: Optional[str] = None,
@@ -389,6 +400,12 @@ class AsyncProducer:
 
     async def rate_limits(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
         return await self._run(_ops.rate_limits(queue))
+
+    async def set_fairness_weight(self, queue: str, key: str, weight: int) -> Dict[str, Any]:
+        return await self._run(_ops.set_fairness_weight(queue, key, weight))
+
+    async def fairness(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
+        return await self._run(_ops.fairness(queue))
 
     async def list_tasks(
         self,

@@ -7,7 +7,7 @@ gives, seconds as ``float`` or ``datetime.timedelta``.
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from .v1 import jobs_pb2, task_pb2
 
@@ -374,6 +374,9 @@ class QueueCapacity:
     #: The queue's running cap and depth limit; ``None``: no limit.
     max_running: Optional[int] = None
     max_depth: Optional[int] = None
+    #: Its fairness keys with ready or running tasks or a weight: ``key``, ``weight``, ``ready``, ``running``,
+    #: ``throttled`` (as :meth:`Producer.fairness` reports them).
+    keys: List[Dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_proto(cls, c: jobs_pb2.QueueCapacity) -> "QueueCapacity":
@@ -395,6 +398,10 @@ class QueueCapacity:
             workers_needed=[needed(c.workers_needed_1h), needed(c.workers_needed_4h), needed(c.workers_needed_8h)],
             max_running=c.max_running or None,
             max_depth=c.max_depth or None,
+            keys=[
+                {"key": k.key, "weight": k.weight, "ready": k.ready, "running": k.running, "throttled": k.throttled}
+                for k in c.keys
+            ],
         )
 
 

@@ -251,7 +251,8 @@ async function queuePage([queue], query) {
   if (from) params.set("created_from_ms", String(Date.parse(from)));
   if (to) params.set("created_to_ms", String(Date.parse(to)));
   if (tokens.length) params.set("page_token", tokens[tokens.length - 1]);
-  const [page, qs] = await Promise.all([api("GET", "/v1/tasks?" + params), api("GET", "/v1/queues")]);
+  const [page, qs, fair] = await Promise.all([api("GET", "/v1/tasks?" + params), api("GET", "/v1/queues"),
+    api("GET", `/v1/queues/${enc(queue)}/fairness`).catch(() => ({ keys: [] }))]);
   const q = qs.queues.find(x => x.queue === queue) || { paused: false };
   const go = (over) => {
     const p = new URLSearchParams({ state: over.state ?? state, from: over.from ?? from, to: over.to ?? to });
@@ -276,8 +277,11 @@ async function queuePage([queue], query) {
   const pager = h("div", { class: "actions" },
     tokens.length ? button("Previous page", () => go({ pages: tokens.slice(0, -1) }), { id: "prev", nav: true }) : null,
     page.next_page_token ? button("Next page", () => go({ pages: [...tokens, page.next_page_token] }), { id: "next", nav: true }) : null);
+  // Fairness keys: who waits, who runs, who is held back by a rate limit (weights and limits: admin calls).
+  const keyRows = fair.keys.map(k => [k.key || "(no key)", String(k.weight), String(k.ready), String(k.running), k.throttled ? "throttled" : ""]);
+  const keys = fair.keys.some(k => k.key || k.weight !== 1) ? [h("h2", {}, "Keys"), h("div", { id: "keys" }, table(["Key", "Weight", "Waiting", "Running", "Rate limit"], keyRows, [1, 2, 3]))] : [];
   show(h("h1", {}, "Queue ", queue, q.paused ? h("span", { class: "paused" }, "paused") : null), actions, filters,
-    table(["Task", "State", "Attempts", "Created", "Updated", "Last error"], rows), pager);
+    table(["Task", "State", "Attempts", "Created", "Updated", "Last error"], rows), pager, ...keys);
 }
 
 // ---- Task.

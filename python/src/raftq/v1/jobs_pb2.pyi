@@ -179,7 +179,7 @@ class QueueCapacityRequest(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueCapacity(_message.Message):
-    __slots__ = ("queue", "pending", "ready", "delayed", "running", "active_workers", "completed_1m", "completed_5m", "completed_15m", "rate_1m", "rate_5m", "rate_15m", "drain_seconds", "per_worker_rate", "workers_needed_1h", "workers_needed_4h", "workers_needed_8h", "paused", "max_running", "max_depth")
+    __slots__ = ("queue", "pending", "ready", "delayed", "running", "active_workers", "completed_1m", "completed_5m", "completed_15m", "rate_1m", "rate_5m", "rate_15m", "drain_seconds", "per_worker_rate", "workers_needed_1h", "workers_needed_4h", "workers_needed_8h", "paused", "max_running", "max_depth", "keys")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class QueueCapacity(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
     MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     pending: int
     ready: int
@@ -220,7 +221,8 @@ class QueueCapacity(_message.Message):
     paused: bool
     max_running: int
     max_depth: int
-    def __init__(self, queue: _Optional[str] = ..., pending: _Optional[int] = ..., ready: _Optional[int] = ..., delayed: _Optional[int] = ..., running: _Optional[int] = ..., active_workers: _Optional[int] = ..., completed_1m: _Optional[int] = ..., completed_5m: _Optional[int] = ..., completed_15m: _Optional[int] = ..., rate_1m: _Optional[float] = ..., rate_5m: _Optional[float] = ..., rate_15m: _Optional[float] = ..., drain_seconds: _Optional[float] = ..., per_worker_rate: _Optional[float] = ..., workers_needed_1h: _Optional[int] = ..., workers_needed_4h: _Optional[int] = ..., workers_needed_8h: _Optional[int] = ..., paused: bool = ..., max_running: _Optional[int] = ..., max_depth: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedCompositeFieldContainer[FairnessKey]
+    def __init__(self, queue: _Optional[str] = ..., pending: _Optional[int] = ..., ready: _Optional[int] = ..., delayed: _Optional[int] = ..., running: _Optional[int] = ..., active_workers: _Optional[int] = ..., completed_1m: _Optional[int] = ..., completed_5m: _Optional[int] = ..., completed_15m: _Optional[int] = ..., rate_1m: _Optional[float] = ..., rate_5m: _Optional[float] = ..., rate_15m: _Optional[float] = ..., drain_seconds: _Optional[float] = ..., per_worker_rate: _Optional[float] = ..., workers_needed_1h: _Optional[int] = ..., workers_needed_4h: _Optional[int] = ..., workers_needed_8h: _Optional[int] = ..., paused: bool = ..., max_running: _Optional[int] = ..., max_depth: _Optional[int] = ..., keys: _Optional[_Iterable[_Union[FairnessKey, _Mapping]]] = ...) -> None: ...
 
 class QueueCapacityResponse(_message.Message):
     __slots__ = ("queues",)

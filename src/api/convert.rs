@@ -6,7 +6,8 @@ use raftq_proto::v1 as pb;
 use super::error::{invalid, ApiError};
 use crate::config::Config;
 use crate::queue::{
-    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs,
+    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, KeyMode, KeyedTask, NewTask, Task, TaskId, TaskState,
+    TimeMs,
 };
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
@@ -123,7 +124,13 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         concurrency_limit,
         depends_on,
         dependency_rule,
+        debounce,
+        singleton,
     } = req;
+    if debounce.is_some() || singleton.is_some() {
+        // Taken out by `enqueue_item` for the enqueues that take them; follow-ups and schedules do not.
+        return Err(invalid("debounce and singleton are taken by enqueues only"));
+    }
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
         return Err(invalid(format!(
@@ -214,6 +221,72 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
     })
 }
 
+/// Validates an enqueue request that may carry a debounce or singleton key, and decides everything the state
+/// machine needs. A keyed task is placed by its key's record (`KeyMode::record_key`), or by its concurrency key
+/// when it has one, so the record and the task it names share a shard; a debounced task starts at
+/// `now + delay_ms`.
+pub fn enqueue_item(
+    cfg: &Config,
+    tenant: &str,
+    mut req: pb::EnqueueRequest,
+    now: TimeMs,
+) -> Result<KeyedTask, ApiError> {
+    let debounce = req.debounce.take();
+    let singleton = req.singleton.take();
+    let mode = match (debounce, singleton) {
+        (None, None) => None,
+        (Some(_), Some(_)) => return Err(invalid("give debounce or singleton, not both")),
+        (Some(pb::Debounce { key, delay_ms, max_wait_ms }), None) => {
+            if req.delay_ms > 0 || req.run_at_ms > 0 {
+                return Err(invalid("a debounced task starts at debounce.delay_ms: give no delay_ms or run_at_ms"));
+            }
+            if delay_ms > cfg.max_delay_ms || max_wait_ms > cfg.max_delay_ms {
+                return Err(invalid(format!(
+                    "debounce.delay_ms and debounce.max_wait_ms must be within the horizon of {} ms",
+                    cfg.max_delay_ms
+                )));
+            }
+            Some(KeyMode::Debounce { key: mode_key(cfg, "debounce.key", key)?, delay_ms, max_wait_ms })
+        }
+        (None, Some(pb::Singleton { key, mode })) => {
+            let skip = match pb::SingletonMode::try_from(mode) {
+                Ok(pb::SingletonMode::Refuse) => false,
+                Ok(pb::SingletonMode::Skip) => true,
+                Err(_) => return Err(invalid(format!("unknown singleton.mode {mode}"))),
+            };
+            Some(KeyMode::Singleton { key: mode_key(cfg, "singleton.key", key)?, skip })
+        }
+    };
+    if mode.is_some() && !req.idempotency_key.is_empty() {
+        return Err(invalid("an idempotency_key does not go with debounce or singleton"));
+    }
+    let delay = match &mode {
+        Some(KeyMode::Debounce { delay_ms, .. }) => *delay_ms,
+        _ => 0,
+    };
+    let mut task = new_task(cfg, tenant, req, now)?;
+    if let Some(m) = &mode {
+        task.visible_at = task.visible_at.max(now.saturating_add(delay));
+        if task.concurrency.is_none() {
+            let placement = TaskId::placement_for_key(tenant, &m.record_key(&task.queue, None));
+            task.id = TaskId::new(now, placement, rand::random());
+        }
+    }
+    Ok(KeyedTask { task, mode })
+}
+
+/// A debounce or singleton key: 1 to `max_idempotency_key_len` characters, no control characters (the record key
+/// separates its parts with NUL).
+fn mode_key(cfg: &Config, field: &str, key: String) -> Result<String, ApiError> {
+    if key.is_empty() || key.len() > cfg.max_idempotency_key_len || key.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{field} must be 1 to {} characters, without control characters",
+            cfg.max_idempotency_key_len
+        )));
+    }
+    Ok(key)
+}
+
 /// Dependency ids: parsed, without repeats, at most `max_batch_items`. That they exist is checked on the leader
 /// before proposing (`TaskApi`), and since they must exist first no cycle can form.
 fn dependencies(cfg: &Config, ids: &[String]) -> Result<Vec<TaskId>, ApiError> {
@@ -275,6 +348,8 @@ fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
         concurrency_limit: 0,
         depends_on: vec![],
         dependency_rule: 0,
+        debounce: None,
+        singleton: None,
     }
 }
 

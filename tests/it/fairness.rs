@@ -137,7 +137,8 @@ fn a_of(n: &TestNode) -> std::net::SocketAddr {
 }
 
 /// Two in-process nodes of a three-node membership whose third member never starts: the gate cannot ask it,
-/// so the cluster stays at version 0 and a weight is refused with FEATURE_NOT_ACTIVE, nothing proposed.
+/// so the cluster stays at version 0 and a weight is refused with FEATURE_NOT_ACTIVE, nothing proposed (and so are
+/// debounce and singleton enqueues, version 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
     let dirs = [tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir")];
@@ -168,6 +169,16 @@ async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
     assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
     let list = j.list_fairness(pb::ListFairnessRequest { queue: "v".into() }).await.expect("list").into_inner();
     assert!(list.keys.is_empty(), "nothing was applied: {list:?}");
+    // A debounce or singleton enqueue (cluster version 3) is refused the same way; a plain enqueue goes through.
+    let mut c = connect(&nodes[0].grpc_addr.to_string()).await;
+    let single = pb::Singleton { key: "s".into(), mode: pb::SingletonMode::Refuse as i32 };
+    let e = c.enqueue(pb::EnqueueRequest { singleton: Some(single), ..enq("v", "x") }).await.expect_err("version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    assert!(e.message().contains("needs cluster version 3"), "{e:?}");
+    let deb = pb::Debounce { key: "d".into(), delay_ms: 0, max_wait_ms: 0 };
+    let e = c.enqueue(pb::EnqueueRequest { debounce: Some(deb), ..enq("v", "x") }).await.expect_err("version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    c.enqueue(enq("v", "plain")).await.expect("a plain enqueue keeps the old command");
     for n in nodes {
         n.stop().await;
     }

@@ -1,5 +1,5 @@
 //! Debounce and singleton keys (issue 17) on a real node: over gRPC and REST, the refusal's reason and status,
-//! and the key records across a snapshot and a restart.
+//! and the key records across a snapshot, a restart and a leader kill.
 
 use std::time::Duration;
 
@@ -162,4 +162,29 @@ async fn keys_hold_across_a_snapshot_and_a_restart() {
     let again = c.enqueue(debounced("rk", "d2", "deb", 600_000)).await.expect("enqueue").into_inner();
     assert_eq!((again.task_id.as_str(), again.debounced), (d.task_id.as_str(), true));
     assert_eq!(get(&mut c, &d.task_id).await.payload, b"d2"[..]);
+}
+
+/// Three processes: the keys set through a follower hold on the new leader after the old one is killed (the
+/// records are replicated with their tasks), and keyed enqueues go on through a survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_hold_across_a_leader_kill() {
+    let mut c = crate::procs::ProcCluster::start(3, crate::procs::FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.nodes.iter().find(|n| n.id != leader).expect("a follower").id;
+    c.wait_cluster_version(follower, 3, Duration::from_secs(20)).await;
+    let mut client = c.node(follower).ready().await;
+    let s = client.enqueue(singleton("lk", "s", "one", pb::SingletonMode::Refuse)).await.expect("singleton");
+    let s = s.into_inner().task_id;
+    let d = client.enqueue(debounced("lk", "d1", "deb", 600_000)).await.expect("debounce").into_inner().task_id;
+    c.node(leader).kill9();
+    let new_leader = c.wait_leader(Duration::from_secs(20)).await;
+    assert_ne!(new_leader, leader);
+    let mut client = c.node(follower).ready().await;
+    let e = client.enqueue(singleton("lk", "s2", "one", pb::SingletonMode::Refuse)).await.expect_err("held");
+    assert_eq!(reason(&e), "SINGLETON_ACTIVE", "{e:?}");
+    assert!(e.message().contains(&s), "{}", e.message());
+    let again = client.enqueue(debounced("lk", "d2", "deb", 600_000)).await.expect("debounce").into_inner();
+    assert_eq!((again.task_id.as_str(), again.debounced), (d.as_str(), true));
+    assert_eq!(get(&mut client, &d).await.payload, b"d2"[..]);
+    c.wait_digests_agree(Duration::from_secs(30)).await;
 }

@@ -641,6 +641,49 @@ mod tests {
         assert_eq!(t1.id.placement(), t2.id.placement());
     }
 
+    #[test]
+    fn keyed_tasks_share_a_placement_per_key_and_bad_combinations_are_refused() {
+        let cfg = Config::default();
+        let single = |queue: &str, key: &str| pb::EnqueueRequest {
+            singleton: Some(pb::Singleton { key: key.into(), mode: pb::SingletonMode::Skip as i32 }),
+            ..req(queue)
+        };
+        let a = enqueue_item(&cfg, "t", single("q", "k"), 1).expect("ok");
+        let b = enqueue_item(&cfg, "t", single("q", "k"), 2).expect("ok");
+        assert_eq!(a.mode, Some(KeyMode::Singleton { key: "k".into(), skip: true }));
+        assert_ne!(a.task.id, b.task.id);
+        assert_eq!(a.task.id.placement(), b.task.id.placement(), "record and task share a shard");
+        let rkey = a.mode.as_ref().expect("keyed").record_key("q", None);
+        assert_eq!(a.task.id.placement(), TaskId::placement_for_key("t", &rkey));
+        let with_ck = pb::EnqueueRequest { concurrency_key: "c".into(), ..single("q", "k") };
+        let c = enqueue_item(&cfg, "t", with_ck, 1).expect("ok");
+        assert_eq!(
+            c.task.id.placement(),
+            TaskId::placement_for_concurrency_key("t", "c"),
+            "the concurrency key's shard"
+        );
+        let deb = pb::Debounce { key: "d".into(), delay_ms: 500, max_wait_ms: 0 };
+        let d = enqueue_item(&cfg, "t", pb::EnqueueRequest { debounce: Some(deb.clone()), ..req("q") }, 1_000);
+        assert_eq!(d.expect("ok").task.visible_at, 1_500, "a debounced task starts after the delay");
+        assert_eq!(enqueue_item(&cfg, "t", req("q"), 1).expect("plain").mode, None);
+        let bad = [
+            pb::EnqueueRequest { debounce: Some(deb.clone()), ..single("q", "k") },
+            pb::EnqueueRequest { idempotency_key: "i".into(), ..single("q", "k") },
+            pb::EnqueueRequest { delay_ms: 1, debounce: Some(deb.clone()), ..req("q") },
+            pb::EnqueueRequest { run_at_ms: 5, debounce: Some(deb), ..req("q") },
+            single("q", ""),
+            single("q", "a\u{0}b"),
+            single("q", &"k".repeat(cfg.max_idempotency_key_len + 1)),
+            pb::EnqueueRequest { singleton: Some(pb::Singleton { key: "k".into(), mode: 9 }), ..req("q") },
+        ];
+        for r in bad {
+            let e = enqueue_item(&cfg, "t", r.clone(), 1).expect_err("refused");
+            assert_eq!(e.reason(), raftq_proto::reason::Reason::InvalidArgument, "{r:?}");
+        }
+        // Follow-ups and schedule templates (through `new_task`) take neither.
+        assert!(new_task(&cfg, "t", single("q", "k"), 1).is_err());
+    }
+
     /// Fuzzing by property: arbitrary bytes decoded as the public requests, then validated, never panic; what
     /// validation accepts is within every limit (so nothing malformed reaches the log); what it refuses has a
     /// reason and a message. `PROPTEST_CASES` sets the number of cases (2,000 by default).
@@ -677,14 +720,14 @@ mod tests {
             fn arbitrary_bytes_decode_and_validate_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
                 let cfg = Config::default();
                 if let Ok(r) = pb::EnqueueRequest::decode(&bytes[..]) {
-                    match new_task(&cfg, "t", r, NOW) {
-                        Ok(t) => check_accepted(&cfg, &t),
+                    match enqueue_item(&cfg, "t", r, NOW) {
+                        Ok(k) => check_accepted(&cfg, &k.task),
                         Err(e) => check_refused(&e),
                     }
                 }
                 if let Ok(b) = pb::EnqueueBatchRequest::decode(&bytes[..]) {
                     for r in b.items {
-                        if let Err(e) = new_task(&cfg, "t", r, NOW) {
+                        if let Err(e) = enqueue_item(&cfg, "t", r, NOW) {
                             check_refused(&e);
                         }
                     }

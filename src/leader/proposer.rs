@@ -157,10 +157,13 @@ impl Proposer {
             None
         };
         let out = if keyed {
-            match self.write(Command::EnqueueKeyed(items)).await? {
+            let modes: Vec<Option<KeyMode>> = items.iter().map(|k| k.mode.clone()).collect();
+            let out = match self.write(Command::EnqueueKeyed(items)).await? {
                 Response::Enqueued(v) => v,
                 other => return Err(ProposeError::Storage(format!("unexpected response {other:?}"))),
-            }
+            };
+            self.count_keyed(&modes, &out);
+            out
         } else {
             let items = items.into_iter().map(|k| k.task).collect();
             let (reply, rx) = oneshot::channel();
@@ -173,6 +176,21 @@ impl Proposer {
             }
         }
         Ok(out)
+    }
+
+    /// Counts what debounce and singleton keys did to a keyed enqueue's items (metrics).
+    fn count_keyed(&self, modes: &[Option<KeyMode>], out: &[ItemResult<Enqueued>]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.shared.metrics;
+        for (mode, r) in modes.iter().zip(out) {
+            let counter = match (mode, r) {
+                (Some(KeyMode::Debounce { .. }), Ok(Enqueued { duplicate: true, .. })) => &m.debounced,
+                (Some(KeyMode::Singleton { .. }), Ok(Enqueued { duplicate: true, .. })) => &m.singleton_skipped,
+                (Some(KeyMode::Singleton { .. }), Err(Rejected::SingletonActive(_))) => &m.singleton_refused,
+                _ => continue,
+            };
+            counter.fetch_add(1, Relaxed);
+        }
     }
 
     /// The depth limits (`leader::limits`): checked only on a leader (a follower's write fails with `NotLeader`

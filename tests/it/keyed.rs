@@ -97,6 +97,10 @@ async fn singleton_over_grpc_refuses_or_skips_while_active_and_allows_after_the_
     let token = t.lease.as_ref().expect("lease").token;
     let done = Action::Complete(pb::Complete { result: b"ok".to_vec().into(), follow_ups: vec![] });
     c.ack(pb::AckRequest { task_id: t.id.clone(), token, action: Some(done) }).await.expect("complete");
+    let metrics = n.node().shared.metrics.clone();
+    let counted = |m: &std::sync::atomic::AtomicU64| m.load(std::sync::atomic::Ordering::Relaxed);
+    // Refused: the single one while pending, the batch item, the one while running; skipped: one.
+    assert_eq!((counted(&metrics.singleton_refused), counted(&metrics.singleton_skipped)), (3, 1));
     let next = c.enqueue(refuse("5")).await.expect("allowed after completion").into_inner();
     assert!(next.task_id != first.task_id && !next.duplicate);
     c.cancel(pb::CancelRequest { id: next.task_id.clone() }).await.expect("cancel");
@@ -133,6 +137,14 @@ async fn debounce_and_singleton_over_rest_with_a_409_naming_the_active_task() {
     let path = format!("/v1/tasks/{}", d1["task_id"].as_str().expect("id"));
     let (_, _, t) = http(a, "GET", &path, None).await;
     assert_eq!(t["payload"], "y", "{t}");
+    let (_, _, metrics) = crate::rest::exchange(a, "GET", "/metrics", None).await;
+    for line in [
+        "raftq_enqueue_debounced_total 1",
+        "raftq_enqueue_singleton_refused_total 1",
+        "raftq_enqueue_singleton_skipped_total 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in /metrics");
+    }
 }
 
 /// The records are replicated state: a snapshot (the log before it purged) and a restart find them again.

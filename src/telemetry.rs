@@ -109,6 +109,11 @@ pub struct Metrics {
     /// Token buckets (a queue's or a fairness key's) passed over by a dispatch pass for lack of tokens while
     /// they had ready tasks (on the leader; once per bucket per pass).
     pub throttled_claims: AtomicU64,
+    /// Enqueues a debounce key's pending task took (nothing created), and singleton enqueues refused or skipped
+    /// while the key's task was active (on the leader that proposed them).
+    pub debounced: AtomicU64,
+    pub singleton_refused: AtomicU64,
+    pub singleton_skipped: AtomicU64,
 }
 
 impl Metrics {
@@ -159,6 +164,21 @@ impl Metrics {
                 "raftq_claims_throttled_total",
                 "Times this leader passed over a queue's or a fairness key's ready tasks for lack of rate-limit tokens.",
                 &self.throttled_claims,
+            ),
+            (
+                "raftq_enqueue_debounced_total",
+                "Enqueues taken by a debounce key's pending task on this leader (nothing created).",
+                &self.debounced,
+            ),
+            (
+                "raftq_enqueue_singleton_refused_total",
+                "Enqueues this leader refused because their singleton key's task was pending or running.",
+                &self.singleton_refused,
+            ),
+            (
+                "raftq_enqueue_singleton_skipped_total",
+                "Enqueues this leader dropped (answered with the active task) for their singleton key.",
+                &self.singleton_skipped,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

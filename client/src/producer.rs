@@ -405,6 +405,7 @@ mod tests {
                 result: Some(pb::enqueue_result::Result::Ok(pb::EnqueueResponse {
                     task_id: "a".into(),
                     duplicate: true,
+                    debounced: false,
                 })),
             },
             pb::EnqueueResult {

@@ -487,15 +487,25 @@ impl TaskResult {
 pub struct Enqueued {
     /// The new task's id, or the original task's id for a duplicate.
     pub task_id: String,
-    /// The idempotency key was seen before: nothing was created.
+    /// Nothing was created: the idempotency key was seen before, a debounce key's pending task took the enqueue,
+    /// or a singleton key's active task stood for it ([`NewTask::singleton_skip`]).
     pub duplicate: bool,
+    /// A debounce key's pending task took this enqueue: its payload, priority and start changed.
+    pub debounced: bool,
 }
 
 impl Enqueued {
     pub(crate) fn from_proto(r: pb::EnqueueResponse) -> Enqueued {
-        let pb::EnqueueResponse { task_id, duplicate } = r;
-        Enqueued { task_id, duplicate }
+        let pb::EnqueueResponse { task_id, duplicate, debounced } = r;
+        Enqueued { task_id, duplicate, debounced }
     }
+}
+
+/// A debounce or singleton key of an enqueue (see [`NewTask::debounce`], [`NewTask::singleton`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyMode {
+    Debounce { key: String, delay: Duration, max_wait: Duration },
+    Singleton { key: String, skip: bool },
 }
 
 /// A task to enqueue, built step by step:
@@ -526,6 +536,7 @@ pub struct NewTask {
     concurrency: Option<(String, u32)>,
     depends_on: Vec<String>,
     all_resolved: bool,
+    key_mode: Option<KeyMode>,
 }
 
 impl NewTask {
@@ -545,6 +556,7 @@ impl NewTask {
             concurrency: None,
             depends_on: Vec::new(),
             all_resolved: false,
+            key_mode: None,
         }
     }
 
@@ -618,6 +630,31 @@ impl NewTask {
         self
     }
 
+    /// Debounce by `key` (the tenant's, in this queue): while the key's task is pending and was never claimed,
+    /// this enqueue replaces its payload and priority and moves its start to `now + delay`, but never past
+    /// `max_wait` after its first enqueue (`Duration::ZERO`: no cap), and answers that task with
+    /// [`Enqueued::debounced`] set; otherwise it creates a task starting at `now + delay`. Not with a delay,
+    /// `run_at`, an idempotency key or a singleton key. Needs a server cluster at version 3.
+    pub fn debounce(mut self, key: impl Into<String>, delay: Duration, max_wait: Duration) -> NewTask {
+        self.key_mode = Some(KeyMode::Debounce { key: key.into(), delay, max_wait });
+        self
+    }
+
+    /// Singleton by `key` (the tenant's, in this queue): while the key's task is pending or in progress the
+    /// enqueue is refused with reason `SINGLETON_ACTIVE` (naming that task). Once it has ended, the next enqueue
+    /// creates a task. Needs a server cluster at version 3.
+    pub fn singleton(mut self, key: impl Into<String>) -> NewTask {
+        self.key_mode = Some(KeyMode::Singleton { key: key.into(), skip: false });
+        self
+    }
+
+    /// As [`NewTask::singleton`], but an enqueue while the key's task is active is dropped: answered with that
+    /// task, marked [`Enqueued::duplicate`].
+    pub fn singleton_skip(mut self, key: impl Into<String>) -> NewTask {
+        self.key_mode = Some(KeyMode::Singleton { key: key.into(), skip: true });
+        self
+    }
+
     /// The queue this task is for.
     pub fn queue(&self) -> &str {
         &self.queue
@@ -638,7 +675,18 @@ impl NewTask {
             concurrency,
             depends_on,
             all_resolved,
+            key_mode,
         } = self;
+        let (debounce, singleton) = match key_mode {
+            None => (None, None),
+            Some(KeyMode::Debounce { key, delay, max_wait }) => {
+                (Some(pb::Debounce { key, delay_ms: duration_ms(delay), max_wait_ms: duration_ms(max_wait) }), None)
+            }
+            Some(KeyMode::Singleton { key, skip }) => {
+                let mode = if skip { pb::SingletonMode::Skip } else { pb::SingletonMode::Refuse };
+                (None, Some(pb::Singleton { key, mode: mode as i32 }))
+            }
+        };
         pb::EnqueueRequest {
             queue,
             payload,
@@ -661,6 +709,8 @@ impl NewTask {
             } else {
                 pb::DependencyRule::AllCompleted as i32
             },
+            debounce,
+            singleton,
         }
     }
 }
@@ -707,8 +757,21 @@ mod tests {
                 concurrency_limit: 0,
                 depends_on: vec![],
                 dependency_rule: 0,
+                debounce: None,
+                singleton: None,
             }
         );
+    }
+
+    #[test]
+    fn key_modes_go_into_the_request() {
+        let d = NewTask::new("q", "p").debounce("k", Duration::from_secs(2), Duration::from_secs(10)).into_proto();
+        assert_eq!(d.debounce, Some(pb::Debounce { key: "k".into(), delay_ms: 2000, max_wait_ms: 10_000 }));
+        assert_eq!(d.singleton, None);
+        let s = NewTask::new("q", "p").singleton("s").into_proto();
+        assert_eq!(s.singleton, Some(pb::Singleton { key: "s".into(), mode: pb::SingletonMode::Refuse as i32 }));
+        let skip = NewTask::new("q", "p").singleton_skip("s").into_proto();
+        assert_eq!(skip.singleton.map(|s| s.mode), Some(pb::SingletonMode::Skip as i32));
     }
 
     #[test]

@@ -91,11 +91,13 @@ pub enum Reason {
     /// The queue (or the tenant) holds as many waiting tasks as its depth limit allows; nothing was applied; try
     /// again after the retry hint.
     QueueFull,
+    /// A singleton key's task is pending or in progress (the message names it); nothing was created.
+    SingletonActive,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::InvalidArgument,
         Reason::NotFound,
         Reason::AlreadyExists,
@@ -124,6 +126,7 @@ impl Reason {
         Reason::MethodNotAllowed,
         Reason::FeatureNotActive,
         Reason::QueueFull,
+        Reason::SingletonActive,
     ];
 
     /// The code as it travels.
@@ -157,6 +160,7 @@ impl Reason {
             Reason::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Reason::FeatureNotActive => "FEATURE_NOT_ACTIVE",
             Reason::QueueFull => "QUEUE_FULL",
+            Reason::SingletonActive => "SINGLETON_ACTIVE",
         }
     }
 

@@ -141,6 +141,31 @@ def test_idempotency_key_returns_the_original_task(server, queue):
         assert batch[0].task_id == a.task_id and batch[0].duplicate
 
 
+def test_debounce_and_singleton_keys(server, queue):
+    with producer(server) as p:
+        # Cluster version 3 comes a moment after the node starts.
+        def first_debounce():  # type: ignore[no-untyped-def]
+            try:
+                return p.enqueue(queue, b"1", debounce_key="doc", debounce_delay=60, debounce_max_wait=120)
+            except raftq.ServerError as e:
+                assert e.reason == "FEATURE_NOT_ACTIVE", e
+                return None
+
+        a = wait_for(first_debounce, what="cluster version 3")
+        b = p.enqueue(queue, b"2", debounce_key="doc", debounce_delay=60)
+        assert (a.duplicate, a.debounced, b.duplicate, b.debounced) == (False, False, True, True)
+        assert b.task_id == a.task_id and p.get(a.task_id).payload == b"2"
+        s = p.enqueue(queue, b"s", singleton_key="nightly")
+        with pytest.raises(raftq.ConflictError) as refused:
+            p.enqueue(queue, b"s2", singleton_key="nightly")
+        assert refused.value.reason == "SINGLETON_ACTIVE" and not refused.value.retryable
+        assert s.task_id in refused.value.message
+        skipped = p.enqueue(queue, b"s3", singleton_key="nightly", singleton_skip=True)
+        assert (skipped.task_id, skipped.duplicate) == (s.task_id, True)
+        p.cancel(s.task_id)
+        assert p.enqueue(queue, b"s4", singleton_key="nightly").task_id != s.task_id
+
+
 def test_enqueue_batch_items_succeed_or_fail_one_by_one(server, queue):
     with producer(server) as p:
         out = p.enqueue_batch([NewTask(queue, "ok"), NewTask(queue, "bad", priority=12), NewTask("-bad", "x")])

@@ -6,7 +6,8 @@ use raftq_proto::v1 as pb;
 use super::error::{invalid, ApiError};
 use crate::config::Config;
 use crate::queue::{
-    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, NewTask, Task, TaskId, TaskState, TimeMs,
+    AckAction, ConcurrencyKey, DependencyRule, ExceptionReason, KeyMode, KeyedTask, NewTask, Task, TaskId, TaskState,
+    TimeMs,
 };
 
 pub fn parse_id(s: &str) -> Result<TaskId, ApiError> {
@@ -123,7 +124,13 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         concurrency_limit,
         depends_on,
         dependency_rule,
+        debounce,
+        singleton,
     } = req;
+    if debounce.is_some() || singleton.is_some() {
+        // Taken out by `enqueue_item` for the enqueues that take them; follow-ups and schedules do not.
+        return Err(invalid("debounce and singleton are taken by enqueues only"));
+    }
     validate_queue(cfg, &queue)?;
     if payload.len() > cfg.max_payload_bytes {
         return Err(invalid(format!(
@@ -214,6 +221,72 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
     })
 }
 
+/// Validates an enqueue request that may carry a debounce or singleton key, and decides everything the state
+/// machine needs. A keyed task is placed by its key's record (`KeyMode::record_key`), or by its concurrency key
+/// when it has one, so the record and the task it names share a shard; a debounced task starts at
+/// `now + delay_ms`.
+pub fn enqueue_item(
+    cfg: &Config,
+    tenant: &str,
+    mut req: pb::EnqueueRequest,
+    now: TimeMs,
+) -> Result<KeyedTask, ApiError> {
+    let debounce = req.debounce.take();
+    let singleton = req.singleton.take();
+    let mode = match (debounce, singleton) {
+        (None, None) => None,
+        (Some(_), Some(_)) => return Err(invalid("give debounce or singleton, not both")),
+        (Some(pb::Debounce { key, delay_ms, max_wait_ms }), None) => {
+            if req.delay_ms > 0 || req.run_at_ms > 0 {
+                return Err(invalid("a debounced task starts at debounce.delay_ms: give no delay_ms or run_at_ms"));
+            }
+            if delay_ms > cfg.max_delay_ms || max_wait_ms > cfg.max_delay_ms {
+                return Err(invalid(format!(
+                    "debounce.delay_ms and debounce.max_wait_ms must be within the horizon of {} ms",
+                    cfg.max_delay_ms
+                )));
+            }
+            Some(KeyMode::Debounce { key: mode_key(cfg, "debounce.key", key)?, delay_ms, max_wait_ms })
+        }
+        (None, Some(pb::Singleton { key, mode })) => {
+            let skip = match pb::SingletonMode::try_from(mode) {
+                Ok(pb::SingletonMode::Refuse) => false,
+                Ok(pb::SingletonMode::Skip) => true,
+                Err(_) => return Err(invalid(format!("unknown singleton.mode {mode}"))),
+            };
+            Some(KeyMode::Singleton { key: mode_key(cfg, "singleton.key", key)?, skip })
+        }
+    };
+    if mode.is_some() && !req.idempotency_key.is_empty() {
+        return Err(invalid("an idempotency_key does not go with debounce or singleton"));
+    }
+    let delay = match &mode {
+        Some(KeyMode::Debounce { delay_ms, .. }) => *delay_ms,
+        _ => 0,
+    };
+    let mut task = new_task(cfg, tenant, req, now)?;
+    if let Some(m) = &mode {
+        task.visible_at = task.visible_at.max(now.saturating_add(delay));
+        if task.concurrency.is_none() {
+            let placement = TaskId::placement_for_key(tenant, &m.record_key(&task.queue, None));
+            task.id = TaskId::new(now, placement, rand::random());
+        }
+    }
+    Ok(KeyedTask { task, mode })
+}
+
+/// A debounce or singleton key: 1 to `max_idempotency_key_len` characters, no control characters (the record key
+/// separates its parts with NUL).
+fn mode_key(cfg: &Config, field: &str, key: String) -> Result<String, ApiError> {
+    if key.is_empty() || key.len() > cfg.max_idempotency_key_len || key.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{field} must be 1 to {} characters, without control characters",
+            cfg.max_idempotency_key_len
+        )));
+    }
+    Ok(key)
+}
+
 /// Dependency ids: parsed, without repeats, at most `max_batch_items`. That they exist is checked on the leader
 /// before proposing (`TaskApi`), and since they must exist first no cycle can form.
 fn dependencies(cfg: &Config, ids: &[String]) -> Result<Vec<TaskId>, ApiError> {
@@ -275,6 +348,8 @@ fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
         concurrency_limit: 0,
         depends_on: vec![],
         dependency_rule: 0,
+        debounce: None,
+        singleton: None,
     }
 }
 
@@ -566,6 +641,49 @@ mod tests {
         assert_eq!(t1.id.placement(), t2.id.placement());
     }
 
+    #[test]
+    fn keyed_tasks_share_a_placement_per_key_and_bad_combinations_are_refused() {
+        let cfg = Config::default();
+        let single = |queue: &str, key: &str| pb::EnqueueRequest {
+            singleton: Some(pb::Singleton { key: key.into(), mode: pb::SingletonMode::Skip as i32 }),
+            ..req(queue)
+        };
+        let a = enqueue_item(&cfg, "t", single("q", "k"), 1).expect("ok");
+        let b = enqueue_item(&cfg, "t", single("q", "k"), 2).expect("ok");
+        assert_eq!(a.mode, Some(KeyMode::Singleton { key: "k".into(), skip: true }));
+        assert_ne!(a.task.id, b.task.id);
+        assert_eq!(a.task.id.placement(), b.task.id.placement(), "record and task share a shard");
+        let rkey = a.mode.as_ref().expect("keyed").record_key("q", None);
+        assert_eq!(a.task.id.placement(), TaskId::placement_for_key("t", &rkey));
+        let with_ck = pb::EnqueueRequest { concurrency_key: "c".into(), ..single("q", "k") };
+        let c = enqueue_item(&cfg, "t", with_ck, 1).expect("ok");
+        assert_eq!(
+            c.task.id.placement(),
+            TaskId::placement_for_concurrency_key("t", "c"),
+            "the concurrency key's shard"
+        );
+        let deb = pb::Debounce { key: "d".into(), delay_ms: 500, max_wait_ms: 0 };
+        let d = enqueue_item(&cfg, "t", pb::EnqueueRequest { debounce: Some(deb.clone()), ..req("q") }, 1_000);
+        assert_eq!(d.expect("ok").task.visible_at, 1_500, "a debounced task starts after the delay");
+        assert_eq!(enqueue_item(&cfg, "t", req("q"), 1).expect("plain").mode, None);
+        let bad = [
+            pb::EnqueueRequest { debounce: Some(deb.clone()), ..single("q", "k") },
+            pb::EnqueueRequest { idempotency_key: "i".into(), ..single("q", "k") },
+            pb::EnqueueRequest { delay_ms: 1, debounce: Some(deb.clone()), ..req("q") },
+            pb::EnqueueRequest { run_at_ms: 5, debounce: Some(deb), ..req("q") },
+            single("q", ""),
+            single("q", "a\u{0}b"),
+            single("q", &"k".repeat(cfg.max_idempotency_key_len + 1)),
+            pb::EnqueueRequest { singleton: Some(pb::Singleton { key: "k".into(), mode: 9 }), ..req("q") },
+        ];
+        for r in bad {
+            let e = enqueue_item(&cfg, "t", r.clone(), 1).expect_err("refused");
+            assert_eq!(e.reason(), raftq_proto::reason::Reason::InvalidArgument, "{r:?}");
+        }
+        // Follow-ups and schedule templates (through `new_task`) take neither.
+        assert!(new_task(&cfg, "t", single("q", "k"), 1).is_err());
+    }
+
     /// Fuzzing by property: arbitrary bytes decoded as the public requests, then validated, never panic; what
     /// validation accepts is within every limit (so nothing malformed reaches the log); what it refuses has a
     /// reason and a message. `PROPTEST_CASES` sets the number of cases (2,000 by default).
@@ -602,14 +720,14 @@ mod tests {
             fn arbitrary_bytes_decode_and_validate_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
                 let cfg = Config::default();
                 if let Ok(r) = pb::EnqueueRequest::decode(&bytes[..]) {
-                    match new_task(&cfg, "t", r, NOW) {
-                        Ok(t) => check_accepted(&cfg, &t),
+                    match enqueue_item(&cfg, "t", r, NOW) {
+                        Ok(k) => check_accepted(&cfg, &k.task),
                         Err(e) => check_refused(&e),
                     }
                 }
                 if let Ok(b) = pb::EnqueueBatchRequest::decode(&bytes[..]) {
                     for r in b.items {
-                        if let Err(e) = new_task(&cfg, "t", r, NOW) {
+                        if let Err(e) = enqueue_item(&cfg, "t", r, NOW) {
                             check_refused(&e);
                         }
                     }

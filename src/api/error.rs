@@ -83,6 +83,7 @@ impl ApiError {
                 Rejected::NotClaimable => Reason::NotClaimable,
                 Rejected::AlreadyEnded => Reason::AlreadyEnded,
                 Rejected::IdExists => Reason::AlreadyExists,
+                Rejected::SingletonActive(_) => Reason::SingletonActive,
             },
             ApiError::NotFound(_) => Reason::NotFound,
             ApiError::NotLeader { .. } => Reason::NotLeader,
@@ -205,6 +206,7 @@ pub fn grpc_code(r: Reason) -> Code {
         Reason::MethodNotAllowed => Code::Unimplemented,
         Reason::FeatureNotActive => Code::FailedPrecondition,
         Reason::QueueFull => Code::ResourceExhausted,
+        Reason::SingletonActive => Code::AlreadyExists,
     }
 }
 
@@ -239,6 +241,7 @@ pub fn http_status(r: Reason) -> StatusCode {
         Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Reason::FeatureNotActive => StatusCode::CONFLICT,
         Reason::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+        Reason::SingletonActive => StatusCode::CONFLICT,
     }
 }
 

@@ -19,7 +19,7 @@ use super::limits::Limits;
 use crate::auth::AuthError;
 use crate::leader::dispatcher::Dispatcher;
 use crate::leader::proposer::{wall_clock_ms, Proposer};
-use crate::queue::{AckItem, Command, DlqSelector, Response as SmResponse, TaskId};
+use crate::queue::{AckItem, Command, DlqSelector, KeyMode, KeyedTask, Response as SmResponse, TaskId};
 
 pub use crate::auth::Caller;
 use crate::auth::{Authenticator, Scope};
@@ -79,13 +79,20 @@ pub fn check_dependencies(shared: &crate::storage::SmShared, n: &crate::queue::N
     Ok(())
 }
 
-pub fn enqueue_result(r: Result<crate::queue::Enqueued, ApiError>) -> pb::EnqueueResult {
+/// The answer to one enqueue; `debounce`: the item had a debounce key, so a duplicate is a debounced enqueue.
+pub fn enqueued(e: &crate::queue::Enqueued, debounce: bool) -> pb::EnqueueResponse {
+    pb::EnqueueResponse { task_id: e.task_id.to_string(), duplicate: e.duplicate, debounced: debounce && e.duplicate }
+}
+
+/// Whether an enqueue item carries a debounce key.
+pub fn is_debounce(item: &Result<KeyedTask, ApiError>) -> bool {
+    matches!(item, Ok(KeyedTask { mode: Some(KeyMode::Debounce { .. }), .. }))
+}
+
+pub fn enqueue_result((r, debounce): (Result<crate::queue::Enqueued, ApiError>, bool)) -> pb::EnqueueResult {
     pb::EnqueueResult {
         result: Some(match r {
-            Ok(e) => pb::enqueue_result::Result::Ok(pb::EnqueueResponse {
-                task_id: e.task_id.to_string(),
-                duplicate: e.duplicate,
-            }),
+            Ok(e) => pb::enqueue_result::Result::Ok(enqueued(&e, debounce)),
             Err(e) => pb::enqueue_result::Result::Error(super::stream::refusal(&e)),
         }),
     }
@@ -140,13 +147,13 @@ pub fn new_tasks(
     who: &Caller,
     items: Vec<pb::EnqueueRequest>,
     now: u64,
-) -> Vec<Result<crate::queue::NewTask, ApiError>> {
+) -> Vec<Result<KeyedTask, ApiError>> {
     items
         .into_iter()
         .map(|i| {
             who.check_queue(&i.queue)?;
-            let n = convert::new_task(cfg, &who.tenant, i, now)?;
-            check_dependencies(shared, &n)?;
+            let n = convert::enqueue_item(cfg, &who.tenant, i, now)?;
+            check_dependencies(shared, &n.task)?;
             Ok(n)
         })
         .collect()
@@ -160,12 +167,13 @@ impl TaskApi {
     async fn enqueue_local(&self, req: Request<pb::EnqueueRequest>) -> Result<pb::EnqueueResponse, ApiError> {
         let who = caller_with(&req, Scope::Enqueue)?;
         who.check_queue(&req.get_ref().queue)?;
-        let item = convert::new_task(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
-        check_dependencies(&self.proposer.shared, &item)?;
+        let item = convert::enqueue_item(&self.proposer.cfg, &who.tenant, req.into_inner(), wall_clock_ms())?;
+        check_dependencies(&self.proposer.shared, &item.task)?;
         self.limits.enqueue(&who.tenant, 1)?;
+        let debounce = matches!(item.mode, Some(KeyMode::Debounce { .. }));
         let mut out = self.proposer.enqueue(vec![item]).await.map_err(ApiError::from)?;
         let r = out.pop().ok_or_else(|| ApiError::Internal("no result".into()))?.map_err(ApiError::from)?;
-        Ok(pb::EnqueueResponse { task_id: r.task_id.to_string(), duplicate: r.duplicate })
+        Ok(enqueued(&r, debounce))
     }
 
     async fn enqueue_batch_local(
@@ -184,7 +192,8 @@ impl TaskApi {
         let valid = valid_items(&checked);
         self.limits.enqueue(&who.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?;
-        let results = merge_items(checked, applied).into_iter().map(enqueue_result).collect();
+        let debounce: Vec<bool> = checked.iter().map(is_debounce).collect();
+        let results = merge_items(checked, applied).into_iter().zip(debounce).map(enqueue_result).collect();
         Ok(pb::EnqueueBatchResponse { results })
     }
 

@@ -319,9 +319,32 @@ pub fn schemas() -> Map<String, Value> {
                     ("concurrency_limit", int()),
                     ("depends_on", array(string())),
                     ("dependency_rule", json!({"type": "string", "enum": ["all_completed", "all_resolved"]})),
+                    ("debounce", reference("Debounce")),
+                    ("singleton", reference("Singleton")),
                 ],
                 &["queue"],
             ),
+        ),
+        (
+            "Debounce",
+            json!({
+                "type": "object",
+                "description": "While the key's task is pending and never claimed, an enqueue replaces its payload and \
+                    priority and moves its start to min(now + delay_ms, first enqueue + max_wait_ms) (answered with \
+                    duplicate and debounced); otherwise it creates a task starting at now + delay_ms. Cluster version 3.",
+                "properties": {"key": string(), "delay_ms": int(), "max_wait_ms": int()},
+                "required": ["key"],
+            }),
+        ),
+        (
+            "Singleton",
+            json!({
+                "type": "object",
+                "description": "While the key's task is pending or in progress, an enqueue is refused (409, \
+                    SINGLETON_ACTIVE) or, with mode skip, answered with that task as a duplicate. Cluster version 3.",
+                "properties": {"key": string(), "mode": {"type": "string", "enum": ["refuse", "skip"]}},
+                "required": ["key"],
+            }),
         ),
         (
             "Schedule",
@@ -450,7 +473,13 @@ pub fn schemas() -> Map<String, Value> {
         ("ScheduleList", json!({"type": "object", "properties": {"schedules": array(reference("ScheduleInfo"))}})),
         ("Deleted", json!({"type": "object", "properties": {"deleted": boolean()}})),
         ("NewTaskBatch", object(&[("items", array(reference("NewTask")))], &["items"])),
-        ("Enqueued", object(&[("task_id", string()), ("duplicate", boolean())], &["task_id", "duplicate"])),
+        (
+            "Enqueued",
+            object(
+                &[("task_id", string()), ("duplicate", boolean()), ("debounced", boolean())],
+                &["task_id", "duplicate"],
+            ),
+        ),
         (
             "EnqueuedBatch",
             object(&[("results", array(json!({"oneOf": [reference("Enqueued"), reference("Error")]})))], &["results"]),

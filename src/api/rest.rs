@@ -267,6 +267,26 @@ struct NewTaskBody {
     depends_on: Vec<String>,
     /// `all_completed` (default) or `all_resolved`.
     dependency_rule: Option<String>,
+    debounce: Option<DebounceBody>,
+    singleton: Option<SingletonBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebounceBody {
+    key: String,
+    #[serde(default)]
+    delay_ms: u64,
+    #[serde(default)]
+    max_wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SingletonBody {
+    key: String,
+    /// `refuse` (default) or `skip`.
+    mode: Option<String>,
 }
 
 impl NewTaskBody {
@@ -288,6 +308,8 @@ impl NewTaskBody {
             concurrency_limit,
             depends_on,
             dependency_rule,
+            debounce,
+            singleton,
         } = self;
         let trace = (traceparent.is_some() || tracestate.is_some()).then(|| pb::TraceContext {
             traceparent: traceparent.unwrap_or_default(),
@@ -314,6 +336,22 @@ impl NewTaskBody {
                     return Err(RestError::bad(format!("dependency_rule {other:?}: all_completed or all_resolved")))
                 }
             },
+            debounce: debounce.map(|DebounceBody { key, delay_ms, max_wait_ms }| pb::Debounce {
+                key,
+                delay_ms,
+                max_wait_ms,
+            }),
+            singleton: match singleton {
+                None => None,
+                Some(SingletonBody { key, mode }) => Some(pb::Singleton {
+                    key,
+                    mode: match mode.as_deref() {
+                        None | Some("refuse") => pb::SingletonMode::Refuse as i32,
+                        Some("skip") => pb::SingletonMode::Skip as i32,
+                        Some(other) => return Err(RestError::bad(format!("singleton.mode {other:?}: refuse or skip"))),
+                    },
+                }),
+            },
         })
     }
 }
@@ -334,7 +372,11 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
 
 async fn enqueue(State(r): State<Rest>, headers: HeaderMap, Body(body): Body<NewTaskBody>) -> Res {
     let resp = r.tasks.enqueue(request(&r, &headers, body.into_pb()?)?).await?;
-    Ok((StatusCode::CREATED, Json(json!({"task_id": resp.task_id, "duplicate": resp.duplicate}))).into_response())
+    Ok((StatusCode::CREATED, Json(enqueued_json(&resp))).into_response())
+}
+
+fn enqueued_json(o: &pb::EnqueueResponse) -> Value {
+    json!({"task_id": o.task_id, "duplicate": o.duplicate, "debounced": o.debounced})
 }
 
 #[derive(Deserialize)]
@@ -350,7 +392,7 @@ async fn enqueue_batch(State(r): State<Rest>, headers: HeaderMap, Body(body): Bo
         .results
         .into_iter()
         .map(|x| match x.result {
-            Some(pb::enqueue_result::Result::Ok(o)) => json!({"task_id": o.task_id, "duplicate": o.duplicate}),
+            Some(pb::enqueue_result::Result::Ok(o)) => enqueued_json(&o),
             Some(pb::enqueue_result::Result::Error(e)) => json!({"error": {"code": e.code, "message": e.message}}),
             None => json!({"error": {"code": "INTERNAL", "message": "empty result"}}),
         })

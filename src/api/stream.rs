@@ -622,6 +622,7 @@ impl StreamApi {
         let valid = valid_items(&checked);
         self.limits.enqueue(&caller.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await?;
-        Ok(merge_items(checked, applied).into_iter().map(super::grpc::enqueue_result).collect())
+        let debounce: Vec<bool> = checked.iter().map(super::grpc::is_debounce).collect();
+        Ok(merge_items(checked, applied).into_iter().zip(debounce).map(super::grpc::enqueue_result).collect())
     }
 }

@@ -42,6 +42,22 @@ pub enum TaskCmd {
         /// With --depends-on: wait for them to end whatever their outcome.
         #[arg(long)]
         all_resolved: bool,
+        /// Debounce by this key: while its task is pending and never claimed, replace that task's payload and
+        /// priority and push its start to now + --debounce-delay instead of creating a task.
+        #[arg(long, conflicts_with_all = ["delay", "idempotency_key", "singleton_key"])]
+        debounce_key: Option<String>,
+        /// With --debounce-key: how long after the last enqueue the task starts (e.g. 5s).
+        #[arg(long, value_parser = humantime::parse_duration, requires = "debounce_key")]
+        debounce_delay: Option<Duration>,
+        /// With --debounce-key: the task starts at most this long after its first enqueue (default: no cap).
+        #[arg(long, value_parser = humantime::parse_duration, requires = "debounce_key")]
+        debounce_max_wait: Option<Duration>,
+        /// Singleton by this key: refused (SINGLETON_ACTIVE) while its task is pending or in progress.
+        #[arg(long, conflicts_with = "idempotency_key")]
+        singleton_key: Option<String>,
+        /// With --singleton-key: drop the enqueue (answer the active task as a duplicate) instead of refusing it.
+        #[arg(long, requires = "singleton_key")]
+        singleton_skip: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -154,6 +170,11 @@ pub async fn run(cmd: TaskCmd) -> Result<()> {
             concurrency_limit,
             depends_on,
             all_resolved,
+            debounce_key,
+            debounce_delay,
+            debounce_max_wait,
+            singleton_key,
+            singleton_skip,
             client,
         } => {
             let mut task = NewTask::new(queue, payload).priority(priority).max_attempts(max_attempts);
@@ -181,9 +202,19 @@ pub async fn run(cmd: TaskCmd) -> Result<()> {
                     task.after_all_completed(depends_on)
                 };
             }
+            if let Some(k) = debounce_key {
+                task = task.debounce(k, debounce_delay.unwrap_or_default(), debounce_max_wait.unwrap_or_default());
+            }
+            match singleton_key {
+                Some(k) if singleton_skip => task = task.singleton_skip(k),
+                Some(k) => task = task.singleton(k),
+                None => {}
+            }
             let r = client.connect().await?.enqueue(task).await?;
             match client.output() {
-                Output::Json => print_json(&json!({"task_id": r.task_id, "duplicate": r.duplicate})),
+                Output::Json => {
+                    print_json(&json!({"task_id": r.task_id, "duplicate": r.duplicate, "debounced": r.debounced}))
+                }
                 Output::Table => println!("{}", r.task_id),
             }
         }

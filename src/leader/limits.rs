@@ -73,9 +73,13 @@ impl Admission {
     /// Admits `items` whole or refuses them whole: for each queue and tenant they touch that has a depth limit,
     /// the waiting tasks (applied pending and delayed, plus admitted enqueues in flight) plus these must fit.
     /// The caller must be caught up (`caught_up`). `None` when no limit applies (nothing is held).
-    pub fn admit(self: &Arc<Self>, shared: &SmShared, items: &[NewTask]) -> Result<Option<Admitted>, ProposeError> {
+    pub fn admit<T: std::borrow::Borrow<NewTask>>(
+        self: &Arc<Self>,
+        shared: &SmShared,
+        items: &[T],
+    ) -> Result<Option<Admitted>, ProposeError> {
         let mut adding: HashMap<QueueKey, u64> = HashMap::new();
-        for t in items {
+        for t in items.iter().map(|t| t.borrow()) {
             *adding.entry(QueueKey::new(&t.tenant, &t.queue)).or_default() += 1;
             *adding.entry(QueueKey::new(&t.tenant, "")).or_default() += 1;
         }

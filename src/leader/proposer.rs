@@ -136,17 +136,40 @@ impl Proposer {
         write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await
     }
 
-    pub async fn enqueue(&self, items: Vec<NewTask>) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
+    /// Enqueues tasks. Items without a key mode go through the coalescer as `Enqueue`; a call with any debounce or
+    /// singleton item is proposed alone as `EnqueueKeyed` (cluster version 3), refused before that version with
+    /// nothing proposed.
+    pub async fn enqueue(&self, items: Vec<KeyedTask>) -> Result<Vec<ItemResult<Enqueued>>, ProposeError> {
+        let keyed = items.iter().any(|k| k.mode.is_some());
+        if keyed {
+            check_required(Command::EnqueueKeyed(vec![]).required_version(), self.shared.cluster_version())?;
+        }
         let traced: Vec<(TaskId, String)> = if telemetry::task_spans_enabled() {
-            items.iter().filter_map(|i| Some((i.id, i.traceparent.clone()?))).collect()
+            items.iter().filter_map(|i| Some((i.task.id, i.task.traceparent.clone()?))).collect()
         } else {
             vec![]
         };
         // Boxed: the admission's read point is rare, and keeps this future (awaited deep in the API) small.
-        let _admitted = if self.shared.any_limits() { Box::pin(self.admit(&items)).await? } else { None };
-        let (reply, rx) = oneshot::channel();
-        self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        let out = rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??;
+        let _admitted = if self.shared.any_limits() {
+            let tasks: Vec<&NewTask> = items.iter().map(|k| &k.task).collect();
+            Box::pin(self.admit(&tasks)).await?
+        } else {
+            None
+        };
+        let out = if keyed {
+            let modes: Vec<Option<KeyMode>> = items.iter().map(|k| k.mode.clone()).collect();
+            let out = match self.write(Command::EnqueueKeyed(items)).await? {
+                Response::Enqueued(v) => v,
+                other => return Err(ProposeError::Storage(format!("unexpected response {other:?}"))),
+            };
+            self.count_keyed(&modes, &out);
+            out
+        } else {
+            let items = items.into_iter().map(|k| k.task).collect();
+            let (reply, rx) = oneshot::channel();
+            self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+            rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??
+        };
         for (id, tp) in traced {
             if out.iter().any(|r| matches!(r, Ok(e) if e.task_id == id && !e.duplicate)) {
                 telemetry::task_span("enqueue", &id, Some(&tp), TaskState::Pending.as_str());
@@ -155,9 +178,24 @@ impl Proposer {
         Ok(out)
     }
 
+    /// Counts what debounce and singleton keys did to a keyed enqueue's items (metrics).
+    fn count_keyed(&self, modes: &[Option<KeyMode>], out: &[ItemResult<Enqueued>]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &self.shared.metrics;
+        for (mode, r) in modes.iter().zip(out) {
+            let counter = match (mode, r) {
+                (Some(KeyMode::Debounce { .. }), Ok(Enqueued { duplicate: true, .. })) => &m.debounced,
+                (Some(KeyMode::Singleton { .. }), Ok(Enqueued { duplicate: true, .. })) => &m.singleton_skipped,
+                (Some(KeyMode::Singleton { .. }), Err(Rejected::SingletonActive(_))) => &m.singleton_refused,
+                _ => continue,
+            };
+            counter.fetch_add(1, Relaxed);
+        }
+    }
+
     /// The depth limits (`leader::limits`): checked only on a leader (a follower's write fails with `NotLeader`
     /// and is forwarded), and only once it has applied its earlier terms.
-    async fn admit(&self, items: &[NewTask]) -> Result<Option<super::limits::Admitted>, ProposeError> {
+    async fn admit(&self, items: &[&NewTask]) -> Result<Option<super::limits::Admitted>, ProposeError> {
         if !super::limits::is_leader(&self.raft) {
             return Ok(None);
         }

@@ -34,6 +34,9 @@ pub struct ShardIndex {
     /// Idempotency keys by expiry: (expires_at, tenant, key). May hold a stale entry for a key replaced after
     /// expiry; `advance` skips it by comparing with the record.
     pub(super) keys: BTreeSet<(TimeMs, String, String)>,
+    /// The debounce or singleton record naming each task of this shard that holds a key: (tenant, record key).
+    /// Such a record lives exactly as long as its task holds the key (`apply/keyed.rs`).
+    pub(super) key_holders: HashMap<TaskId, (String, String)>,
     pub(super) counts: HashMap<QueueKey, StateCounts>,
     /// Pending webhook deliveries of this shard's outbox, by when they are due.
     pub(super) webhooks: BTreeSet<(TimeMs, DeliveryId)>,
@@ -343,6 +346,17 @@ impl ShardIndex {
 
     pub fn add_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
         self.keys.insert((rec.expires_at, tenant.to_string(), key.to_string()));
+        if is_mode_record_key(key) {
+            self.key_holders.insert(rec.task_id, (tenant.to_string(), key.to_string()));
+        }
+    }
+
+    /// Drops the entries of a record removed (or replaced) ahead of its expiry: a debounce or singleton record.
+    pub fn remove_key(&mut self, tenant: &str, key: &str, rec: &KeyRecord) {
+        self.keys.remove(&(rec.expires_at, tenant.to_string(), key.to_string()));
+        if self.key_holders.get(&rec.task_id).is_some_and(|(t, k)| t == tenant && k == key) {
+            self.key_holders.remove(&rec.task_id);
+        }
     }
 
     pub fn add_delivery(&mut self, d: &WebhookDelivery) {

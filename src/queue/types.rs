@@ -645,6 +645,69 @@ pub enum Command {
         items: Vec<ClaimItem>,
         charges: Vec<RateCharge>,
     },
+    /// An enqueue whose items may carry a debounce or singleton key (`KeyMode`): applied item by item as
+    /// `Enqueue` is, each keyed item checked against its key's record first (`apply/keyed.rs`). Proposed instead
+    /// of `Enqueue` only when an item has a key mode, so ordinary enqueues keep the old command. Cluster version 3.
+    EnqueueKeyed(Vec<KeyedTask>),
+}
+
+/// A task to create and the key mode it was enqueued with (`None`: a plain enqueue).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedTask {
+    pub task: NewTask,
+    pub mode: Option<KeyMode>,
+}
+
+/// A debounce or singleton key of an enqueue. The key is the tenant's, in a namespace of its own per mode and per
+/// queue (apart from idempotency keys); its record (`KeyRecord` under `KeyMode::record_key`) names the task it
+/// stands for and lives in that task's shard (the proposer places the task by the record key, or by its
+/// concurrency key when it has one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyMode {
+    /// While the key's task is pending and was never claimed, an enqueue replaces its payload and priority and
+    /// moves its start to `min(now + delay_ms, created_at + max_wait_ms)` (`max_wait_ms` 0: no cap) instead of
+    /// creating a task. Otherwise the enqueue creates a task (visible at `now + delay_ms`, as the proposer set).
+    Debounce { key: String, delay_ms: u64, max_wait_ms: u64 },
+    /// While the key's task is pending or in progress, an enqueue creates nothing: it is refused
+    /// (`Rejected::SingletonActive`) or, with `skip`, answered with the active task as a duplicate.
+    Singleton { key: String, skip: bool },
+}
+
+impl KeyMode {
+    pub fn key(&self) -> &str {
+        match self {
+            KeyMode::Debounce { key, .. } | KeyMode::Singleton { key, .. } => key,
+        }
+    }
+
+    /// The record key of this mode's key for a task of `queue` with concurrency key `concurrency`. It starts with
+    /// NUL, which no idempotency record key does (the API refuses NUL in idempotency keys, and the concurrency
+    /// namespace starts with `\u{1}`), so the kinds are told apart (`is_mode_record_key`). The mode's
+    /// key (no control characters, checked by the API) comes before the concurrency key, so the parts cannot be
+    /// confused. With a concurrency key the record lives in that key's shard, scoped by it as idempotency keys are.
+    pub fn record_key(&self, queue: &str, concurrency: Option<&ConcurrencyKey>) -> String {
+        let kind = match self {
+            KeyMode::Debounce { .. } => "debounce",
+            KeyMode::Singleton { .. } => "singleton",
+        };
+        let ck = concurrency.map(|c| c.key.as_str()).unwrap_or("");
+        format!("\0{kind}\0{queue}\0{}\0{ck}", self.key())
+    }
+
+    /// Whether the task a record names still holds the key: a debounce key while the task is pending and was
+    /// never claimed, a singleton key while it is pending or in progress.
+    pub fn holds(record_key: &str, t: &Task) -> bool {
+        if record_key.starts_with("\0debounce\0") {
+            t.state == TaskState::Pending && t.runs.is_empty()
+        } else {
+            matches!(t.state, TaskState::Pending | TaskState::InProgress)
+        }
+    }
+}
+
+/// A debounce or singleton record key (`KeyMode::record_key`), as opposed to an idempotency key's.
+pub fn is_mode_record_key(key: &str) -> bool {
+    key.starts_with('\0')
 }
 
 /// A token bucket's configuration: `milli_per_s` tokens per 1000 s (thousandths of a task per second, so
@@ -708,6 +771,7 @@ impl Command {
             Command::SetFairnessWeight { .. } => 2,
             Command::SetRateLimit { .. } => 2,
             Command::RatedClaim { .. } => 2,
+            Command::EnqueueKeyed(_) => 3,
             _ => 0,
         }
     }
@@ -743,6 +807,7 @@ impl fmt::Display for Request {
             Command::SetFairnessWeight { .. } => ("fairness-weight", 1),
             Command::SetRateLimit { .. } => ("rate-limit", 1),
             Command::RatedClaim { items, .. } => ("rated-claim", items.len()),
+            Command::EnqueueKeyed(v) => ("enqueue-keyed", v.len()),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -763,6 +828,9 @@ pub enum Rejected {
     AlreadyEnded,
     #[error("a task with this id already exists")]
     IdExists,
+    /// A singleton key's task (this one) is pending or in progress.
+    #[error("task {0} of this singleton key is pending or in progress")]
+    SingletonActive(TaskId),
 }
 
 impl Rejected {
@@ -775,6 +843,7 @@ impl Rejected {
             Rejected::NotClaimable => "NOT_CLAIMABLE",
             Rejected::AlreadyEnded => "ALREADY_ENDED",
             Rejected::IdExists => "ALREADY_EXISTS",
+            Rejected::SingletonActive(_) => "SINGLETON_ACTIVE",
         }
     }
 }
@@ -782,7 +851,8 @@ impl Rejected {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Enqueued {
     pub task_id: TaskId,
-    /// The idempotency key was seen before: `task_id` is the original task and nothing was created.
+    /// The idempotency key was seen before: `task_id` is the original task and nothing was created. Also for a
+    /// debounce that changed the pending task, and a singleton key's skipped enqueue (`KeyMode`).
     pub duplicate: bool,
 }
 

@@ -417,3 +417,31 @@ async fn queues_rate_limit_set_and_list_buckets() {
     let list = raftq(&["queues", "rate-limit", "list", "--addr", &a, "--output", "json"]).await.json();
     assert_eq!(list.as_array().map(Vec::len), Some(1), "rate 0 removed the queue's bucket: {list}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_enqueue_takes_debounce_and_singleton_keys() {
+    let n = TestNode::start().await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 3).await;
+    let a = addr(&n);
+    let deb = |p: &str| {
+        let args = ["task", "enqueue", "--addr", &a, "--queue", "ck", "--payload", p, "--output", "json"];
+        let keyed = ["--debounce-key", "d", "--debounce-delay", "1m", "--debounce-max-wait", "5m"];
+        [&args[..], &keyed[..]].concat().into_iter().map(String::from).collect::<Vec<String>>()
+    };
+    let run = |args: Vec<String>| async move { raftq(&args.iter().map(String::as_str).collect::<Vec<_>>()).await };
+    let first = run(deb("one")).await.json();
+    let second = run(deb("two")).await.json();
+    assert_eq!((&second["task_id"], &second["debounced"]), (&first["task_id"], &serde_json::json!(true)), "{second}");
+    let single = ["task", "enqueue", "--addr", &a, "--queue", "ck", "--singleton-key", "s", "--output", "json"];
+    let s = raftq(&single).await.json();
+    let refused = raftq(&single).await;
+    assert!(!refused.ok && refused.stderr.contains("SINGLETON_ACTIVE"), "{refused:?}");
+    let id = s["task_id"].as_str().expect("id");
+    assert!(refused.stderr.contains(id), "names the active task: {refused:?}");
+    let skip = [&single[..], &["--singleton-skip"]].concat();
+    let skipped = raftq(&skip).await.json();
+    assert_eq!((&skipped["task_id"], &skipped["duplicate"]), (&s["task_id"], &serde_json::json!(true)));
+    let both = ["task", "enqueue", "--addr", &a, "--queue", "ck", "--debounce-key", "d", "--delay", "5s"];
+    assert!(!raftq(&both).await.ok, "--debounce-key conflicts with --delay");
+}

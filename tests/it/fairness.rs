@@ -138,9 +138,9 @@ fn a_of(n: &TestNode) -> std::net::SocketAddr {
 
 /// Two in-process nodes of a three-node membership whose third member never starts: the gate cannot ask it,
 /// so the cluster stays at version 0 and a weight, a rate limit or a queue cap is refused with FEATURE_NOT_ACTIVE,
-/// nothing proposed.
+/// nothing proposed (and so are debounce and singleton enqueues, version 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weights_rates_and_limits_are_refused_before_the_cluster_runs_version_2() {
+async fn weights_rates_limits_and_keyed_enqueues_are_refused_before_their_cluster_version() {
     let dirs = [tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir")];
     let addr = || format!("127.0.0.1:{}", free_port());
     let peers: Vec<Peer> = (1..=3).map(|id| Peer { id, raft_addr: addr(), api_addr: addr() }).collect();
@@ -178,6 +178,16 @@ async fn weights_rates_and_limits_are_refused_before_the_cluster_runs_version_2(
     assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
     let rates = j.list_rate_limits(pb::ListRateLimitsRequest { queue: "v".into() }).await.expect("list");
     assert!(rates.into_inner().limits.is_empty(), "nothing was applied");
+    // A debounce or singleton enqueue (cluster version 3) is refused the same way; a plain enqueue goes through.
+    let mut c = connect(&nodes[0].grpc_addr.to_string()).await;
+    let single = pb::Singleton { key: "s".into(), mode: pb::SingletonMode::Refuse as i32 };
+    let e = c.enqueue(pb::EnqueueRequest { singleton: Some(single), ..enq("v", "x") }).await.expect_err("version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    assert!(e.message().contains("needs cluster version 3"), "{e:?}");
+    let deb = pb::Debounce { key: "d".into(), delay_ms: 0, max_wait_ms: 0 };
+    let e = c.enqueue(pb::EnqueueRequest { debounce: Some(deb), ..enq("v", "x") }).await.expect_err("version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    c.enqueue(enq("v", "plain")).await.expect("a plain enqueue keeps the old command");
     for n in nodes {
         n.stop().await;
     }

@@ -13,6 +13,7 @@ mod fairness;
 mod http2;
 mod jobs;
 mod jobs_cluster;
+mod keyed;
 mod limits;
 mod metrics;
 mod openapi;

@@ -31,7 +31,7 @@ BatchItem = Union[Enqueued, RaftqError]
 
 
 def _enqueued(r: task_pb2.EnqueueResponse) -> Enqueued:
-    return Enqueued(r.task_id, r.duplicate)
+    return Enqueued(r.task_id, r.duplicate, r.debounced)
 
 
 def enqueue(task: NewTask) -> Op[Enqueued]:

@@ -104,7 +104,7 @@ class LeaseLostError(ServerError):
 
 class ConflictError(ServerError):
     """The task is not in a state that allows this (``NOT_IN_PROGRESS``, ``NOT_CLAIMABLE``, ``ALREADY_ENDED``,
-    ``ALREADY_EXISTS``)."""
+    ``ALREADY_EXISTS``, ``SINGLETON_ACTIVE``)."""
 
 
 class AuthenticationError(ServerError):

@@ -152,7 +152,8 @@ class Producer:
     def enqueue(self, queue: str, payload: Payload = b"", **options: Any) -> Enqueued:
         """Enqueues one task; ``options`` are the fields of :class:`NewTask` (priority, delay, run_at,
         max_attempts, idempotency_key, concurrency_key, concurrency_limit, depends_on, all_resolved, deadline,
-        webhook_url, traceparent, tracestate)."""
+        webhook_url, traceparent, tracestate, debounce_key, debounce_delay, debounce_max_wait, singleton_key,
+        singleton_skip)."""
         return self._run(_ops.enqueue(_new_task(queue, payload, options)))
 
     def enqueue_task(self, task: NewTask) -> Enqueued:

@@ -63,6 +63,7 @@ _SERVER = [
     _r("METHOD_NOT_ALLOWED", "invalid_argument", False, "REST only: the path is not served with this HTTP method"),
     _r("QUEUE_FULL", "resource_exhausted", True, "the queue or tenant is at its depth limit; retry after the hint"),
     _r("FEATURE_NOT_ACTIVE", "precondition", False, "needs a cluster version the cluster does not run yet (a node runs an older binary)"),
+    _r("SINGLETON_ACTIVE", "conflict", False, "a singleton key's task is pending or in progress (the message names it)"),
 ]
 
 #: Every reason code the server sends, by code.

@@ -252,8 +252,11 @@ class Enqueued:
 
     #: The new task's id, or the original task's id for a duplicate.
     task_id: str
-    #: The idempotency key was seen before: nothing was created.
+    #: Nothing was created: the idempotency key was seen before, a debounce key's pending task took the enqueue,
+    #: or a singleton key's active task stood for it (``singleton_skip``).
     duplicate: bool
+    #: A debounce key's pending task took this enqueue: its payload, priority and start changed.
+    debounced: bool = False
 
 
 @dataclass
@@ -288,6 +291,18 @@ class NewTask:
     #: W3C trace context to carry with the task.
     traceparent: str = ""
     tracestate: str = ""
+    #: Debounce by this key (the tenant's, in this queue): while its task is pending and never claimed, an
+    #: enqueue replaces that task's payload and priority and moves its start to now + ``debounce_delay`` (never
+    #: past ``debounce_max_wait`` after its first enqueue; None: no cap) instead of creating a task. Not with
+    #: ``delay``, ``run_at`` or ``idempotency_key``. Needs cluster version 3.
+    debounce_key: str = ""
+    debounce_delay: Optional[Duration] = None
+    debounce_max_wait: Optional[Duration] = None
+    #: Singleton by this key (the tenant's, in this queue): while its task is pending or in progress, an enqueue
+    #: is refused (a ConflictError with reason SINGLETON_ACTIVE) or, with ``singleton_skip``, answered with that
+    #: task marked duplicate. Needs cluster version 3.
+    singleton_key: str = ""
+    singleton_skip: bool = False
 
     def to_proto(self) -> task_pb2.EnqueueRequest:
         run_at_ms = 0
@@ -315,6 +330,13 @@ class NewTask:
         if self.traceparent or self.tracestate:
             req.trace.traceparent = self.traceparent
             req.trace.tracestate = self.tracestate
+        if self.debounce_key:
+            req.debounce.key = self.debounce_key
+            req.debounce.delay_ms = duration_ms(self.debounce_delay)
+            req.debounce.max_wait_ms = duration_ms(self.debounce_max_wait)
+        if self.singleton_key:
+            req.singleton.key = self.singleton_key
+            req.singleton.mode = task_pb2.SINGLETON_MODE_SKIP if self.singleton_skip else task_pb2.SINGLETON_MODE_REFUSE
         return req
 
 

@@ -138,6 +138,7 @@ impl PartialResponse {
             Command::SetFairnessWeight { weight, .. } => PartialResponse::FairnessWeight(*weight),
             Command::SetRateLimit { .. } => PartialResponse::RateLimit(None),
             Command::RatedClaim { items, .. } => PartialResponse::Claimed(vec![None; items.len()]),
+            Command::EnqueueKeyed(v) => PartialResponse::Enqueued(vec![None; v.len()]),
         }
     }
 

@@ -8,7 +8,8 @@ use crate::queue::types::*;
 
 impl ShardCore {
     /// Writes a changed task and moves it between indexes. A task with a webhook URL that has just ended (or been
-    /// dead-lettered) gets a delivery in this shard's outbox, in the same transaction (`webhooks.rs`).
+    /// dead-lettered) gets a delivery in this shard's outbox, in the same transaction (`webhooks.rs`); a task that
+    /// no longer holds its debounce or singleton key loses the key's record (`keyed.rs`).
     pub(super) fn update<S: TaskStore>(
         &mut self,
         store: &mut S,
@@ -32,6 +33,7 @@ impl ShardCore {
         self.idx.remove_task(before);
         self.idx.add_task(after, self.now);
         store.put(after)?;
+        self.release_key(store, after)?;
         self.outbox_on_end(store, cx, before, after)
     }
 

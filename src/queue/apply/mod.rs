@@ -22,6 +22,7 @@
 //! | `SetLimits`                            | `limits.rs`                        |
 //! | `SetFairnessWeight`                    | `fairness.rs`                      |
 //! | `SetRateLimit`, `RatedClaim`'s charges | `rates.rs` (its claims: `claim.rs`) |
+//! | `EnqueueKeyed`                         | `keyed.rs` (its creations: `enqueue.rs`) |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -34,6 +35,7 @@ mod dead_letters;
 mod dependencies;
 mod enqueue;
 mod fairness;
+mod keyed;
 mod lifecycle;
 mod limits;
 mod pause;
@@ -124,6 +126,7 @@ impl ShardCore {
                 self.apply_claim(store, cx, items, slots)?;
                 self.apply_rate_charges(store, cx, charges)
             }
+            (Command::EnqueueKeyed(items), Out::Enqueued(slots)) => self.apply_enqueue_keyed(store, cx, items, slots),
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
     }

@@ -3,6 +3,7 @@
 //! - `rules`: unit tests of each lifecycle rule;
 //! - `webhooks`: the webhook outbox;
 //! - `fairness`: weighted fair dispatch across the keys of a queue, and the weights;
+//! - `keyed`: debounce and singleton keys (`EnqueueKeyed`) and their records;
 //! - `model`: a small reference model written from the rules alone;
 //! - `property`: a property test running random command sequences against the machine and the model.
 
@@ -11,6 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 use super::*;
 
 mod fairness;
+mod keyed;
 mod model;
 mod property;
 mod rates;

@@ -49,6 +49,8 @@ pub(super) struct ModelTask {
     /// Dependencies not yet resolved, and whether all-resolved (else all-completed) is the rule.
     pub(super) waiting_on: Vec<TaskId>,
     pub(super) all_resolved: bool,
+    /// When it was enqueued (a debounce's `max_wait_ms` counts from it).
+    pub(super) created_at: TimeMs,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +60,9 @@ pub(super) struct Model {
     pub(super) tasks: BTreeMap<TaskId, ModelTask>,
     /// (tenant, key) -> (task, expires_at)
     pub(super) keys: BTreeMap<(String, String), (TaskId, TimeMs)>,
+    /// Debounce and singleton keys: (tenant, record key) -> the task holding the key. A key is dropped as soon as
+    /// its task no longer holds it (`release_keys`, after each part of an entry that changes tasks).
+    pub(super) mode_keys: BTreeMap<(String, String), TaskId>,
     /// Every token each task was ever given.
     pub(super) history: HashMap<TaskId, Vec<LeaseToken>>,
     pub(super) issued: Vec<LeaseToken>,
@@ -138,6 +143,7 @@ impl Model {
             _ => true,
         });
         self.keys.retain(|_, (_, expires_at)| *expires_at > now);
+        self.release_keys();
     }
 
     pub(super) fn owned(&mut self, id: &TaskId, tenant: &str) -> Option<&mut ModelTask> {
@@ -177,12 +183,55 @@ impl Model {
             ckey: n.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
             waiting_on: n.depends_on.clone(),
             all_resolved: n.dependency_rule == DependencyRule::AllResolved,
+            created_at: self.now,
         };
         self.tasks.insert(n.id, t);
         if let Some(key) = &n.idempotency_record_key() {
             self.keys.insert((n.tenant.clone(), key.clone()), (n.id, self.now + n.idempotency_window_ms));
         }
         Ok(Enqueued { task_id: n.id, duplicate: false })
+    }
+
+    /// A keyed enqueue: while the key's task holds the key, a singleton refuses or skips and a debounce moves
+    /// that task (priority, start); otherwise the task is created and takes the key.
+    pub(super) fn enqueue_keyed(&mut self, pos: u64, n: &NewTask, mode: &KeyMode) -> ItemResult<Enqueued> {
+        let rkey = (n.tenant.clone(), mode.record_key(&n.queue, n.concurrency.as_ref()));
+        let now = self.now;
+        if let Some(&id) = self.mode_keys.get(&rkey) {
+            let t = self.tasks.get_mut(&id).expect("a held key's task exists");
+            return match mode {
+                KeyMode::Singleton { skip: true, .. } => Ok(Enqueued { task_id: id, duplicate: true }),
+                KeyMode::Singleton { skip: false, .. } => Err(Rejected::SingletonActive(id)),
+                KeyMode::Debounce { delay_ms, max_wait_ms, .. } => {
+                    t.priority = n.priority;
+                    t.visible_at = now + delay_ms;
+                    if *max_wait_ms > 0 {
+                        t.visible_at = t.visible_at.min(t.created_at + max_wait_ms);
+                    }
+                    Ok(Enqueued { task_id: id, duplicate: true })
+                }
+            };
+        }
+        let r = self.enqueue(pos, n);
+        if let Ok(Enqueued { task_id, duplicate: false }) = r {
+            self.mode_keys.insert(rkey, task_id);
+        }
+        r
+    }
+
+    /// Drops the debounce and singleton keys whose task no longer holds them: a debounce key once its task was
+    /// claimed (or ended), a singleton key once its task left pending and in progress.
+    pub(super) fn release_keys(&mut self) {
+        let tasks = &self.tasks;
+        self.mode_keys.retain(|(_, rkey), id| {
+            tasks.get(id).is_some_and(|t| {
+                if rkey.starts_with("\0debounce\0") {
+                    t.state == TaskState::Pending && t.runs.is_empty()
+                } else {
+                    matches!(t.state, TaskState::Pending | TaskState::InProgress)
+                }
+            })
+        });
     }
 
     /// Running tasks of a tenant's concurrency key.
@@ -471,7 +520,8 @@ impl Model {
             .iter()
             .filter(|(id, t)| id.shard(SHARDS) == shard && !t.state.is_terminal() && t.task_deadline.is_some())
             .count();
-        s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count();
+        s.keys = self.keys.values().filter(|(id, _)| id.shard(SHARDS) == shard).count()
+            + self.mode_keys.values().filter(|id| id.shard(SHARDS) == shard).count();
         s
     }
 

@@ -29,6 +29,9 @@ struct EnqueueSpec {
     deps: Option<(Index, Index, bool)>,
     /// Reuse an id seen before (a proposer bug or a retry with a fixed id): `IdExists` while it is stored.
     reuse: Option<Index>,
+    /// A debounce (0) or singleton (1: refuse, 2: skip) key (index into `KEYS`), and a debounce's max wait: the
+    /// batch goes as `EnqueueKeyed`, the item without an idempotency key (the API refuses both).
+    mode: Option<(u8, usize, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -122,6 +125,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
         prop::option::weighted(0.2, 0..5_000u64),
         prop::option::weighted(0.4, 0..2usize),
         prop::option::weighted(0.3, (any::<Index>(), any::<Index>(), any::<bool>())),
+        prop::option::weighted(0.25, (0..3u8, 0..2usize, prop_oneof![Just(0u64), 1..3_000u64])),
     )
         .prop_map(
             |(
@@ -136,6 +140,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                 deadline,
                 ckey,
                 deps,
+                mode,
             )| {
                 EnqueueSpec {
                     tenant,
@@ -152,6 +157,7 @@ fn enqueue_strategy() -> impl Strategy<Value = EnqueueSpec> {
                     ckey,
                     deps,
                     reuse,
+                    mode,
                 }
             },
         )
@@ -433,24 +439,37 @@ impl Sim {
                 false
             }
         };
+        self.model.release_keys();
         if rejected {
             assert_only_time_moved(before, &self.m, time, seed);
         }
         self.check();
     }
 
-    /// Returns whether nothing was created.
+    /// Returns whether nothing changed (nothing created, no debounced task moved).
     fn enqueue(&mut self, time: TimeMs, specs: &[EnqueueSpec]) -> bool {
         let mut items = Vec::new();
+        let mut modes = Vec::new();
         for s in specs {
             self.next_random += 1;
+            let mode = s.mode.map(|(kind, k, max_wait_ms)| match kind {
+                0 => KeyMode::Debounce { key: KEYS[k].to_string(), delay_ms: s.delay, max_wait_ms },
+                kind => KeyMode::Singleton { key: KEYS[k].to_string(), skip: kind == 2 },
+            });
+            let (tenant, queue) = (TENANTS[s.tenant], QUEUES[s.queue]);
             let id = match (s.key, &s.reuse) {
+                // A keyed task is placed as the proposer places it: by its concurrency key, else its record key.
+                _ if mode.is_some() && s.ckey.is_none() => {
+                    let rkey = mode.as_ref().map(|m| m.record_key(queue, None)).unwrap_or_default();
+                    TaskId::new(time, TaskId::placement_for_key(tenant, &rkey), self.next_random)
+                }
                 // As the proposer does: a concurrency key's placement wins over an idempotency key's.
                 _ if s.ckey.is_some() => {
                     TaskId::new(time, CKEY_PLACEMENT + s.ckey.unwrap_or(0) as u16, self.next_random)
                 }
                 (Some(k), _) => TaskId::new(time, KEY_PLACEMENT + k as u16, self.next_random),
-                (None, Some(ix)) => *ix.get(&self.known),
+                (None, Some(ix)) if mode.is_none() => *ix.get(&self.known),
+                (None, Some(_)) => TaskId::new(time, s.placement, self.next_random),
                 (None, None) => TaskId::new(time, s.placement, self.next_random),
             };
             items.push(NewTask {
@@ -461,7 +480,7 @@ impl Sim {
                 priority: s.priority,
                 visible_at: time + s.delay,
                 max_attempts: s.max_attempts,
-                idempotency_key: s.key.map(|k| KEYS[k].to_string()),
+                idempotency_key: s.key.filter(|_| mode.is_none()).map(|k| KEYS[k].to_string()),
                 idempotency_window_ms: s.window,
                 // Half the ids get a webhook (by placement, so an id enqueued again after retention removed its
                 // task gets the same): their ends must each leave a delivery in the outbox.
@@ -489,11 +508,31 @@ impl Sim {
                     DependencyRule::AllCompleted
                 },
             });
+            modes.push(mode);
         }
-        let resp = self.apply(time, Command::Enqueue(items.clone()));
-        let want: Vec<_> = items.iter().enumerate().map(|(pos, n)| self.model.enqueue(pos as u64, n)).collect();
+        // Plain items alone go as `Enqueue`; a batch with a keyed item goes as `EnqueueKeyed`, as the proposer does.
+        let command = if modes.iter().any(Option::is_some) {
+            let keyed = items.iter().zip(&modes).map(|(n, m)| KeyedTask { task: n.clone(), mode: m.clone() });
+            Command::EnqueueKeyed(keyed.collect())
+        } else {
+            Command::Enqueue(items.clone())
+        };
+        let resp = self.apply(time, command);
+        let want: Vec<_> = items
+            .iter()
+            .zip(&modes)
+            .enumerate()
+            .map(|(pos, (n, mode))| match mode {
+                Some(mode) => self.model.enqueue_keyed(pos as u64, n, mode),
+                None => self.model.enqueue(pos as u64, n),
+            })
+            .collect();
         assert_eq!(resp, Response::Enqueued(want.clone()));
-        let mut created = false;
+        let debounced = modes
+            .iter()
+            .zip(&want)
+            .any(|(m, r)| matches!((m, r), (Some(KeyMode::Debounce { .. }), Ok(Enqueued { duplicate: true, .. }))));
+        let mut created = debounced;
         for (n, r) in items.iter().zip(&want) {
             if let Ok(Enqueued { duplicate: false, .. }) = r {
                 created = true;
@@ -597,7 +636,9 @@ impl Sim {
         assert_eq!(stored_count, model.tasks.len());
         let stored_keys: BTreeMap<(String, String), (TaskId, TimeMs)> =
             m.stores.iter().flat_map(|s| s.keys.iter().map(|(k, r)| (k.clone(), (r.task_id, r.expires_at)))).collect();
-        assert_eq!(stored_keys, model.keys, "idempotency keys");
+        let mut want_keys = model.keys.clone();
+        want_keys.extend(model.mode_keys.iter().map(|(k, id)| (k.clone(), (*id, TimeMs::MAX))));
+        assert_eq!(stored_keys, want_keys, "idempotency, debounce and singleton keys");
         assert_eq!(machine_counts(m), model.counts(), "per-queue state counts");
         assert_indexes_match_records(m);
 
@@ -682,7 +723,8 @@ proptest! {
     /// records gives the same machine. Issue 9 rules ride along: runs (one open run while running), exception
     /// reasons, task deadlines, paused queues, concurrency keys (no key ever runs more than its limit; a pick
     /// that returns fewer than asked left only blocked tasks behind), chained completions (all or nothing) and
-    /// dependencies (held until resolved; all-completed cancels on a failure).
+    /// dependencies (held until resolved; all-completed cancels on a failure). Issue 17: debounce and singleton
+    /// keys (a key's record exists exactly while its task holds the key, and keyed enqueues act on that task).
     #[test]
     fn random_command_sequences_match_the_reference_model(steps in prop::collection::vec(step_strategy(), 1..60)) {
         let mut sim = Sim::new();

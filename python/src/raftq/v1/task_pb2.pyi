@@ -20,6 +20,11 @@ class DependencyRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DEPENDENCY_RULE_ALL_COMPLETED: _ClassVar[DependencyRule]
     DEPENDENCY_RULE_ALL_RESOLVED: _ClassVar[DependencyRule]
+
+class SingletonMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SINGLETON_MODE_REFUSE: _ClassVar[SingletonMode]
+    SINGLETON_MODE_SKIP: _ClassVar[SingletonMode]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_PENDING: TaskState
 TASK_STATE_IN_PROGRESS: TaskState
@@ -29,6 +34,8 @@ TASK_STATE_CANCELLED: TaskState
 TASK_STATE_DEAD_LETTERED: TaskState
 DEPENDENCY_RULE_ALL_COMPLETED: DependencyRule
 DEPENDENCY_RULE_ALL_RESOLVED: DependencyRule
+SINGLETON_MODE_REFUSE: SingletonMode
+SINGLETON_MODE_SKIP: SingletonMode
 
 class TraceContext(_message.Message):
     __slots__ = ("traceparent", "tracestate")
@@ -151,7 +158,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("queue", "payload", "priority", "delay_ms", "run_at_ms", "max_attempts", "idempotency_key", "webhook_url", "trace", "deadline_in_ms", "concurrency_key", "concurrency_limit", "depends_on", "dependency_rule")
+    __slots__ = ("queue", "payload", "priority", "delay_ms", "run_at_ms", "max_attempts", "idempotency_key", "webhook_url", "trace", "deadline_in_ms", "concurrency_key", "concurrency_limit", "depends_on", "dependency_rule", "debounce", "singleton")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +173,8 @@ class EnqueueRequest(_message.Message):
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
     DEPENDENCY_RULE_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
+    SINGLETON_FIELD_NUMBER: _ClassVar[int]
     queue: str
     payload: bytes
     priority: int
@@ -180,15 +189,37 @@ class EnqueueRequest(_message.Message):
     concurrency_limit: int
     depends_on: _containers.RepeatedScalarFieldContainer[str]
     dependency_rule: DependencyRule
-    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., delay_ms: _Optional[int] = ..., run_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., webhook_url: _Optional[str] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., deadline_in_ms: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_limit: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., dependency_rule: _Optional[_Union[DependencyRule, str]] = ...) -> None: ...
+    debounce: Debounce
+    singleton: Singleton
+    def __init__(self, queue: _Optional[str] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., delay_ms: _Optional[int] = ..., run_at_ms: _Optional[int] = ..., max_attempts: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., webhook_url: _Optional[str] = ..., trace: _Optional[_Union[TraceContext, _Mapping]] = ..., deadline_in_ms: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_limit: _Optional[int] = ..., depends_on: _Optional[_Iterable[str]] = ..., dependency_rule: _Optional[_Union[DependencyRule, str]] = ..., debounce: _Optional[_Union[Debounce, _Mapping]] = ..., singleton: _Optional[_Union[Singleton, _Mapping]] = ...) -> None: ...
+
+class Debounce(_message.Message):
+    __slots__ = ("key", "delay_ms", "max_wait_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    delay_ms: int
+    max_wait_ms: int
+    def __init__(self, key: _Optional[str] = ..., delay_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ...) -> None: ...
+
+class Singleton(_message.Message):
+    __slots__ = ("key", "mode")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    mode: SingletonMode
+    def __init__(self, key: _Optional[str] = ..., mode: _Optional[_Union[SingletonMode, str]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
-    __slots__ = ("task_id", "duplicate")
+    __slots__ = ("task_id", "duplicate", "debounced")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCED_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     duplicate: bool
-    def __init__(self, task_id: _Optional[str] = ..., duplicate: bool = ...) -> None: ...
+    debounced: bool
+    def __init__(self, task_id: _Optional[str] = ..., duplicate: bool = ..., debounced: bool = ...) -> None: ...
 
 class EnqueueBatchRequest(_message.Message):
     __slots__ = ("items",)

@@ -81,17 +81,18 @@ pub struct LimitsPlan {
 }
 
 impl LimitsPlan {
-    /// The plan of `--workload limits`: a cap of 4 over three keys with a limit of 2 each, weighted 3:1:1, the
-    /// third limited to 2 claims a second (a burst of 2).
+    /// The plan of `--workload limits`: a cap of 4 over three keys weighted 3:1:1, with concurrency limits of 3,
+    /// 2 and 2 (each key's weighted share of the cap, rounded up, so the weights show in the claims and the
+    /// limits still bind now and then), the third limited to 2 claims a second (a burst of 2).
     pub fn standard(server_max_running: Option<u32>) -> LimitsPlan {
-        let key = |key: &str, weight: u32, per_second: f64| KeyLimits {
+        let key = |key: &str, weight: u32, limit: u32, per_second: f64| KeyLimits {
             key: key.into(),
-            limit: 2,
+            limit,
             weight,
             per_second,
             burst: if per_second > 0.0 { 2 } else { 0 },
         };
-        let keys = vec![key("ka", 3, 0.0), key("kb", 1, 0.0), key("kc", 1, 2.0)];
+        let keys = vec![key("ka", 3, 3, 0.0), key("kb", 1, 2, 0.0), key("kc", 1, 2, 2.0)];
         LimitsPlan {
             max_running: 4,
             server_max_running: server_max_running.unwrap_or(4),

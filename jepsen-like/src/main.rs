@@ -84,9 +84,9 @@ enum Scenario {
 enum Workload {
     /// Unique values into one queue, results completed or failed (workload.rs).
     Default,
-    /// The same under a running cap (4), three concurrency keys with a limit of 2, fairness weights 3:1:1 and a
-    /// rate limit on one key; handlers hold tasks 20-250 ms. Also checks that no more ran than the cap or a
-    /// key's limit (checker/limits.rs).
+    /// The same under a running cap (4), three concurrency keys (limits 3, 2, 2) weighted 3:1:1 and a rate
+    /// limit on one key (`LimitsPlan::standard`); handlers hold tasks 20-250 ms. Also checks that no more ran
+    /// than the cap or a key's limit (checker/limits.rs).
     Limits,
 }
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# CI stage: one mixed-fault run of raftq-jepsen against release binaries; fails on any violation.
+# CI stage: one mixed-fault run of raftq-jepsen against release binaries, then a short run of the limits
+# workload under leader kills; fails on any violation of either.
 #
-# The whole stage aims at about 5 minutes: the release build (seconds when target/ is warm, a few minutes
-# after server changes) plus a run whose fault time is what is left, between 60 and 150 seconds, plus heal,
-# drain and checks (about 20 s). JEPSEN_TIME_LIMIT and JEPSEN_SEED override; the seed is printed, so a
-# failing run can be repeated with the same schedule.
+# The whole stage aims at about 6-7 minutes: the release build (seconds when target/ is warm, a few minutes
+# after server changes) plus a run whose fault time is what is left of 5 minutes, between 60 and 150 seconds,
+# plus heal, drain and checks (about 20 s); then the limits run, 60 s of kill and kill-leader faults plus about
+# 30 s of start, drain and checks. JEPSEN_TIME_LIMIT and JEPSEN_SEED (JEPSEN_LIMITS_TIME_LIMIT and
+# JEPSEN_LIMITS_SEED for the second run) override; the seeds are printed, so a failing run can be repeated
+# with the same schedule.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,4 +39,19 @@ if [ "$status" -ne 0 ]; then
   echo "jepsen-like: FAILED (exit $status); history, summary, report and node logs in $out" >&2
   echo "jepsen-like: repeat with JEPSEN_SEED=$seed JEPSEN_TIME_LIMIT=$limit jepsen-like/ci.sh" >&2
 fi
-exit "$status"
+
+# The limits workload: a running cap of 4, keys limited to 2 each, weights 3:1:1, a rate limit; the leader is
+# killed again and again, and the history must show no more running than the cap or a key's limit.
+lseed=${JEPSEN_LIMITS_SEED:-211}
+llimit=${JEPSEN_LIMITS_TIME_LIMIT:-60}
+lout=target/jepsen/ci-limits-$lseed
+echo "jepsen-like: limits workload, ${llimit} s of kill-leader and kill faults, seed $lseed, output $lout"
+lstatus=0
+target/release/raftq-jepsen run --workload limits --time-limit "$llimit" --seed "$lseed" --faults kill-leader,kill \
+  --out "$lout" || lstatus=$?
+if [ "$lstatus" -ne 0 ]; then
+  echo "jepsen-like: limits run FAILED (exit $lstatus); history, summary, report and node logs in $lout" >&2
+  echo "jepsen-like: repeat with JEPSEN_LIMITS_SEED=$lseed JEPSEN_LIMITS_TIME_LIMIT=$llimit jepsen-like/ci.sh" >&2
+fi
+[ "$status" -ne 0 ] && exit "$status"
+exit "$lstatus"

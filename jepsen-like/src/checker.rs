@@ -15,6 +15,8 @@
 //!   dead-lettered) after the drain, and the server holds no task the history never saw.
 //! - convergence: every node's digest equal (same applied index and state digest) after heal and drain.
 //! - nodes: a node refuses to start only after its files were corrupted.
+//! - limits (`--workload limits`, `limits.rs`): never more deliveries running at once than the queue's cap or a
+//!   key's concurrency limit, from intervals that lie inside the server's; each key's share of the claims.
 //! - availability (measured, not judged): the share of enqueues that succeeded during faults and overall,
 //!   the longest time without a delivery during the fault phase and within each fault's windows, and for
 //!   leaders stopped by SIGTERM how long the cluster went without a leader.
@@ -26,6 +28,8 @@ use serde::Serialize;
 use crate::history::{Event, FaultPhase, Op, Phase, ResultKind};
 use crate::nemesis::{EXITED, REFUSED_TO_START};
 use crate::upgrade::{STEP as UPGRADE_STEP, UPGRADED};
+
+pub mod limits;
 
 /// Examples kept per finding in the summary.
 const EXAMPLES: usize = 20;
@@ -178,6 +182,9 @@ pub struct Analysis {
     pub availability: Availability,
     pub faults: BTreeMap<String, usize>,
     pub upgrade: UpgradeAnalysis,
+    /// The limits workload's checks (None in other runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<limits::LimitsAnalysis>,
 }
 
 #[derive(Debug, Clone)]
@@ -276,19 +283,19 @@ pub fn check(events: &[Event]) -> Analysis {
                     }
                 }
             },
-            Op::Deliver { worker, task_id, value, token, attempts, max_attempts, claimed_at_ms, deadline_ms } => {
-                deliveries.push(Delivery {
-                    t: ev.t,
-                    worker: *worker,
-                    task_id: task_id.clone(),
-                    value: value.clone(),
-                    token: *token,
-                    attempts: *attempts,
-                    max_attempts: *max_attempts,
-                    claimed_at_ms: *claimed_at_ms,
-                    deadline_ms: *deadline_ms,
-                })
-            }
+            Op::Deliver {
+                worker, task_id, value, token, attempts, max_attempts, claimed_at_ms, deadline_ms, ..
+            } => deliveries.push(Delivery {
+                t: ev.t,
+                worker: *worker,
+                task_id: task_id.clone(),
+                value: value.clone(),
+                token: *token,
+                attempts: *attempts,
+                max_attempts: *max_attempts,
+                claimed_at_ms: *claimed_at_ms,
+                deadline_ms: *deadline_ms,
+            }),
             Op::Result { task_id, token, outcome, phase, reason, .. } => {
                 let key = (task_id.clone(), *token);
                 match phase {
@@ -372,6 +379,7 @@ pub fn check(events: &[Event]) -> Analysis {
                 a.upgrade.versions.push((ev.t, *node, *version, *cluster_version))
             }
             Op::Expect { what, passed, detail } => a.upgrade.expectations.push((what.clone(), *passed, detail.clone())),
+            Op::Limits { .. } | Op::Clock { .. } => {}
         }
     }
     for (node, (what, s)) in open_steps {
@@ -708,6 +716,11 @@ pub fn check(events: &[Event]) -> Analysis {
     flag("node refused to start without corruption", &a.refused_to_start);
     flag("node process exited by itself", &a.exited_by_itself);
     flag("cluster version switched while a node ran the previous binary", &a.upgrade.switched_early);
+    a.limits = limits::check(events);
+    if let Some(l) = &a.limits {
+        flag("more running than the queue's cap", &l.over_cap);
+        flag("more running than a key's concurrency limit", &l.over_key_limit);
+    }
     if a.unseen_on_server > 0 {
         v.push(format!("undrained: the server holds {} tasks the history never saw delivered", a.unseen_on_server));
     }
@@ -766,6 +779,7 @@ mod tests {
                 max_attempts: 3,
                 claimed_at_ms: claimed,
                 deadline_ms: deadline,
+                key: String::new(),
             })
         }
         fn result(&mut self, id: &str, token: u64, kind: ResultKind, phase: Phase) -> &mut H {
@@ -1023,6 +1037,25 @@ mod tests {
         h.push(Op::Expect { what: "data downgrade refuses".into(), passed: false, detail: "exit 0".into() });
         let a = h.check();
         assert_eq!(a.violations, vec!["upgrade: data downgrade refuses: exit 0".to_string()]);
+    }
+
+    #[test]
+    fn a_run_over_the_cap_is_invalid() {
+        // b's first delivery (token 20) and its second (token 30) both count until their results were sent: with
+        // no clock sample the checker cannot use token 20's lease deadline, and its refused result was sent after
+        // token 30 arrived. Two running at once: within a cap of 2, over a cap of 1.
+        let limits = |max_running| Op::Limits { queue: "q".into(), max_running, keys: vec![] };
+        let mut h = clean();
+        h.push(limits(2));
+        let a = h.check();
+        assert!(a.valid, "within the cap: {:?}", a.violations);
+        assert_eq!(a.limits.as_ref().map(|l| l.most_running), Some(2));
+        let mut h = clean();
+        h.push(limits(1));
+        let a = h.check();
+        assert!(!a.valid);
+        assert_eq!(a.limits.as_ref().map(|l| l.over_cap.count), Some(1), "{a:#?}");
+        assert!(a.violations.iter().any(|v| v.starts_with("more running than the queue's cap")), "{:?}", a.violations);
     }
 
     #[test]

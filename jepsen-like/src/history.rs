@@ -76,6 +76,9 @@ pub enum Op {
         max_attempts: u32,
         claimed_at_ms: i64,
         deadline_ms: i64,
+        /// The task's concurrency (fairness) key; empty for a task without one.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        key: String,
     },
     /// A worker's result for one delivery: `invoke` when the handler returns it, then `ok` (the server applied
     /// it), `fail` (refused, with `reason`) or `info` (no answer, or a refusal of a resend whose first send may
@@ -133,9 +136,31 @@ pub enum Op {
     /// A node's status named another binary version or cluster version than the last one recorded for it
     /// (polled every 250 ms; a node of the previous release reports 0 and 0).
     ClusterVersion { node: u64, version: u32, cluster_version: u32 },
+    /// The limits workload's setup, recorded once every admin call succeeded (before any task was enqueued):
+    /// the queue's running cap and each fairness key's concurrency limit, weight and rate limit. The limits
+    /// checker reads the limits from here.
+    Limits { queue: String, max_running: u32, keys: Vec<KeyLimits> },
+    /// The wall clock (ms since the Unix epoch) at this event's `t`: relates the servers' lease deadlines to the
+    /// history's clock (recorded at the workload's start and at the end).
+    Clock { wall_ms: i64 },
     /// An expectation the upgrade scenario checked as it ran (a command's exit status, a bound on a wait):
     /// the checker reports each one and counts a failed one as a violation.
     Expect { what: String, passed: bool, detail: String },
+}
+
+/// One fairness key of the limits workload, as set up on the server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyLimits {
+    pub key: String,
+    /// The concurrency limit every task of the key carries.
+    pub limit: u32,
+    /// Its fairness weight (1 is the default).
+    pub weight: u32,
+    /// Its token bucket's rate, claims per second (0: no rate limit), and burst.
+    #[serde(default)]
+    pub per_second: f64,
+    #[serde(default)]
+    pub burst: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -79,6 +79,17 @@ enum Scenario {
     Upgrade,
 }
 
+/// What the clients do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// Unique values into one queue, results completed or failed (workload.rs).
+    Default,
+    /// The same under a running cap (4), three concurrency keys (limits 3, 2, 2) weighted 3:1:1 and a rate
+    /// limit on one key (`LimitsPlan::standard`); handlers hold tasks 20-250 ms. Also checks that no more ran
+    /// than the cap or a key's limit (checker/limits.rs).
+    Limits,
+}
+
 #[derive(Args, Clone)]
 struct RunArgs {
     /// The raftq binary (default: next to this binary, then target/release/raftq, then target/debug/raftq).
@@ -87,6 +98,13 @@ struct RunArgs {
     /// What the run does to the cluster.
     #[arg(long, value_enum, default_value = "faults")]
     scenario: Scenario,
+    /// What the clients do.
+    #[arg(long, value_enum, default_value = "default")]
+    workload: Workload,
+    /// With `--workload limits`: set this running cap on the server instead of the one the history records
+    /// and the checker holds the run to (4), to see the checker catch a cap that does not hold.
+    #[arg(long)]
+    limits_server_cap: Option<u32>,
     /// The previous release's raftq binary, which the nodes start on (`--scenario upgrade`).
     #[arg(long)]
     old_bin: Option<PathBuf>,
@@ -300,6 +318,11 @@ async fn monitor(addrs: Vec<String>, token: Option<String>, rec: Arc<Recorder>, 
     }
 }
 
+/// This machine's wall clock, ms since the Unix epoch (the nodes stamp leases with it).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
 fn state_name(s: TaskState) -> &'static str {
     match s {
         TaskState::Pending => "pending",
@@ -441,6 +464,12 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             bail!("--compose runs docker-compose.yml's {} nodes: --nodes must be {}", compose::NODES, compose::NODES);
         }
     }
+    if args.workload == Workload::Limits && args.scenario == Scenario::Upgrade {
+        bail!("--workload limits needs cluster version 2 from the start: not with --scenario upgrade");
+    }
+    if args.limits_server_cap.is_some() && args.workload != Workload::Limits {
+        bail!("--limits-server-cap goes with --workload limits");
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     if args.nodes < 3 {
         bail!("--nodes must be at least 3 (faults need a majority to survive)");
@@ -557,8 +586,10 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
     }
     let addrs = sut.client_addrs();
     let token = sut.token();
+    let limits =
+        (args.workload == Workload::Limits).then(|| Arc::new(workload::LimitsPlan::standard(args.limits_server_cap)));
     let wl = Arc::new(WorkloadConfig {
-        queue: "jepsen".into(),
+        queue: if limits.is_some() { "jepsen-limits".into() } else { "jepsen".into() },
         addrs: addrs.clone(),
         producers: args.producers,
         workers: args.workers,
@@ -571,12 +602,15 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
         batch: 0.2,
         seed,
         token: token.clone(),
+        limits,
     });
+    workload::setup_limits(&wl, &rec).await?;
 
     let monitor_stop = CancellationToken::new();
     let monitor = tokio::spawn(monitor(addrs.clone(), token.clone(), rec.clone(), monitor_stop.clone()));
     let (producers_stop, workers_stop) = (CancellationToken::new(), CancellationToken::new());
     rec.record(Op::Mark { what: "workload_start".into() });
+    rec.record(Op::Clock { wall_ms: wall_ms() });
     let mut producer_jobs = Vec::new();
     for p in 0..wl.producers {
         producer_jobs.push(tokio::spawn(workload::producer(p, wl.clone(), rec.clone(), producers_stop.clone())));
@@ -665,6 +699,7 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
     }
     monitor_stop.cancel();
     let _ = monitor.await;
+    rec.record(Op::Clock { wall_ms: wall_ms() });
     rec.record(Op::Mark { what: "done".into() });
     rec.flush()?;
     let external = sut.external_connections();

@@ -155,6 +155,7 @@ pub fn text(s: &Summary) -> String {
         );
     }
     upgrade(&mut o, s);
+    limits(&mut o, a);
     let _ = writeln!(o, "\n== {}", if a.valid { "VALID: no violation" } else { "INVALID" });
     for v in &a.violations {
         let _ = writeln!(o, "  violation: {v}");
@@ -226,4 +227,37 @@ fn upgrade(o: &mut String, s: &Summary) {
         u.expectations.iter().filter(|e| e.1).count(),
         u.expectations.len()
     );
+}
+
+/// The limits workload's section: how close the run came to each limit, what bounded the intervals, the shares.
+fn limits(o: &mut String, a: &Analysis) {
+    let Some(l) = &a.limits else { return };
+    let _ = writeln!(o, "\n-- limits (queue {}, cap {})", l.queue, l.max_running);
+    let _ = writeln!(
+        o,
+        "  deliveries {}: {} ended by an accepted result, {} by the lease deadline or a send, {} left out; \
+         deadlines {}",
+        l.deliveries,
+        l.ended_by_ack,
+        l.ended_by_deadline,
+        l.left_out,
+        if l.deadlines_used { "used" } else { "not used" }
+    );
+    let _ = writeln!(o, "  most running at once (a lower bound): {} of cap {}", l.most_running, l.max_running);
+    for k in &l.keys {
+        let limit = if k.limit == 0 { "-".to_string() } else { k.limit.to_string() };
+        let rate = if k.per_second > 0.0 { format!("  rate {}/s", k.per_second) } else { String::new() };
+        let _ = writeln!(
+            o,
+            "    key {:<6} weight {:>2} ({:>5})  claims during faults {:>5} ({:>5})  most running {} of {limit}{rate}",
+            format!("{:?}", k.key),
+            k.weight,
+            pct(k.weight_share),
+            k.claims,
+            pct(k.share),
+            k.most_running
+        );
+    }
+    finding(o, "more running than the cap", &l.over_cap);
+    finding(o, "more running than a key's limit", &l.over_key_limit);
 }

@@ -9,6 +9,12 @@
 //!   token as the result, sometimes fails it (retryable or final); the last worker(s) sometimes sleep past
 //!   the lease so that their result arrives with a stale token.
 //!
+//! The limits workload (`--workload limits`, `LimitsPlan`) sets a running cap, fairness weights and a rate limit on
+//! its queue first, gives every task one of a few concurrency keys with a per-key limit, keeps a bounded backlog
+//! per key (a producer enqueues for a key only while fewer than `backlog` of its tasks are outstanding, so every
+//! key stays backlogged and the drain stays short), and its handlers hold each task for a short random time
+//! (well under the lease) before they answer. `checker::limits` checks the limits on its history.
+//!
 //! Whether the server accepted a result is read from the SDK: with one slot, a worker sends the outcome of
 //! one delivery and waits for its answer before it claims the next, so between two handler calls exactly
 //! that outcome settles. The counters of `Worker::stats()` say whether it was applied (completed / failed
@@ -16,19 +22,21 @@
 //! unanswered), and nothing at all means no answer came before the worker stopped. That is why the SDK is
 //! enough here and the raw stream protocol is not needed.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
 use raftq_client::{
-    CancellationToken, Error, NewTask, Outcome, Producer, ProducerConfig, Rejection, Task, Worker, WorkerConfig,
-    WorkerStats, WorkerSummary,
+    CancellationToken, Error, NewTask, Outcome, Producer, ProducerConfig, RateScope, Rejection, Task, Worker,
+    WorkerConfig, WorkerStats, WorkerSummary,
 };
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use tokio::sync::broadcast;
 
-use crate::history::{Op, Phase, Recorder, ResultKind};
+use crate::history::{KeyLimits, Op, Phase, Recorder, ResultKind};
 
 #[derive(Debug, Clone)]
 pub struct WorkloadConfig {
@@ -51,6 +59,99 @@ pub struct WorkloadConfig {
     pub seed: u64,
     /// Bearer token for every client (container mode: the compose cluster authenticates); None without auth.
     pub token: Option<String>,
+    /// The limits workload (`--workload limits`); None for the default one.
+    pub limits: Option<Arc<LimitsPlan>>,
+}
+
+/// The limits workload: the queue's limits, its keys, how long handlers hold a task, and the backlog per key.
+#[derive(Debug)]
+pub struct LimitsPlan {
+    /// The running cap recorded in the history and checked.
+    pub max_running: u32,
+    /// The running cap set on the server: `max_running`, unless a run deliberately sets another to see the
+    /// checker catch it (`--limits-server-cap`).
+    pub server_max_running: u32,
+    pub keys: Vec<KeyLimits>,
+    /// How long a handler holds a task before it answers, ms (min, max).
+    pub hold_ms: (u64, u64),
+    /// Outstanding tasks per key (acknowledged enqueues minus accepted terminal results) a producer lets build up.
+    pub backlog: i64,
+    /// Outstanding tasks per key, by position in `keys`.
+    outstanding: Vec<AtomicI64>,
+}
+
+impl LimitsPlan {
+    /// The plan of `--workload limits`: a cap of 4 over three keys weighted 3:1:1, with concurrency limits of 3,
+    /// 2 and 2 (each key's weighted share of the cap, rounded up, so the weights show in the claims and the
+    /// limits still bind now and then), the third limited to 2 claims a second (a burst of 2).
+    pub fn standard(server_max_running: Option<u32>) -> LimitsPlan {
+        let key = |key: &str, weight: u32, limit: u32, per_second: f64| KeyLimits {
+            key: key.into(),
+            limit,
+            weight,
+            per_second,
+            burst: if per_second > 0.0 { 2 } else { 0 },
+        };
+        let keys = vec![key("ka", 3, 3, 0.0), key("kb", 1, 2, 0.0), key("kc", 1, 2, 2.0)];
+        LimitsPlan {
+            max_running: 4,
+            server_max_running: server_max_running.unwrap_or(4),
+            outstanding: keys.iter().map(|_| AtomicI64::new(0)).collect(),
+            keys,
+            hold_ms: (20, 250),
+            backlog: 25,
+        }
+    }
+
+    /// A key for the next task: a random one among those with fewer than `backlog` outstanding tasks.
+    fn pick_key(&self, rng: &mut StdRng) -> Option<usize> {
+        let open: Vec<usize> =
+            (0..self.keys.len()).filter(|k| self.outstanding[*k].load(Ordering::Relaxed) < self.backlog).collect();
+        open.choose(rng).copied()
+    }
+
+    fn key_index(&self, key: &str) -> Option<usize> {
+        self.keys.iter().position(|k| k.key == key)
+    }
+}
+
+/// Sets the limits workload's cap, weights and rate limits through the SDK (retrying for up to 60 s: the cluster
+/// may not run version 2 yet, or have no leader), then records them (`Op::Limits`).
+pub async fn setup_limits(cfg: &WorkloadConfig, rec: &Recorder) -> anyhow::Result<()> {
+    let Some(plan) = &cfg.limits else { return Ok(()) };
+    let p = Producer::connect(ProducerConfig {
+        addrs: cfg.addrs.clone(),
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(10),
+        max_retries: 5,
+        token: cfg.token.clone(),
+        ..Default::default()
+    })
+    .await
+    .context("connecting for the limits setup")?;
+    let q = cfg.queue.as_str();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut r = p.set_queue_limits(q, Some(plan.server_max_running), None).await.map(|_| ());
+        for k in &plan.keys {
+            if r.is_ok() && k.weight != 1 {
+                r = p.set_fairness_weight(q, &k.key, k.weight).await.map(|_| ());
+            }
+            if r.is_ok() && k.per_second > 0.0 {
+                r = p.set_rate_limit(q, RateScope::Key(k.key.clone()), k.per_second, Some(k.burst)).await.map(|_| ());
+            }
+        }
+        match r {
+            Ok(()) => break,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("[{:>7.1}s] limits setup: {e}; again", rec.now() as f64 / 1000.0);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e).context("setting the limits workload's limits"),
+        }
+    }
+    rec.record(Op::Limits { queue: cfg.queue.clone(), max_running: plan.max_running, keys: plan.keys.clone() });
+    Ok(())
 }
 
 /// A producer's config: the addresses in a random order, short timeouts (a fault run wants answers, not
@@ -108,13 +209,28 @@ pub async fn producer(p: u32, cfg: Arc<WorkloadConfig>, rec: Arc<Recorder>, stop
         let c = client.clone().expect("connected above");
         uses += 1;
         let k = if rng.random_bool(cfg.batch) { rng.random_range(2..=8) } else { 1 };
-        let items: Vec<(String, u32)> = (0..k)
-            .map(|_| {
-                n += 1;
-                (format!("p{p}-{n}"), rng.random_range(2..=5u32))
-            })
-            .collect();
-        for (value, max_attempts) in &items {
+        let mut items: Vec<(String, u32, Option<usize>)> = Vec::new();
+        for _ in 0..k {
+            let key = match &cfg.limits {
+                Some(plan) => match plan.pick_key(&mut rng) {
+                    Some(key) => Some(key),
+                    // Every key has its backlog: wait for the workers.
+                    None => break,
+                },
+                None => None,
+            };
+            n += 1;
+            items.push((format!("p{p}-{n}"), rng.random_range(2..=5u32), key));
+        }
+        if items.is_empty() {
+            uses -= 1;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = stop.cancelled() => {}
+            }
+            continue;
+        }
+        for (value, max_attempts, _) in &items {
             rec.record(Op::Enqueue {
                 process: p,
                 value: value.clone(),
@@ -124,11 +240,19 @@ pub async fn producer(p: u32, cfg: Arc<WorkloadConfig>, rec: Arc<Recorder>, stop
                 error: None,
             });
         }
-        let tasks: Vec<NewTask> =
-            items.iter().map(|(v, m)| NewTask::new(cfg.queue.clone(), v.clone()).max_attempts(*m)).collect();
+        let tasks: Vec<NewTask> = items
+            .iter()
+            .map(|(v, m, key)| {
+                let t = NewTask::new(cfg.queue.clone(), v.clone()).max_attempts(*m);
+                match (&cfg.limits, key) {
+                    (Some(plan), Some(key)) => t.concurrency(plan.keys[*key].key.clone(), plan.keys[*key].limit),
+                    _ => t,
+                }
+            })
+            .collect();
         // The SDK's own timeout answers first; this one only guards against a hang.
         let guard = Duration::from_secs(30);
-        let answers: Vec<Result<String, Error>> = if k == 1 {
+        let answers: Vec<Result<String, Error>> = if tasks.len() == 1 {
             let t = tasks.into_iter().next().expect("one task");
             match tokio::time::timeout(guard, c.enqueue(t)).await {
                 Ok(r) => vec![r.map(|e| e.task_id)],
@@ -144,9 +268,14 @@ pub async fn producer(p: u32, cfg: Arc<WorkloadConfig>, rec: Arc<Recorder>, stop
             }
         };
         let mut unknown = false;
-        for ((value, max_attempts), answer) in items.into_iter().zip(answers) {
+        for ((value, max_attempts, key), answer) in items.into_iter().zip(answers) {
             let (phase, task_id, error) = match answer {
-                Ok(id) => (Phase::Ok, Some(id), None),
+                Ok(id) => {
+                    if let (Some(plan), Some(key)) = (&cfg.limits, key) {
+                        plan.outstanding[key].fetch_add(1, Ordering::Relaxed);
+                    }
+                    (Phase::Ok, Some(id), None)
+                }
                 Err(e) => (classify(&e), None, Some(e.to_string())),
             };
             unknown |= phase == Phase::Info;
@@ -178,6 +307,8 @@ fn copy_error(e: &Error) -> Error {
 struct Pending {
     task_id: String,
     token: u64,
+    /// The task's concurrency key.
+    key: String,
     kind: ResultKind,
     before: WorkerSummary,
 }
@@ -217,6 +348,11 @@ impl Slot {
             ResultKind::FailRetryable | ResultKind::FailFinal => after.failed > p.before.failed,
         };
         let (phase, reason) = if applied {
+            if let Some(plan) = self.cfg.limits.as_ref().filter(|_| p.kind.terminal()) {
+                if let Some(k) = plan.key_index(&p.key) {
+                    plan.outstanding[k].fetch_sub(1, Ordering::Relaxed);
+                }
+            }
             (Phase::Ok, None)
         } else if let Some(r) = refusal {
             if r.maybe_applied {
@@ -252,8 +388,9 @@ impl Slot {
             max_attempts: task.max_attempts,
             claimed_at_ms,
             deadline_ms,
+            key: task.concurrency_key.clone(),
         });
-        let (kind, slow) = {
+        let (kind, slow, hold) = {
             let mut rng = self.rng.lock().expect("rng lock");
             let r: f64 = rng.random();
             let kind = if r < self.cfg.fail_final {
@@ -264,12 +401,19 @@ impl Slot {
                 ResultKind::Complete
             };
             let slow_one = self.worker + self.cfg.slow_workers >= self.cfg.workers;
-            (kind, slow_one && rng.random_bool(self.cfg.slow))
+            let hold = self.cfg.limits.as_ref().map(|l| rng.random_range(l.hold_ms.0..=l.hold_ms.1));
+            (kind, slow_one && rng.random_bool(self.cfg.slow), hold)
         };
         if slow {
             // Past the lease: the task is redelivered meanwhile and this result must be refused.
             tokio::select! {
                 _ = tokio::time::sleep(self.cfg.lease + Duration::from_millis(1000)) => {}
+                _ = self.stop.cancelled() => {}
+            }
+        } else if let Some(ms) = hold {
+            // The limits workload: the task runs a while, so running tasks pile up against the limits.
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
                 _ = self.stop.cancelled() => {}
             }
         }
@@ -280,8 +424,13 @@ impl Slot {
             }
             ResultKind::FailFinal => Outcome::Failed { error: "injected final failure".into(), retryable: false },
         };
-        *self.pending.lock().expect("pending lock") =
-            Some(Pending { task_id: task.id.clone(), token, kind, before: self.stats.snapshot() });
+        *self.pending.lock().expect("pending lock") = Some(Pending {
+            task_id: task.id.clone(),
+            token,
+            key: task.concurrency_key.clone(),
+            kind,
+            before: self.stats.snapshot(),
+        });
         self.rec.record(Op::Result {
             worker: self.worker,
             task_id: task.id,

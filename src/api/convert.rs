@@ -61,6 +61,58 @@ pub fn rate_limit(per_second: f64, burst: u32) -> Result<crate::queue::RateLimit
     Ok(RateLimit::new(milli_per_s, Some(burst)))
 }
 
+/// The largest concurrency key override: a sanity bound, far past any real worker fleet.
+pub const MAX_KEY_LIMIT: u32 = 1_000_000;
+/// The longest an override may last when it has an expiry (a year and a day); without one it lasts until cleared.
+pub const MAX_KEY_LIMIT_TTL_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// A concurrency key override as `SetConcurrencyOverride` takes it: the key (not empty), the limit (1 to
+/// `MAX_KEY_LIMIT`) and at most one of a TTL and an RFC 3339 expiry. Returns the expiry as a TTL from `now` (the
+/// proposer's time), `None` for none; the caller turns it into an absolute time (`Proposer::expiry_after`).
+pub fn key_limit(
+    cfg: &Config,
+    key: &str,
+    limit: u32,
+    ttl_ms: u64,
+    expires_at: &str,
+    now: TimeMs,
+) -> Result<Option<u64>, ApiError> {
+    if key.is_empty() {
+        return Err(invalid("key must not be empty: an override is for one concurrency key"));
+    }
+    if key.len() > cfg.max_idempotency_key_len {
+        return Err(invalid(format!("key must be at most {} characters", cfg.max_idempotency_key_len)));
+    }
+    if !(1..=MAX_KEY_LIMIT).contains(&limit) {
+        return Err(invalid(format!(
+            "limit must be 1 to {MAX_KEY_LIMIT}, got {limit} (clear the override instead of 0)"
+        )));
+    }
+    let ttl = match (ttl_ms, expires_at.trim()) {
+        (0, "") => return Ok(None),
+        (ttl, "") => ttl,
+        (0, at) => {
+            let at = chrono::DateTime::parse_from_rfc3339(at).map_err(|e| {
+                invalid(format!("expires_at must be an RFC 3339 time such as 2026-11-26T12:00:00Z: {e}"))
+            })?;
+            let at = at.timestamp_millis();
+            if at <= now as i64 {
+                return Err(invalid(format!("expires_at must be in the future, got {}", expires_at.trim())));
+            }
+            (at as u64) - now
+        }
+        _ => return Err(invalid("give at most one of ttl and expires_at")),
+    };
+    if ttl > MAX_KEY_LIMIT_TTL_MS {
+        return Err(invalid(format!(
+            "an override lasts at most {} days (or give no expiry), got {} s",
+            MAX_KEY_LIMIT_TTL_MS / 86_400_000,
+            ttl / 1000
+        )));
+    }
+    Ok(Some(ttl))
+}
+
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

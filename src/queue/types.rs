@@ -645,6 +645,33 @@ pub enum Command {
         items: Vec<ClaimItem>,
         charges: Vec<RateCharge>,
     },
+    /// Sets (or, with `limit: None`, removes) the operator's override of a tenant's concurrency key: while it is
+    /// in force (`KeyLimit::in_force`) it replaces the `limit` the key's tasks carry, in apply's claim check and in
+    /// the leader's pick. An expiry is an absolute state-machine time the proposer computed from a TTL; once the
+    /// shard's time reaches it the override is gone (every entry's sweep removes it, no command needed) and the
+    /// tasks' own limits apply again. Every shard keeps a copy, as for weights. Cluster version 3.
+    SetKeyLimit {
+        tenant: String,
+        key: String,
+        limit: Option<KeyLimit>,
+    },
+}
+
+/// An operator's override of a concurrency key's limit (`Command::SetKeyLimit`), in force until `expires_at`
+/// (exclusive; `None`: until removed). Lowering it below the key's running count stops nothing that runs: it
+/// only holds new claims until the count falls below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyLimit {
+    /// At least 1.
+    pub limit: u32,
+    pub expires_at: Option<TimeMs>,
+}
+
+impl KeyLimit {
+    /// Whether the override applies at state-machine time `now`.
+    pub fn in_force(&self, now: TimeMs) -> bool {
+        self.expires_at.is_none_or(|e| now < e)
+    }
 }
 
 /// A token bucket's configuration: `milli_per_s` tokens per 1000 s (thousandths of a task per second, so
@@ -708,6 +735,7 @@ impl Command {
             Command::SetFairnessWeight { .. } => 2,
             Command::SetRateLimit { .. } => 2,
             Command::RatedClaim { .. } => 2,
+            Command::SetKeyLimit { .. } => 3,
             _ => 0,
         }
     }
@@ -743,6 +771,7 @@ impl fmt::Display for Request {
             Command::SetFairnessWeight { .. } => ("fairness-weight", 1),
             Command::SetRateLimit { .. } => ("rate-limit", 1),
             Command::RatedClaim { items, .. } => ("rated-claim", items.len()),
+            Command::SetKeyLimit { .. } => ("key-limit", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -825,6 +854,8 @@ pub enum Response {
     FairnessWeight(u32),
     /// The bucket after a `SetRateLimit` (`None`: removed).
     RateLimit(Option<RateBucket>),
+    /// The key's override after a `SetKeyLimit` (`None`: removed, or already expired when applied).
+    KeyLimit(Option<KeyLimit>),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

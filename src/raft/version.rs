@@ -11,6 +11,7 @@
 //! | 0       | every command up to `FireSchedule`; snapshots of v0 records (`RAFTQSNAP2`)       |
 //! | 1       | `SetClusterVersion` itself; snapshots of v1 records (`RAFTQSNAP3`)                |
 //! | 2       | `SetLimits`, `SetFairnessWeight`, `SetRateLimit`, `RatedClaim` (and their `l`, `w`, `r` shard records) |
+//! | 3       | `SetKeyLimit` (concurrency key overrides, and their `o` shard records)           |
 //!
 //! A node's own files are its own business (`storage::format`): a newer binary upgrades them at start whatever
 //! the cluster version. A binary from before cluster versions applies version 0 and does not answer the version
@@ -23,7 +24,7 @@
 use std::io;
 
 /// The newest cluster version this binary can apply.
-pub const SUPPORTED: u32 = 2;
+pub const SUPPORTED: u32 = 3;
 
 /// Refuses an entry raising the cluster version past what this binary can apply: the node stops (apply fails)
 /// rather than apply entries of a version it does not know. The gate never proposes one while this node is a

@@ -137,7 +137,8 @@ fn a_of(n: &TestNode) -> std::net::SocketAddr {
 }
 
 /// Two in-process nodes of a three-node membership whose third member never starts: the gate cannot ask it,
-/// so the cluster stays at version 0 and a weight is refused with FEATURE_NOT_ACTIVE, nothing proposed.
+/// so the cluster stays at version 0 and a weight (version 2) and a concurrency key override (version 3) are
+/// refused with FEATURE_NOT_ACTIVE, nothing proposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
     let dirs = [tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir")];
@@ -168,6 +169,16 @@ async fn a_weight_is_refused_before_the_cluster_runs_version_2() {
     assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
     let list = j.list_fairness(pb::ListFairnessRequest { queue: "v".into() }).await.expect("list").into_inner();
     assert!(list.keys.is_empty(), "nothing was applied: {list:?}");
+    // So is a concurrency key override (cluster version 3): FAILED_PRECONDITION, nothing proposed.
+    let set = pb::SetConcurrencyOverrideRequest { key: "k".into(), limit: 3, ttl_ms: 0, expires_at: String::new() };
+    let e = j.set_concurrency_override(set).await.expect_err("refused before version 3");
+    assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::FailedPrecondition, "FEATURE_NOT_ACTIVE"), "{e:?}");
+    assert!(e.message().contains("needs cluster version 3"), "{e:?}");
+    let clear = pb::ClearConcurrencyOverrideRequest { key: "k".into() };
+    let e = j.clear_concurrency_override(clear).await.expect_err("refused before version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    let list = j.list_concurrency_overrides(pb::ListConcurrencyOverridesRequest::default()).await.expect("list");
+    assert!(list.into_inner().overrides.is_empty());
     for n in nodes {
         n.stop().await;
     }

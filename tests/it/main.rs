@@ -13,6 +13,7 @@ mod fairness;
 mod http2;
 mod jobs;
 mod jobs_cluster;
+mod key_limits;
 mod limits;
 mod metrics;
 mod openapi;

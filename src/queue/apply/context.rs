@@ -116,6 +116,7 @@ pub enum PartialResponse {
     LimitsSet(Limits),
     FairnessWeight(u32),
     RateLimit(Option<RateBucket>),
+    KeyLimit(Option<KeyLimit>),
 }
 
 impl PartialResponse {
@@ -138,6 +139,7 @@ impl PartialResponse {
             Command::SetFairnessWeight { weight, .. } => PartialResponse::FairnessWeight(*weight),
             Command::SetRateLimit { .. } => PartialResponse::RateLimit(None),
             Command::RatedClaim { items, .. } => PartialResponse::Claimed(vec![None; items.len()]),
+            Command::SetKeyLimit { .. } => PartialResponse::KeyLimit(None),
         }
     }
 
@@ -165,6 +167,7 @@ impl PartialResponse {
             PartialResponse::LimitsSet(l) => Response::LimitsSet(l),
             PartialResponse::FairnessWeight(w) => Response::FairnessWeight(w),
             PartialResponse::RateLimit(b) => Response::RateLimit(b),
+            PartialResponse::KeyLimit(l) => Response::KeyLimit(l),
         }
     }
 }

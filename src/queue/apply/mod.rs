@@ -22,6 +22,7 @@
 //! | `SetLimits`                            | `limits.rs`                        |
 //! | `SetFairnessWeight`                    | `fairness.rs`                      |
 //! | `SetRateLimit`, `RatedClaim`'s charges | `rates.rs` (its claims: `claim.rs`) |
+//! | `SetKeyLimit` (and its expiry sweep)   | `key_limits.rs`                    |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -34,6 +35,7 @@ mod dead_letters;
 mod dependencies;
 mod enqueue;
 mod fairness;
+mod key_limits;
 mod lifecycle;
 mod limits;
 mod pause;
@@ -123,6 +125,9 @@ impl ShardCore {
             (Command::RatedClaim { items, charges }, Out::Claimed(slots)) => {
                 self.apply_claim(store, cx, items, slots)?;
                 self.apply_rate_charges(store, cx, charges)
+            }
+            (Command::SetKeyLimit { tenant, key, limit }, Out::KeyLimit(out)) => {
+                self.apply_set_key_limit(store, cx, tenant, key, *limit, out)
             }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }

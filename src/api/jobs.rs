@@ -1,7 +1,7 @@
 //! The `Jobs` gRPC service (issue 9): pause and resume queues, fairness weights, rate limits and concurrency key
-//! overrides (issue 17), list tasks with filters a page at a time, and the
-//! capacity view. Reads are linearizable unless the request carries `x-raftq-read: stale`; requests reaching a
-//! follower are forwarded to the leader like the task service's.
+//! overrides (issue 17), list tasks with filters a page at a time, and the capacity view. Reads are linearizable
+//! unless the request carries `x-raftq-read: stale`; requests reaching a follower are forwarded to the leader like
+//! the task service's.
 
 use std::sync::Arc;
 use std::time::Duration;

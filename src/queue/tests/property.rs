@@ -231,7 +231,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::Resolve),
         1 => (0..2usize, 0..2usize, 0..=CKEYS.len(), prop_oneof![Just(1u32), 2..5u32, Just(1_000u32)])
             .prop_map(|(tenant, queue, key, weight)| Op::Weight { tenant, queue, key, weight }),
-        2 => (0..2usize, 0..CKEYS.len(), prop::option::weighted(0.8, (0..5u32, prop::option::of(0..3_000u64))))
+        3 => (0..2usize, 0..CKEYS.len(), prop::option::weighted(0.8, (0..5u32, prop::option::of(0..3_000u64))))
             .prop_map(|(tenant, key, limit)| Op::KeyLimit { tenant, key, limit }),
     ]
 }

@@ -306,8 +306,12 @@ impl JobsApi {
         let who = caller_with(&req, Scope::Admin)?;
         check_all_queues(&who)?;
         let pb::SetConcurrencyOverrideRequest { key, limit, ttl_ms, expires_at } = req.into_inner();
-        let ttl = convert::key_limit(&self.proposer.cfg, &key, limit, ttl_ms, &expires_at, wall_clock_ms())?;
-        let expires_at = ttl.map(|ttl| self.proposer.expiry_after(ttl));
+        let expires_at =
+            match convert::key_limit(&self.proposer.cfg, &key, limit, ttl_ms, &expires_at, wall_clock_ms())? {
+                convert::KeyLimitExpiry::Never => None,
+                convert::KeyLimitExpiry::After(ttl) => Some(self.proposer.expiry_after(ttl)),
+                convert::KeyLimitExpiry::At(at) => Some(at),
+            };
         let cmd = Command::SetKeyLimit {
             tenant: who.tenant.clone(),
             key: key.clone(),

@@ -1,6 +1,7 @@
 //! Concurrency key overrides (issue 17) on a real node: an operator's limit replaces the one a key's tasks carry
 //! (parked claims are woken when it goes up), clearing it gives the tasks' limit back at once, an expiring one
-//! runs out with no further call, and overrides are set, listed, cleared and refused over the SDK and REST.
+//! runs out with no further call, overrides are set, listed, cleared and refused over the SDK and REST, and the
+//! next leader keeps them after a leader kill.
 
 use std::time::Duration;
 
@@ -172,4 +173,35 @@ async fn overrides_over_rest_survive_a_restart_and_bad_input_is_refused() {
     assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::InvalidArgument, "INVALID_ARGUMENT"), "{e:?}");
     let list = j.list_concurrency_overrides(pb::ListConcurrencyOverridesRequest::default()).await.expect("list");
     assert!(list.into_inner().overrides.is_empty(), "nothing was applied");
+}
+
+/// Three processes: an override lowering a key's limit is replicated state, so after the leader is killed with
+/// `kill -9` the next leader holds the key to it (no claim past it), and every replica ends with the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_leader_keeps_an_override_after_a_leader_kill() {
+    use crate::procs::*;
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    c.wait_cluster_version(leader, 3, Duration::from_secs(20)).await;
+    let follower = c.nodes.iter().find(|n| n.id != leader).expect("a follower").grpc.clone();
+    let mut j = JobsClient::new(channel(&follower).await);
+    let set = pb::SetConcurrencyOverrideRequest { key: "k".into(), limit: 2, ttl_ms: 0, expires_at: String::new() };
+    j.set_concurrency_override(set).await.expect("set, forwarded to the leader");
+    let mut p = connect(&follower).await;
+    enqueue_keyed(&mut p, "kf", "k", 10, 6).await;
+    assert_eq!(claim(&mut p, "kf", 1_000).await.len(), 2, "the override of 2 over the tasks' 10");
+
+    c.node(leader).kill9();
+    let next = c.wait_leader(Duration::from_secs(10)).await;
+    assert_ne!(next, leader);
+    let addr = c.node(next).grpc.clone();
+    let mut p = connect(&addr).await;
+    assert!(claim(&mut p, "kf", 500).await.is_empty(), "the new leader claimed past the override");
+    let mut j = JobsClient::new(channel(&addr).await);
+    let list = j.list_concurrency_overrides(pb::ListConcurrencyOverridesRequest::default()).await.expect("list");
+    let rows: Vec<(String, u32, u64, u64)> =
+        list.into_inner().overrides.into_iter().map(|o| (o.key, o.limit, o.running, o.pending)).collect();
+    assert_eq!(rows, vec![("k".to_string(), 2, 2, 4)]);
+    c.node(leader).start();
+    c.wait_digests_agree(Duration::from_secs(20)).await;
 }

@@ -162,6 +162,36 @@ impl RateLimit {
     }
 }
 
+/// An operator's override of a concurrency key's limit (see [`Producer::set_concurrency_override`]), with the
+/// key's tasks at the time of the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConcurrencyOverride {
+    /// The concurrency key.
+    pub key: String,
+    /// Running tasks of the key at most while the override is in force (replacing the limit its tasks carry).
+    pub limit: u32,
+    /// When it runs out, Unix ms; `None`: until cleared.
+    pub expires_at_ms: Option<u64>,
+    /// The key's running tasks, across the tenant's queues.
+    pub running: u64,
+    /// The key's pending tasks (ready or delayed; not those held by dependencies).
+    pub pending: u64,
+}
+
+impl ConcurrencyOverride {
+    fn from_proto(o: pb::ConcurrencyOverride) -> ConcurrencyOverride {
+        let pb::ConcurrencyOverride { key, limit, expires_at_ms, running, pending } = o;
+        ConcurrencyOverride {
+            key,
+            limit,
+            expires_at_ms: (expires_at_ms > 0).then_some(expires_at_ms),
+            running,
+            pending,
+        }
+    }
+}
+
 fn jobs(ch: Channel) -> JobsClient<Channel> {
     JobsClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
@@ -402,6 +432,80 @@ impl Producer {
             })
             .await?;
         Ok(r.limits.into_iter().map(RateLimit::from_proto).collect())
+    }
+
+    /// Overrides the limit of one concurrency key of the tenant (every queue): while in force, `limit` replaces
+    /// the limit the key's tasks carry. `ttl`: the override runs out that long after the leader gets it, and the
+    /// tasks' own limits apply again with no further call (`None`: until cleared). Lowering a limit below the
+    /// key's running tasks stops nothing; new claims wait until the count falls below. Needs the `admin` scope and
+    /// cluster version 3. Sets a state, so retried like a read (a retry measures the TTL from the retry).
+    pub async fn set_concurrency_override(
+        &self,
+        key: &str,
+        limit: u32,
+        ttl: Option<Duration>,
+    ) -> Result<ConcurrencyOverride> {
+        let ttl_ms = ttl.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1));
+        self.put_override(pb::SetConcurrencyOverrideRequest {
+            key: key.to_string(),
+            limit,
+            ttl_ms,
+            expires_at: String::new(),
+        })
+        .await
+    }
+
+    /// As [`Producer::set_concurrency_override`], running out at an absolute time (RFC 3339, such as
+    /// `2026-11-26T12:00:00Z`).
+    pub async fn set_concurrency_override_until(
+        &self,
+        key: &str,
+        limit: u32,
+        expires_at: &str,
+    ) -> Result<ConcurrencyOverride> {
+        self.put_override(pb::SetConcurrencyOverrideRequest {
+            key: key.to_string(),
+            limit,
+            ttl_ms: 0,
+            expires_at: expires_at.to_string(),
+        })
+        .await
+    }
+
+    async fn put_override(&self, req: pb::SetConcurrencyOverrideRequest) -> Result<ConcurrencyOverride> {
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.set_concurrency_override(req).await }
+            })
+            .await?;
+        Ok(ConcurrencyOverride::from_proto(r))
+    }
+
+    /// Removes a concurrency key's override: its tasks' own limits apply again at once. Whether one was in force.
+    /// Needs the `admin` scope and cluster version 3.
+    pub async fn clear_concurrency_override(&self, key: &str) -> Result<bool> {
+        let req = pb::ClearConcurrencyOverrideRequest { key: key.to_string() };
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.request(req.clone());
+                async move { c.clear_concurrency_override(req).await }
+            })
+            .await?;
+        Ok(r.cleared)
+    }
+
+    /// The tenant's concurrency key overrides in force (`key`: only that one's), by key.
+    pub async fn concurrency_overrides(&self, key: Option<&str>) -> Result<Vec<ConcurrencyOverride>> {
+        let req = pb::ListConcurrencyOverridesRequest { key: key.unwrap_or_default().to_string() };
+        let stale = self.stale;
+        let r = self
+            .call_on(Kind::Read, Duration::ZERO, jobs, |mut c, conn| {
+                let req = conn.read_request(req.clone(), stale);
+                async move { c.list_concurrency_overrides(req).await }
+            })
+            .await?;
+        Ok(r.overrides.into_iter().map(ConcurrencyOverride::from_proto).collect())
     }
 
     /// The tenant's paused queues.

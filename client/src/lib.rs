@@ -57,7 +57,8 @@ pub use claims::{Acked, Claim};
 pub use connection::DEFAULT_ADDR;
 pub use error::{Error, Result, LEADER_HEADER, LEASE_LOST, NOT_LEADER, REASON_HEADER, UNKNOWN_OUTCOME};
 pub use jobs::{
-    FairnessKey, QueueCapacity, QueueLimits, RateLimit, RateScope, Recurrence, Schedule, TaskPage, TaskQuery,
+    ConcurrencyOverride, FairnessKey, QueueCapacity, QueueLimits, RateLimit, RateScope, Recurrence, Schedule, TaskPage,
+    TaskQuery,
 };
 pub use producer::{Producer, ProducerConfig};
 pub use producer_stream::{PendingBatch, PendingEnqueue, StreamProducer};

@@ -288,3 +288,29 @@ def _try(call):  # type: ignore[no-untyped-def]
         if e.reason == "FEATURE_NOT_ACTIVE":
             return False
         raise
+
+
+def test_a_concurrency_override_is_set_listed_and_cleared(server, queue):
+    key = queue + "-key"
+    with producer(server) as p:
+        # Overrides need cluster version 3, which a fresh node raises within a second of starting.
+        wait_for(lambda: _try_set_override(p, key), limit=10, what="cluster version 3")
+        p.enqueue(queue, b"a", concurrency_key=key, concurrency_limit=1)
+        rows = p.concurrency_overrides(key)
+        assert [(r["key"], r["limit"], r["expires_at_ms"], r["pending"]) for r in rows] == [(key, 4, None, 1)]
+        timed = p.set_concurrency_override(key, 2, ttl_s=3600)
+        assert timed["limit"] == 2 and timed["expires_at_ms"] > 0
+        with pytest.raises(raftq.errors.ServerError) as e:
+            p.set_concurrency_override(key, 0)
+        assert e.value.reason == "INVALID_ARGUMENT" and not e.value.retryable
+        assert p.clear_concurrency_override(key) and not p.clear_concurrency_override(key)
+        assert all(r["key"] != key for r in p.concurrency_overrides())
+
+
+def _try_set_override(p, key):  # type: ignore[no-untyped-def]
+    try:
+        return p.set_concurrency_override(key, 4)["limit"] == 4
+    except raftq.errors.ServerError as e:
+        if e.reason == "FEATURE_NOT_ACTIVE":
+            return False
+        raise

@@ -49,4 +49,7 @@ def _all_ops(ops):  # type: ignore[no-untyped-def]
         ops.pause_schedule("x", False), ops.delete_schedule("x"), ops.set_limits("q", 1, None), ops.queue_limits(),
         ops.set_rate_limit("q", "k", 0.5, None), ops.set_rate_limit("q", None, 20, 5), ops.rate_limits(None),
         ops.set_fairness_weight("q", "k", 3), ops.fairness(None),
+        ops.set_concurrency_override("k", 3, None, None), ops.set_concurrency_override("k", 3, 60, None),
+        ops.set_concurrency_override("k", 3, None, "2030-01-01T00:00:00Z"), ops.clear_concurrency_override("k"),
+        ops.concurrency_overrides(None),
     ]

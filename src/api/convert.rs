@@ -62,6 +62,68 @@ pub fn rate_limit(per_second: f64, burst: u32) -> Result<crate::queue::RateLimit
     Ok(RateLimit::new(milli_per_s, Some(burst)))
 }
 
+/// The largest concurrency key override: a sanity bound, far past any real worker fleet.
+pub const MAX_KEY_LIMIT: u32 = 1_000_000;
+/// The longest an override may last when it has an expiry (a year and a day); without one it lasts until cleared.
+pub const MAX_KEY_LIMIT_TTL_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// When a concurrency key override runs out, as the caller gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLimitExpiry {
+    Never,
+    /// This long after the leader stamps the command (`Proposer::expiry_after` makes it absolute).
+    After(u64),
+    /// At this absolute time (Unix ms), given as RFC 3339.
+    At(TimeMs),
+}
+
+/// A concurrency key override as `SetConcurrencyOverride` takes it: the key (not empty), the limit (1 to
+/// `MAX_KEY_LIMIT`) and at most one of a TTL and an RFC 3339 expiry, in the future (after `now`) and at most
+/// `MAX_KEY_LIMIT_TTL_MS` ahead.
+pub fn key_limit(
+    cfg: &Config,
+    key: &str,
+    limit: u32,
+    ttl_ms: u64,
+    expires_at: &str,
+    now: TimeMs,
+) -> Result<KeyLimitExpiry, ApiError> {
+    if key.is_empty() {
+        return Err(invalid("key must not be empty: an override is for one concurrency key"));
+    }
+    if key.len() > cfg.max_idempotency_key_len {
+        return Err(invalid(format!("key must be at most {} characters", cfg.max_idempotency_key_len)));
+    }
+    if !(1..=MAX_KEY_LIMIT).contains(&limit) {
+        return Err(invalid(format!(
+            "limit must be 1 to {MAX_KEY_LIMIT}, got {limit} (clear the override instead of 0)"
+        )));
+    }
+    let (expiry, ttl) = match (ttl_ms, expires_at.trim()) {
+        (0, "") => return Ok(KeyLimitExpiry::Never),
+        (ttl, "") => (KeyLimitExpiry::After(ttl), ttl),
+        (0, at) => {
+            let parsed = chrono::DateTime::parse_from_rfc3339(at).map_err(|e| {
+                invalid(format!("expires_at must be an RFC 3339 time such as 2026-11-26T12:00:00Z: {e}"))
+            })?;
+            let at_ms = u64::try_from(parsed.timestamp_millis()).unwrap_or(0);
+            if at_ms <= now {
+                return Err(invalid(format!("expires_at must be in the future, got {at}")));
+            }
+            (KeyLimitExpiry::At(at_ms), at_ms - now)
+        }
+        _ => return Err(invalid("give at most one of ttl and expires_at")),
+    };
+    if ttl > MAX_KEY_LIMIT_TTL_MS {
+        return Err(invalid(format!(
+            "an override lasts at most {} days (or give no expiry), got {} s",
+            MAX_KEY_LIMIT_TTL_MS / 86_400_000,
+            ttl / 1000
+        )));
+    }
+    Ok(expiry)
+}
+
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

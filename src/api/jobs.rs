@@ -1,6 +1,7 @@
-//! The `Jobs` gRPC service (issue 9): pause and resume queues, fairness weights (issue 17), list tasks with filters a page at a time, and the
-//! capacity view. Reads are linearizable unless the request carries `x-raftq-read: stale`; requests reaching a
-//! follower are forwarded to the leader like the task service's.
+//! The `Jobs` gRPC service (issue 9): pause and resume queues, fairness weights, rate limits and concurrency key
+//! overrides (issue 17), list tasks with filters a page at a time, and the capacity view. Reads are linearizable
+//! unless the request carries `x-raftq-read: stale`; requests reaching a follower are forwarded to the leader like
+//! the task service's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +54,19 @@ fn schedule_pb(s: &Schedule) -> pb::Schedule {
         next_occurrence_ms: queue::cron::next_due(s).map(ms).unwrap_or(0),
         fired: s.fired,
     }
+}
+
+fn key_limit_pb(r: crate::storage::KeyLimitRow) -> pb::ConcurrencyOverride {
+    let crate::storage::KeyLimitRow { key, limit, expires_at, running, pending } = r;
+    pb::ConcurrencyOverride { key, limit, expires_at_ms: expires_at.unwrap_or(0), running, pending }
+}
+
+/// An override reaches every queue of the tenant: a token limited to some queues may not change one.
+fn check_all_queues(who: &crate::auth::Caller) -> Result<(), ApiError> {
+    if who.limited_to_queues() {
+        return Err(invalid("a token limited to some queues cannot change a concurrency key override (a key spans every queue of the tenant)"));
+    }
+    Ok(())
 }
 
 fn limits_pb(queue: String, l: Limits) -> pb::QueueLimits {
@@ -278,6 +292,71 @@ impl JobsApi {
         let rows = self.proposer.shared.rate_limits(&who.tenant, queue, wall_clock_ms());
         let limits = rows.into_iter().filter(|r| who.may_use_queue(&r.queue)).map(rate_limit_pb).collect();
         Ok(pb::ListRateLimitsResponse { limits })
+    }
+
+    async fn set_key_limit_local(
+        &self,
+        req: Request<pb::SetConcurrencyOverrideRequest>,
+    ) -> Result<pb::ConcurrencyOverride, ApiError> {
+        let who = caller_with(&req, Scope::Admin)?;
+        check_all_queues(&who)?;
+        let pb::SetConcurrencyOverrideRequest { key, limit, ttl_ms, expires_at } = req.into_inner();
+        let expires_at =
+            match convert::key_limit(&self.proposer.cfg, &key, limit, ttl_ms, &expires_at, wall_clock_ms())? {
+                convert::KeyLimitExpiry::Never => None,
+                convert::KeyLimitExpiry::After(ttl) => Some(self.proposer.expiry_after(ttl)),
+                convert::KeyLimitExpiry::At(at) => Some(at),
+            };
+        let cmd = Command::SetKeyLimit {
+            tenant: who.tenant.clone(),
+            key: key.clone(),
+            limit: Some(queue::KeyLimit { limit, expires_at }),
+        };
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::KeyLimit(_) => {}
+            other => return Err(ApiError::Internal(format!("unexpected response {other:?}"))),
+        }
+        let rows = self.proposer.shared.key_limits(&who.tenant, Some(&key), wall_clock_ms());
+        Ok(rows.into_iter().next().map(key_limit_pb).unwrap_or(pb::ConcurrencyOverride {
+            key,
+            limit,
+            expires_at_ms: expires_at.unwrap_or(0),
+            running: 0,
+            pending: 0,
+        }))
+    }
+
+    async fn clear_key_limit_local(
+        &self,
+        req: Request<pb::ClearConcurrencyOverrideRequest>,
+    ) -> Result<pb::ClearConcurrencyOverrideResponse, ApiError> {
+        let who = caller_with(&req, Scope::Admin)?;
+        check_all_queues(&who)?;
+        let pb::ClearConcurrencyOverrideRequest { key } = req.into_inner();
+        if key.is_empty() {
+            return Err(invalid("key must not be empty: an override is for one concurrency key"));
+        }
+        let cleared = !self.proposer.shared.key_limits(&who.tenant, Some(&key), wall_clock_ms()).is_empty();
+        let cmd = Command::SetKeyLimit { tenant: who.tenant.clone(), key, limit: None };
+        match self.proposer.write(cmd).await.map_err(ApiError::from)? {
+            SmResponse::KeyLimit(_) => Ok(pb::ClearConcurrencyOverrideResponse { cleared }),
+            other => Err(ApiError::Internal(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    async fn list_key_limits_local(
+        &self,
+        req: Request<pb::ListConcurrencyOverridesRequest>,
+    ) -> Result<pb::ListConcurrencyOverridesResponse, ApiError> {
+        let who = caller_with(&req, Scope::Read)?;
+        let linearize = !stale_read(&req);
+        let pb::ListConcurrencyOverridesRequest { key } = req.into_inner();
+        if linearize {
+            self.proposer.linearize().await.map_err(ApiError::from)?;
+        }
+        let key = Some(key.as_str()).filter(|k| !k.is_empty());
+        let rows = self.proposer.shared.key_limits(&who.tenant, key, wall_clock_ms());
+        Ok(pb::ListConcurrencyOverridesResponse { overrides: rows.into_iter().map(key_limit_pb).collect() })
     }
 
     async fn list_tasks_local(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
@@ -572,6 +651,35 @@ impl JobsApi {
         self.fwd.unary(req, Kind::Read, |r| self.list_rate_limits_local(r), remote).await
     }
 
+    /// Setting an override sets a state: safe to repeat (a repeat with a TTL measures it from the repeat).
+    #[instrument(level = "debug", skip_all, fields(key = %req.get_ref().key, limit = req.get_ref().limit))]
+    pub async fn set_concurrency_override(
+        &self,
+        req: Request<pb::SetConcurrencyOverrideRequest>,
+    ) -> Result<pb::ConcurrencyOverride, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).set_concurrency_override(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.set_key_limit_local(r), remote).await
+    }
+
+    /// Clearing sets a state: safe to repeat (a repeat answers `cleared: false`).
+    #[instrument(level = "debug", skip_all, fields(key = %req.get_ref().key))]
+    pub async fn clear_concurrency_override(
+        &self,
+        req: Request<pb::ClearConcurrencyOverrideRequest>,
+    ) -> Result<pb::ClearConcurrencyOverrideResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).clear_concurrency_override(r).await };
+        self.fwd.unary(req, Kind::Repeatable, |r| self.clear_key_limit_local(r), remote).await
+    }
+
+    #[instrument(level = "debug", skip_all, fields(key = %req.get_ref().key))]
+    pub async fn list_concurrency_overrides(
+        &self,
+        req: Request<pb::ListConcurrencyOverridesRequest>,
+    ) -> Result<pb::ListConcurrencyOverridesResponse, ApiError> {
+        let remote = |ch, r| async move { jobs_on(ch).list_concurrency_overrides(r).await };
+        self.fwd.unary(req, Kind::Read, |r| self.list_key_limits_local(r), remote).await
+    }
+
     #[instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, page_size = req.get_ref().page_size))]
     pub async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Result<pb::ListTasksResponse, ApiError> {
         let remote = |ch, r| async move { jobs_on(ch).list_tasks(r).await };
@@ -660,6 +768,27 @@ impl Jobs for JobsApi {
 
     async fn list_rate_limits(&self, req: Request<pb::ListRateLimitsRequest>) -> Res<pb::ListRateLimitsResponse> {
         reply(JobsApi::list_rate_limits(self, req).await)
+    }
+
+    async fn set_concurrency_override(
+        &self,
+        req: Request<pb::SetConcurrencyOverrideRequest>,
+    ) -> Res<pb::ConcurrencyOverride> {
+        reply(JobsApi::set_concurrency_override(self, req).await)
+    }
+
+    async fn clear_concurrency_override(
+        &self,
+        req: Request<pb::ClearConcurrencyOverrideRequest>,
+    ) -> Res<pb::ClearConcurrencyOverrideResponse> {
+        reply(JobsApi::clear_concurrency_override(self, req).await)
+    }
+
+    async fn list_concurrency_overrides(
+        &self,
+        req: Request<pb::ListConcurrencyOverridesRequest>,
+    ) -> Res<pb::ListConcurrencyOverridesResponse> {
+        reply(JobsApi::list_concurrency_overrides(self, req).await)
     }
 
     async fn list_tasks(&self, req: Request<pb::ListTasksRequest>) -> Res<pb::ListTasksResponse> {

@@ -159,6 +159,30 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
             Some("RateBody"),
             (200, Some("RateLimit")),
         ),
+        ("get", "/v1/concurrency-keys") => op(
+            "listConcurrencyOverrides",
+            "The tenant's concurrency key overrides in force: limit, expiry, the key's running and pending tasks",
+            None,
+            (200, Some("ConcurrencyOverrideList")),
+        ),
+        ("get", "/v1/concurrency-keys/{key}") => op(
+            "getConcurrencyOverride",
+            "One concurrency key's override (404 without one)",
+            None,
+            (200, Some("ConcurrencyOverride")),
+        ),
+        ("put", "/v1/concurrency-keys/{key}") => op(
+            "setConcurrencyOverride",
+            "Override a concurrency key's limit (replacing the limit its tasks carry), optionally until an expiry",
+            Some("ConcurrencyOverrideBody"),
+            (200, Some("ConcurrencyOverride")),
+        ),
+        ("delete", "/v1/concurrency-keys/{key}") => op(
+            "clearConcurrencyOverride",
+            "Remove a concurrency key's override: its tasks' own limits apply again at once",
+            None,
+            (200, Some("Cleared")),
+        ),
         ("get", "/v1/queues/{queue}/capacity") => {
             op("queueCapacity", "A queue's backlog, throughput and workers needed", None, (200, Some("Capacity")))
         }
@@ -416,6 +440,48 @@ pub fn schemas() -> Map<String, Value> {
                 &[],
             ),
         ),
+        (
+            "ConcurrencyOverrideBody",
+            object(
+                &[
+                    (
+                        "limit",
+                        json!({"type": "integer", "description": "Running tasks of the key at most, at least 1"}),
+                    ),
+                    (
+                        "ttl_s",
+                        json!({"type": "integer", "description": "Seconds until the override runs out (at most 366 days)"}),
+                    ),
+                    (
+                        "expires_at",
+                        json!({"type": "string", "format": "date-time", "description": "Or when it runs out (RFC 3339)"}),
+                    ),
+                ],
+                &["limit"],
+            ),
+        ),
+        (
+            "ConcurrencyOverride",
+            object(
+                &[
+                    ("key", string()),
+                    ("limit", int()),
+                    (
+                        "expires_at",
+                        json!({"type": ["string", "null"], "format": "date-time", "description": "Null: until removed"}),
+                    ),
+                    ("expires_at_ms", json!({"type": ["integer", "null"]})),
+                    ("running", int()),
+                    ("pending", int()),
+                ],
+                &[],
+            ),
+        ),
+        (
+            "ConcurrencyOverrideList",
+            json!({"type": "object", "properties": {"overrides": array(reference("ConcurrencyOverride"))}}),
+        ),
+        ("Cleared", json!({"type": "object", "properties": {"cleared": boolean()}})),
         ("RateLimitList", json!({"type": "object", "properties": {"limits": array(reference("RateLimit"))}})),
         ("FairnessList", json!({"type": "object", "properties": {"keys": array(reference("FairnessKey"))}})),
         ("QueuePause", json!({"type": "object", "properties": {"queue": string(), "paused": boolean()}})),
@@ -876,6 +942,8 @@ fn scope_of(id: &str) -> Option<&'static str> {
         "setFairnessWeight" | "setUnkeyedWeight" => "admin",
         "setQueueRateLimit" | "setUnkeyedRateLimit" | "setKeyRateLimit" => "admin",
         "listRateLimits" => "read",
+        "setConcurrencyOverride" | "clearConcurrencyOverride" => "admin",
+        "listConcurrencyOverrides" | "getConcurrencyOverride" => "read",
         "exception" => "work",
         "createSchedule" | "deleteSchedule" | "pauseSchedule" | "resumeSchedule" => "enqueue",
         _ => return None,

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::AdminApi;
-use super::error::{invalid, ApiError};
+use super::error::{invalid, not_found, ApiError};
 use super::grpc::TaskApi;
 
 #[derive(Clone)]
@@ -83,6 +83,10 @@ rest_routes! {
     put "/v1/queues/{queue}/rate-limits" => set_queue_rate;
     put "/v1/queues/{queue}/rate-limits/unkeyed" => set_unkeyed_rate;
     put "/v1/queues/{queue}/rate-limits/keys/{key}" => set_key_rate;
+    get "/v1/concurrency-keys" => list_key_limits;
+    get "/v1/concurrency-keys/{key}" => get_key_limit;
+    put "/v1/concurrency-keys/{key}" => set_key_limit;
+    delete "/v1/concurrency-keys/{key}" => clear_key_limit;
     get "/v1/queues/{queue}/capacity" => queue_capacity;
     get "/v1/capacity" => capacity;
     post "/v1/schedules" => create_schedule;
@@ -925,6 +929,68 @@ async fn list_rates(State(r): State<Rest>, headers: HeaderMap, Path(queue): Path
     ok(json!({"limits": l.limits.iter().map(rate_json).collect::<Vec<_>>()}))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyLimitBody {
+    limit: u32,
+    /// Seconds from now; signed so a negative one gets a clear refusal.
+    #[serde(default)]
+    ttl_s: Option<i64>,
+    /// Or an RFC 3339 time.
+    #[serde(default)]
+    expires_at: Option<String>,
+}
+
+/// An override as JSON: `expires_at` (RFC 3339) and `expires_at_ms` are null without an expiry.
+fn key_limit_json(o: &pb::ConcurrencyOverride) -> Value {
+    let at = (o.expires_at_ms > 0).then_some(o.expires_at_ms);
+    let rfc3339 = at.and_then(|ms| chrono::DateTime::from_timestamp_millis(ms as i64)).map(|t| t.to_rfc3339());
+    json!({
+        "key": o.key, "limit": o.limit, "expires_at": rfc3339, "expires_at_ms": at,
+        "running": o.running, "pending": o.pending,
+    })
+}
+
+/// `PUT /v1/concurrency-keys/{key}` `{"limit": N, "ttl_s": S}` (or `"expires_at": "<RFC 3339>"`, or neither).
+async fn set_key_limit(
+    State(r): State<Rest>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    Body(b): Body<KeyLimitBody>,
+) -> Res {
+    let ttl_ms = match b.ttl_s {
+        None => 0,
+        Some(s) if s <= 0 => return Err(invalid(format!("ttl_s must be a positive number of seconds, got {s}")).into()),
+        Some(s) => (s as u64).saturating_mul(1000),
+    };
+    let req =
+        pb::SetConcurrencyOverrideRequest { key, limit: b.limit, ttl_ms, expires_at: b.expires_at.unwrap_or_default() };
+    ok(key_limit_json(&r.jobs.set_concurrency_override(request(&r, &headers, req)?).await?))
+}
+
+/// `DELETE /v1/concurrency-keys/{key}`: the tasks' own limits apply again at once.
+async fn clear_key_limit(State(r): State<Rest>, headers: HeaderMap, Path(key): Path<String>) -> Res {
+    let req = pb::ClearConcurrencyOverrideRequest { key };
+    let out = r.jobs.clear_concurrency_override(request(&r, &headers, req)?).await?;
+    ok(json!({"cleared": out.cleared}))
+}
+
+async fn list_key_limits(State(r): State<Rest>, headers: HeaderMap) -> Res {
+    let req = pb::ListConcurrencyOverridesRequest { key: String::new() };
+    let l = r.jobs.list_concurrency_overrides(request(&r, &headers, req)?).await?;
+    ok(json!({"overrides": l.overrides.iter().map(key_limit_json).collect::<Vec<_>>()}))
+}
+
+/// `GET /v1/concurrency-keys/{key}`: the key's override, 404 without one.
+async fn get_key_limit(State(r): State<Rest>, headers: HeaderMap, Path(key): Path<String>) -> Res {
+    let req = pb::ListConcurrencyOverridesRequest { key: key.clone() };
+    let l = r.jobs.list_concurrency_overrides(request(&r, &headers, req)?).await?;
+    match l.overrides.first() {
+        Some(o) => ok(key_limit_json(o)),
+        None => Err(not_found(&format!("concurrency override for key {key:?}")).into()),
+    }
+}
+
 fn capacity_json(c: &pb::QueueCapacity) -> Value {
     json!({
         "queue": c.queue, "paused": c.paused, "pending": c.pending, "ready": c.ready, "delayed": c.delayed,
@@ -1099,8 +1165,9 @@ mod tests {
 
     #[test]
     fn request_schemas_name_exactly_the_fields_the_routes_accept() {
-        let cases: [(&str, Vec<&str>); 10] = [
+        let cases: [(&str, Vec<&str>); 11] = [
             ("Limits", field_names::<LimitsBody>()),
+            ("ConcurrencyOverrideBody", field_names::<KeyLimitBody>()),
             ("Weight", field_names::<WeightBody>()),
             ("Group", field_names::<GroupBody>()),
             ("Schedule", field_names::<ScheduleBody>()),

@@ -1,9 +1,10 @@
 //! `raftq queues`: how many tasks of each queue are in each state; `raftq queues fairness set|list`: the weights
 //! of the fairness keys of a queue (fair dispatch); `raftq queues rate-limit set|list`: token buckets per queue
-//! and per fairness key.
+//! and per fairness key; `raftq queues concurrency-override set|clear|list`: an operator's limit for a
+//! concurrency key, optionally until an expiry.
 
 use anyhow::Result;
-use raftq_client::{FairnessKey, RateLimit, RateScope};
+use raftq_client::{ConcurrencyOverride, FairnessKey, RateLimit, RateScope};
 use serde_json::json;
 
 use super::client::{print_json, ClientArgs, Output};
@@ -31,6 +32,45 @@ enum QueuesCmd {
     /// Rate limits: token buckets per queue and per fairness key; a key or queue out of tokens is passed over.
     #[command(subcommand)]
     RateLimit(RateLimitCmd),
+    /// Concurrency key overrides: a limit that replaces the one a key's tasks carry, optionally until an expiry.
+    #[command(subcommand)]
+    ConcurrencyOverride(OverrideCmd),
+}
+
+#[derive(clap::Subcommand)]
+enum OverrideCmd {
+    /// Override a concurrency key's limit (every queue of the tenant). Needs the admin scope.
+    Set {
+        /// The concurrency key.
+        #[arg(long)]
+        key: String,
+        /// Running tasks of the key at most (at least 1).
+        #[arg(long)]
+        limit: u32,
+        /// Run out after this long (`90s`, `10m`, `2h`); the tasks' own limits apply again then.
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "until")]
+        ttl: Option<std::time::Duration>,
+        /// Or run out at this time (RFC 3339, `2026-11-26T12:00:00Z`).
+        #[arg(long)]
+        until: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Remove a key's override: its tasks' own limits apply again at once. Needs the admin scope.
+    Clear {
+        #[arg(long)]
+        key: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the overrides in force: limit, expiry, the key's running and pending tasks.
+    List {
+        /// Read this node's replica without asking the leader.
+        #[arg(long)]
+        stale: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -114,6 +154,7 @@ pub async fn run(a: QueuesArgs) -> Result<()> {
     match a.command {
         Some(QueuesCmd::Fairness(cmd)) => return fairness(cmd).await,
         Some(QueuesCmd::RateLimit(cmd)) => return rate_limits(cmd).await,
+        Some(QueuesCmd::ConcurrencyOverride(cmd)) => return overrides(cmd).await,
         None => {}
     }
     let mut producer = a.client.connect().await?;
@@ -222,6 +263,54 @@ async fn rate_limits(cmd: RateLimitCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn overrides(cmd: OverrideCmd) -> Result<()> {
+    let (rows, output) = match cmd {
+        OverrideCmd::Set { key, limit, ttl, until, client } => {
+            let producer = client.connect().await?;
+            let o = match until {
+                Some(at) => producer.set_concurrency_override_until(&key, limit, &at).await?,
+                None => producer.set_concurrency_override(&key, limit, ttl).await?,
+            };
+            (vec![o], client.output())
+        }
+        OverrideCmd::Clear { key, client } => {
+            let cleared = client.connect().await?.clear_concurrency_override(&key).await?;
+            match client.output() {
+                Output::Json => print_json(&json!({"cleared": cleared})),
+                Output::Table if cleared => println!("cleared the override of {key}"),
+                Output::Table => println!("{key} had no override"),
+            }
+            return Ok(());
+        }
+        OverrideCmd::List { stale, client } => {
+            let producer = client.connect().await?;
+            let producer = if stale { producer.stale_reads() } else { producer };
+            (producer.concurrency_overrides(None).await?, client.output())
+        }
+    };
+    match output {
+        // Each override as REST renders it under `GET /v1/concurrency-keys`.
+        Output::Json => print_json(&serde_json::Value::Array(rows.iter().map(override_json).collect())),
+        Output::Table => {
+            println!("{:<32} {:>7} {:>9} {:>9}  expires", "key", "limit", "running", "pending");
+            for o in &rows {
+                let expires = o.expires_at_ms.and_then(rfc3339).unwrap_or_else(|| "never".to_string());
+                println!("{:<32} {:>7} {:>9} {:>9}  {expires}", o.key, o.limit, o.running, o.pending);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rfc3339(ms: u64) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(i64::try_from(ms).ok()?).map(|t| t.to_rfc3339())
+}
+
+fn override_json(o: &ConcurrencyOverride) -> serde_json::Value {
+    json!({"key": o.key, "limit": o.limit, "expires_at": o.expires_at_ms.and_then(rfc3339),
+        "expires_at_ms": o.expires_at_ms, "running": o.running, "pending": o.pending})
 }
 
 fn rate_json(l: &RateLimit) -> serde_json::Value {

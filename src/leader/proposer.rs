@@ -131,6 +131,13 @@ impl Proposer {
     }
 
     /// Proposes one command and waits for it to be applied.
+    /// The absolute state-machine time `ttl_ms` after now, for a command carrying an expiry: measured from the
+    /// time this leader stamps on its entries (its clock, or the state-machine time if that is ahead, as time
+    /// never goes back), so apply compares it with entry times alone.
+    pub fn expiry_after(&self, ttl_ms: u64) -> TimeMs {
+        wall_clock_ms().max(self.shared.now()).saturating_add(ttl_ms)
+    }
+
     pub async fn write(&self, command: Command) -> Result<Response, ProposeError> {
         check_version(&command, self.shared.cluster_version())?;
         write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await
@@ -386,5 +393,8 @@ mod tests {
         assert!(check_required(1, 1).is_ok() && check_required(1, 2).is_ok());
         let msg = check_required(2, 1).expect_err("refused").to_string();
         assert!(msg.contains("needs cluster version 2") && msg.contains("runs at version 1"), "{msg}");
+        // A concurrency key override is version 3: a version-2 replica could not decode it.
+        let set = Command::SetKeyLimit { tenant: "t".into(), key: "k".into(), limit: None };
+        assert!(check_version(&set, 2).is_err() && check_version(&set, 3).is_ok());
     }
 }

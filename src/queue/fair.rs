@@ -8,8 +8,9 @@
 //! *stride*, `STRIDE_ONE / weight`, to its pass (stride scheduling). A key that becomes active starts at the
 //! queue's virtual time, the smallest pass of its active keys (or its own pass, if that is larger), so an idle
 //! key banks no credit and a newly active key is served at once but gets no burst. A key whose concurrency limit
-//! is full is passed over for this pick without being charged, and so is a key (or a whole queue) whose token
-//! bucket is empty (`queue::rate`).
+//! is full (its tasks' limit, or an operator's override in force at the shard's time: `ShardCore::key_limit`,
+//! which apply's claim check reads too) is passed over for this pick without being charged, and so is a key (or
+//! a whole queue) whose token bucket is empty (`queue::rate`).
 //!
 //! Priority and fairness: fairness across keys first, then priority and FIFO within a key. A request for several
 //! queues takes, at each step, the best head (priority, then FIFO) among the queues' fair heads.
@@ -377,7 +378,9 @@ impl<'a> Pick<'a> {
             None if active => KeyHead::Exhausted,
             None => KeyHead::Inactive,
             Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
-                Some(ck) if self.full(s, &ck.key, ck.limit.max(1)) => KeyHead::Blocked,
+                Some(ck) if self.full(s, &ck.key, self.shards[s].key_limit(self.tenant, ck, self.shards[s].now)) => {
+                    KeyHead::Blocked
+                }
                 _ if self.budget.is_some_and(|b| !b.allows(self.rates_of(qi), &self.qks[qi], Some(key))) => {
                     KeyHead::Throttled
                 }

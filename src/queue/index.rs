@@ -1,7 +1,11 @@
 //! One shard's in-memory indexes, derived from its records: which tasks are ready, delayed, leased, ended,
 //! dead-lettered or held, when each falls due, per-queue counts, running concurrency keys, the outbox by due time,
 //! ready tasks per fairness key (for the leader's fair pick), and copies of the small shard records (paused
-//! queues, fairness weights, rate buckets, schedules).
+//! queues, fairness weights, rate buckets, concurrency key overrides, schedules).
+//!
+//! A keyed task whose key is full stays in the ready index: whether a key has a free slot is asked at pick and
+//! at claim (`ShardCore::key_limit`), so a limit that changes (an override set, raised, lowered, removed or run
+//! out) moves no task; it only wakes the dispatcher when slots may have come free (`Effects::ready`).
 //!
 //! Nothing here is stored: every replica rebuilds the same indexes from the records at start and after a snapshot
 //! install (`ShardCore::index_*`). Apply keeps them in step with every record it writes (`add_task` after,
@@ -61,6 +65,10 @@ pub struct ShardIndex {
     pub(super) running_keys: HashMap<String, HashMap<String, u32>>,
     /// The concurrency key of each pending (ready or delayed) task that has one.
     pub(super) pending_keys: HashMap<TaskId, ConcurrencyKey>,
+    /// Operators' overrides of concurrency keys' limits, per tenant and key (every shard holds them all), and
+    /// their expiries in time order, so the sweep of each entry finds the overrides that ran out.
+    pub(super) key_limits: HashMap<String, HashMap<String, KeyLimit>>,
+    pub(super) key_limit_expiries: BTreeSet<(TimeMs, String, String)>,
     /// Schedules stored in this shard.
     pub(super) schedules: BTreeMap<TaskId, Schedule>,
     /// Pending tasks held by dependencies, and for each dependency the held tasks of this shard waiting on it.
@@ -326,6 +334,28 @@ impl ShardIndex {
         } else {
             self.weights.entry(qk).or_default().insert(key.to_string(), weight);
         }
+    }
+
+    /// Records (or with `None` forgets) a concurrency key's override and its expiry; returns the one it replaced.
+    pub(super) fn set_key_limit(&mut self, tenant: &str, key: &str, limit: Option<KeyLimit>) -> Option<KeyLimit> {
+        let before = match limit {
+            Some(l) => self.key_limits.entry(tenant.to_string()).or_default().insert(key.to_string(), l),
+            None => {
+                let keys = self.key_limits.get_mut(tenant);
+                let before = keys.and_then(|m| m.remove(key));
+                if self.key_limits.get(tenant).is_some_and(HashMap::is_empty) {
+                    self.key_limits.remove(tenant);
+                }
+                before
+            }
+        };
+        if let Some(at) = before.and_then(|b| b.expires_at) {
+            self.key_limit_expiries.remove(&(at, tenant.to_string(), key.to_string()));
+        }
+        if let Some(at) = limit.and_then(|l| l.expires_at) {
+            self.key_limit_expiries.insert((at, tenant.to_string(), key.to_string()));
+        }
+        before
     }
 
     /// Counts one completion in its queue's throughput buckets, dropping buckets older than the window.

@@ -27,6 +27,7 @@ pub struct MemStore {
     pub limits: BTreeMap<QueueKey, Limits>,
     pub weights: BTreeMap<(QueueKey, String), u32>,
     pub rates: BTreeMap<(QueueKey, Option<String>), RateBucket>,
+    pub key_limits: BTreeMap<(String, String), KeyLimit>,
     pub cluster_version: Option<u32>,
 }
 
@@ -103,6 +104,14 @@ impl TaskStore for MemStore {
     }
     fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> Result<(), Self::Error> {
         self.rates.remove(&(qk.clone(), key.map(str::to_string)));
+        Ok(())
+    }
+    fn put_key_limit(&mut self, tenant: &str, key: &str, limit: &KeyLimit) -> Result<(), Self::Error> {
+        self.key_limits.insert((tenant.to_string(), key.to_string()), *limit);
+        Ok(())
+    }
+    fn remove_key_limit(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error> {
+        self.key_limits.remove(&(tenant.to_string(), key.to_string()));
         Ok(())
     }
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error> {
@@ -190,6 +199,9 @@ impl MemMachine {
             }
             for ((qk, key), b) in &store.rates {
                 core.index_rate(qk.clone(), key.as_deref(), *b);
+            }
+            for ((tenant, key), l) in &store.key_limits {
+                core.index_key_limit(tenant, key, *l);
             }
             for s in store.schedules.values() {
                 core.index_schedule(s.clone());

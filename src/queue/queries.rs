@@ -26,6 +26,37 @@ impl ShardCore {
         self.idx.running_keys.get(tenant).and_then(|keys| keys.get(key)).copied().unwrap_or(0)
     }
 
+    /// The limit of a tenant's concurrency key at state-machine time `now`: the operator's override while it is
+    /// in force, else the limit the task carries (`ck`). Apply's claim check and the leader's pick both ask here.
+    pub fn key_limit(&self, tenant: &str, ck: &ConcurrencyKey, now: TimeMs) -> u32 {
+        match self.idx.key_limits.get(tenant).and_then(|keys| keys.get(&ck.key)) {
+            Some(o) if o.in_force(now) => o.limit.max(1),
+            _ => ck.limit.max(1),
+        }
+    }
+
+    /// Every concurrency key override (every shard holds them all): tenant -> key -> override.
+    pub fn key_limits(&self) -> &HashMap<String, HashMap<String, KeyLimit>> {
+        &self.idx.key_limits
+    }
+
+    /// The pending tasks of a tenant's concurrency key in this shard: ready (in any queue) or delayed. Tasks held
+    /// by dependencies are not counted (no claim can take them yet).
+    pub fn pending_with_key(&self, tenant: &str, key: &str) -> u64 {
+        let ready: usize = self
+            .idx
+            .by_key
+            .iter()
+            .filter(|(qk, _)| qk.tenant == tenant)
+            .filter_map(|(_, keyed)| keyed.keys.get(key))
+            .map(|(_, set)| set.len())
+            .sum();
+        let delayed = self.idx.delayed.iter().filter(|((_, id), (qk, _, _))| {
+            qk.tenant == tenant && self.idx.pending_keys.get(id).is_some_and(|ck| ck.key == key)
+        });
+        (ready + delayed.count()) as u64
+    }
+
     /// The weight of a fairness key of a queue (1 unless set).
     pub fn fairness_weight(&self, qk: &QueueKey, key: &str) -> u32 {
         self.idx.weights.get(qk).and_then(|m| m.get(key)).copied().unwrap_or(crate::queue::fair::DEFAULT_WEIGHT)
@@ -55,8 +86,8 @@ impl ShardCore {
 
     // ---- time ------------------------------------------------------------------------------------------------
 
-    /// The earliest time at which something in this shard falls due (a lease, a delayed task, a retention or key
-    /// expiry, a task deadline), so the leader knows when a tick is worth proposing.
+    /// The earliest time at which something in this shard falls due (a lease, a delayed task, a retention, key or
+    /// key-limit expiry, a task deadline), so the leader knows when a tick is worth proposing.
     pub fn next_due(&self) -> Option<TimeMs> {
         let idx = &self.idx;
         [
@@ -65,6 +96,7 @@ impl ShardCore {
             idx.retention.iter().next().map(|k| k.0),
             idx.keys.iter().next().map(|k| k.0),
             idx.deadlines.iter().next().map(|k| k.0),
+            idx.key_limit_expiries.first().map(|k| k.0),
         ]
         .into_iter()
         .flatten()

@@ -12,7 +12,7 @@ use super::index::ShardIndex;
 use super::types::*;
 
 /// One shard's derived state. Rebuilt from the records at start and after a snapshot is installed: set `now`,
-/// then feed every record to the `index_*` methods (paused queues, weights and schedules first).
+/// then feed every record to the `index_*` methods (paused queues, weights, key limits and schedules first).
 #[derive(Debug, Default)]
 pub struct ShardCore {
     pub shard_no: usize,
@@ -66,6 +66,10 @@ impl ShardCore {
 
     pub fn index_rate(&mut self, qk: QueueKey, key: Option<&str>, bucket: RateBucket) {
         self.idx.rates.entry(qk).or_default().set(key, Some(bucket));
+    }
+
+    pub fn index_key_limit(&mut self, tenant: &str, key: &str, limit: KeyLimit) {
+        self.idx.set_key_limit(tenant, key, Some(limit));
     }
 
     pub fn index_cluster_version(&mut self, version: u32) {

@@ -42,6 +42,10 @@ pub trait TaskStore {
     fn put_rate(&mut self, qk: &QueueKey, key: Option<&str>, bucket: &RateBucket) -> Result<(), Self::Error>;
     fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> Result<(), Self::Error>;
 
+    // ---- concurrency key overrides per (tenant, key): every shard holds them all ---------------------------
+    fn put_key_limit(&mut self, tenant: &str, key: &str, limit: &KeyLimit) -> Result<(), Self::Error>;
+    fn remove_key_limit(&mut self, tenant: &str, key: &str) -> Result<(), Self::Error>;
+
     // ---- the cluster version: every shard holds it ------------------------------------------------------
     fn put_cluster_version(&mut self, version: u32) -> Result<(), Self::Error>;
 }

@@ -649,6 +649,16 @@ pub enum Command {
     /// `Enqueue` is, each keyed item checked against its key's record first (`apply/keyed.rs`). Proposed instead
     /// of `Enqueue` only when an item has a key mode, so ordinary enqueues keep the old command. Cluster version 3.
     EnqueueKeyed(Vec<KeyedTask>),
+    /// Sets (or, with `limit: None`, removes) the operator's override of a tenant's concurrency key: while it is
+    /// in force (`KeyLimit::in_force`) it replaces the `limit` the key's tasks carry, in apply's claim check and in
+    /// the leader's pick. An expiry is an absolute state-machine time the proposer computed from a TTL; once the
+    /// shard's time reaches it the override is gone (every entry's sweep removes it, no command needed) and the
+    /// tasks' own limits apply again. Every shard keeps a copy, as for weights. Cluster version 3.
+    SetKeyLimit {
+        tenant: String,
+        key: String,
+        limit: Option<KeyLimit>,
+    },
 }
 
 /// A task to create and the key mode it was enqueued with (`None`: a plain enqueue).
@@ -708,6 +718,24 @@ impl KeyMode {
 /// A debounce or singleton record key (`KeyMode::record_key`), as opposed to an idempotency key's.
 pub fn is_mode_record_key(key: &str) -> bool {
     key.starts_with('\0')
+}
+
+
+/// An operator's override of a concurrency key's limit (`Command::SetKeyLimit`), in force until `expires_at`
+/// (exclusive; `None`: until removed). Lowering it below the key's running count stops nothing that runs: it
+/// only holds new claims until the count falls below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyLimit {
+    /// At least 1.
+    pub limit: u32,
+    pub expires_at: Option<TimeMs>,
+}
+
+impl KeyLimit {
+    /// Whether the override applies at state-machine time `now`.
+    pub fn in_force(&self, now: TimeMs) -> bool {
+        self.expires_at.is_none_or(|e| now < e)
+    }
 }
 
 /// A token bucket's configuration: `milli_per_s` tokens per 1000 s (thousandths of a task per second, so
@@ -772,6 +800,7 @@ impl Command {
             Command::SetRateLimit { .. } => 2,
             Command::RatedClaim { .. } => 2,
             Command::EnqueueKeyed(_) => 3,
+            Command::SetKeyLimit { .. } => 3,
             _ => 0,
         }
     }
@@ -808,6 +837,7 @@ impl fmt::Display for Request {
             Command::SetRateLimit { .. } => ("rate-limit", 1),
             Command::RatedClaim { items, .. } => ("rated-claim", items.len()),
             Command::EnqueueKeyed(v) => ("enqueue-keyed", v.len()),
+            Command::SetKeyLimit { .. } => ("key-limit", 1),
         };
         write!(f, "{name}[{n}]@{}", self.time_ms)
     }
@@ -895,6 +925,8 @@ pub enum Response {
     FairnessWeight(u32),
     /// The bucket after a `SetRateLimit` (`None`: removed).
     RateLimit(Option<RateBucket>),
+    /// The key's override after a `SetKeyLimit` (`None`: removed, or already expired when applied).
+    KeyLimit(Option<KeyLimit>),
 }
 
 /// Names one webhook delivery: the task and the point of its life it reports, `log_index << 4 | state code`, so

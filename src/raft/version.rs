@@ -11,7 +11,7 @@
 //! | 0       | every command up to `FireSchedule`; snapshots of v0 records (`RAFTQSNAP2`)       |
 //! | 1       | `SetClusterVersion` itself; snapshots of v1 records (`RAFTQSNAP3`)                |
 //! | 2       | `SetLimits`, `SetFairnessWeight`, `SetRateLimit`, `RatedClaim` (and their `l`, `w`, `r` shard records) |
-//! | 3       | `EnqueueKeyed` (debounce and singleton keys; their records are idempotency-key records, `KeyRecord`) |
+//! | 3       | `EnqueueKeyed` (debounce and singleton keys; their records are idempotency-key records, `KeyRecord`); `SetKeyLimit` (concurrency key overrides, and their `o` shard records) |
 //!
 //! A node's own files are its own business (`storage::format`): a newer binary upgrades them at start whatever
 //! the cluster version. A binary from before cluster versions applies version 0 and does not answer the version

@@ -274,6 +274,8 @@ pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io
         Ok(upgrade::<crate::queue::Limits>(version, v, "limits record")?.1)
     } else if RecordKey::parse_rate(key).is_some() {
         Ok(upgrade::<crate::queue::RateBucket>(version, v, "rate bucket record")?.1)
+    } else if RecordKey::parse_key_limit(key).is_some() {
+        Ok(upgrade::<crate::queue::KeyLimit>(version, v, "key limit record")?.1)
     } else if RecordKey::parse_weight(key).is_some() {
         Ok(upgrade::<u32>(version, v, "fairness weight record")?.1)
     } else {

@@ -23,7 +23,7 @@ mod fixtures;
 mod tests;
 
 pub use log_store::{LogReader, LogStore};
-pub use read_view::{FairnessRow, RateRow};
+pub use read_view::{FairnessRow, KeyLimitRow, RateRow};
 pub use snapshot::SnapshotBuilder;
 pub use state_machine::{Shards, SmShared, StateMachine};
 

@@ -44,6 +44,19 @@ pub struct RateRow {
     pub throttled: bool,
 }
 
+/// One concurrency key override of a tenant (`SmShared::key_limits`), with the key's tasks now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyLimitRow {
+    pub key: String,
+    pub limit: u32,
+    /// Absolute state-machine time (ms) the override runs out at; `None`: until removed.
+    pub expires_at: Option<TimeMs>,
+    /// The key's running tasks (across the tenant's queues).
+    pub running: u64,
+    /// The key's pending tasks, ready or delayed (not those held by dependencies).
+    pub pending: u64,
+}
+
 /// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
 const LIST_FLOOR_MARGIN_MS: u64 = 60_000;
 
@@ -116,6 +129,28 @@ impl SmShared {
             }
         }
         rows.sort_by(|a, b| (&a.queue, &a.key).cmp(&(&b.queue, &b.key)));
+        rows
+    }
+
+    /// The concurrency key overrides of a tenant in force at `now` (one key, or every key when `None`), sorted by
+    /// key, each with the key's running and pending tasks. An override past its expiry but not yet swept (no entry
+    /// applied since) is not shown: it binds nothing any more.
+    pub fn key_limits(&self, tenant: &str, key: Option<&str>, now: TimeMs) -> Vec<KeyLimitRow> {
+        let g = self.read();
+        let Some(first) = g.cores.first() else { return vec![] };
+        let Some(keys) = first.key_limits().get(tenant) else { return vec![] };
+        let mut rows: Vec<KeyLimitRow> = keys
+            .iter()
+            .filter(|(k, l)| key.is_none_or(|want| want == k.as_str()) && l.in_force(now))
+            .map(|(k, l)| KeyLimitRow {
+                key: k.clone(),
+                limit: l.limit,
+                expires_at: l.expires_at,
+                running: g.cores.iter().map(|c| u64::from(c.running_with_key(tenant, k))).sum(),
+                pending: g.cores.iter().map(|c| c.pending_with_key(tenant, k)).sum(),
+            })
+            .collect();
+        rows.sort_by(|a, b| a.key.cmp(&b.key));
         rows
     }
 
@@ -435,6 +470,9 @@ impl SmShared {
             }
             if fresh.all_rates() != core.all_rates() {
                 return Err(io::Error::other(format!("shard {i}: live token buckets differ from their records")));
+            }
+            if fresh.key_limits() != core.key_limits() {
+                return Err(io::Error::other(format!("shard {i}: live key limit overrides differ from their records")));
             }
             let txn = db.begin_read().map_err(io_err)?;
             let n = txn.open_table(TASKS).map_err(io_err)?.len().map_err(io_err)? as usize;

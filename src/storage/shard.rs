@@ -13,8 +13,8 @@ use super::codec::io_err;
 use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::queue::{
-    DeliveryId, KeyRecord, Limits, QueueKey, RateBucket, Schedule, ShardCore, Task, TaskId, TaskStore, TimeMs,
-    WebhookDelivery,
+    DeliveryId, KeyLimit, KeyRecord, Limits, QueueKey, RateBucket, Schedule, ShardCore, Task, TaskId, TaskStore,
+    TimeMs, WebhookDelivery,
 };
 use crate::raft::types::{LogId, StoredMembership};
 
@@ -95,6 +95,9 @@ pub fn load_core(db: &Database, shard_no: usize, shards: usize, now: TimeMs) -> 
         }
         if let Some((qk, key)) = RecordKey::parse_rate(k.value()) {
             core.index_rate(qk, key.as_deref(), decode(v.value(), "rate bucket record")?);
+        }
+        if let Some((tenant, key)) = RecordKey::parse_key_limit(k.value()) {
+            core.index_key_limit(&tenant, &key, decode(v.value(), "key limit record")?);
         }
         if RecordKey::is_schedule(k.value()) {
             core.index_schedule(decode(v.value(), "schedule record")?);
@@ -350,6 +353,16 @@ impl TaskStore for CachedStore<'_> {
 
     fn remove_rate(&mut self, qk: &QueueKey, key: Option<&str>) -> io::Result<()> {
         self.dirty.records.insert(RecordKey::rate(qk, key), None);
+        Ok(())
+    }
+
+    fn put_key_limit(&mut self, tenant: &str, key: &str, limit: &KeyLimit) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::key_limit(tenant, key), Some(encode(limit)?));
+        Ok(())
+    }
+
+    fn remove_key_limit(&mut self, tenant: &str, key: &str) -> io::Result<()> {
+        self.dirty.records.insert(RecordKey::key_limit(tenant, key), None);
         Ok(())
     }
 

@@ -64,7 +64,7 @@ pub fn outbox_key(id: &DeliveryId) -> [u8; 24] {
 }
 
 /// Keys of `SHARD_RECORDS`. The first byte is the kind; it also says where a snapshot puts the record: `PAUSED`
-/// `WEIGHT`, `LIMITS` and `RATE` records are held by every shard, `SCHEDULE` records by the shard of their id.
+/// `WEIGHT`, `LIMITS`, `RATE` and `KEY_LIMIT` records are held by every shard, `SCHEDULE` records by the shard of their id.
 pub struct RecordKey;
 
 impl RecordKey {
@@ -80,6 +80,9 @@ impl RecordKey {
     /// `r tenant \0 queue`: the whole queue's token bucket; `r tenant \0 queue \0 key`: a fairness key's (bincode
     /// `RateBucket`, configuration and level), in every shard. Cluster version 2.
     pub const RATE: u8 = b'r';
+    /// `o tenant \0 key`: an operator's override of a concurrency key's limit (bincode `KeyLimit`: the limit and
+    /// its expiry, an absolute state-machine time or none), in every shard. Cluster version 3.
+    pub const KEY_LIMIT: u8 = b'o';
     /// `v`: the cluster version in force (bincode `u32`), in every shard. Absent: version 0.
     pub const CLUSTER_VERSION: &'static [u8] = b"v";
 
@@ -129,6 +132,22 @@ impl RecordKey {
         let (tenant, queue, key) = (parts.next()?, parts.next()?, parts.next());
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         Some((QueueKey { tenant: text(tenant), queue: text(queue) }, key.map(text)))
+    }
+
+    pub fn key_limit(tenant: &str, key: &str) -> Vec<u8> {
+        let mut v = vec![Self::KEY_LIMIT];
+        for part in [tenant.as_bytes(), &[0], key.as_bytes()] {
+            v.extend_from_slice(part);
+        }
+        v
+    }
+
+    /// The tenant and concurrency key of a key limit record. Tenant names hold no NUL; the key is the rest.
+    pub fn parse_key_limit(key: &[u8]) -> Option<(String, String)> {
+        let rest = key.strip_prefix(&[Self::KEY_LIMIT])?;
+        let split = rest.iter().position(|b| *b == 0)?;
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        Some((text(&rest[..split]), text(&rest[split + 1..])))
     }
 
     /// The one shard that holds a record, or `None` for records every shard holds.

@@ -568,3 +568,52 @@ async fn rate_buckets_are_identical_in_every_shard_and_survive_a_snapshot_and_a_
         assert!(reopened.shared.any_rates());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_limit_overrides_are_in_every_shard_run_out_by_time_and_survive_a_snapshot_and_a_reopen() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 2).await;
+    let set = |index: u64, time_ms: TimeMs, key: &str, limit: Option<(u32, Option<TimeMs>)>| {
+        let limit = limit.map(|(limit, expires_at)| KeyLimit { limit, expires_at });
+        let command = Command::SetKeyLimit { tenant: "t".into(), key: key.into(), limit };
+        entry(index, Request { time_ms, seed: index, command })
+    };
+    let tick = |index: u64, time_ms: TimeMs| entry(index, Request { time_ms, seed: index, command: Command::Tick });
+    apply(
+        &mut leader,
+        vec![
+            set_version(8, 3),
+            set(9, 1_500, "k", Some((7, None))),
+            set(10, 1_500, "short", Some((2, Some(1_700)))),
+            set(11, 1_500, "later", Some((3, Some(90_000)))),
+            set(12, 1_500, "gone", Some((4, None))),
+            set(13, 1_500, "gone", None),
+        ],
+    )
+    .await;
+    let rows = |sm: &StateMachine| -> Vec<(String, u32, Option<TimeMs>)> {
+        sm.shared.key_limits("t", None, 0).into_iter().map(|r| (r.key, r.limit, r.expires_at)).collect()
+    };
+    let all = vec![("k".to_string(), 7, None), ("later".into(), 3, Some(90_000)), ("short".into(), 2, Some(1_700))];
+    assert_eq!(rows(&leader), all);
+    assert_eq!(leader.shared.next_due().map(|d| d <= 1_700), Some(true), "the leader ticks by the expiry");
+    // Time passes the first expiry: the sweep removes it (record and index) in every shard.
+    apply(&mut leader, vec![tick(14, 1_700)]).await;
+    let want = all[..2].to_vec();
+    assert_eq!(rows(&leader), want);
+    leader.shared.check_indexes().expect("indexes agree with records");
+    assert!(leader.shared.key_limits("t", None, 90_000).iter().all(|r| r.key == "k"), "a view at 90 s: in force");
+
+    let (snap, _) = snapshot_bytes(&mut leader).await;
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(rows(&follower), want, "overrides travel in the snapshot, to every shard of another count");
+    assert!(follower.shared.read().cores.iter().all(|c| c.key_limits()["t"].len() == 2));
+    assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
+    follower.shared.check_indexes().expect("indexes agree with records");
+    drop(follower);
+    drop(leader);
+    assert_eq!(rows(&StateMachine::open(a.path(), 2).expect("reopen")), want, "loaded from the shard files");
+    assert_eq!(rows(&StateMachine::open(b.path(), 3).expect("reopen")), want);
+}

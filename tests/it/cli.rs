@@ -445,3 +445,32 @@ async fn task_enqueue_takes_debounce_and_singleton_keys() {
     let both = ["task", "enqueue", "--addr", &a, "--queue", "ck", "--debounce-key", "d", "--delay", "5s"];
     assert!(!raftq(&both).await.ok, "--debounce-key conflicts with --delay");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_concurrency_override_set_list_and_clear() {
+    let n = TestNode::start().await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 3).await;
+    let a = addr(&n);
+    let ov = |args: &[&str]| {
+        let mut v = vec!["queues", "concurrency-override"];
+        v.extend_from_slice(args);
+        v.extend_from_slice(&["--addr", a.as_str()]);
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move { raftq(&args.iter().map(String::as_str).collect::<Vec<_>>()).await };
+    let set = run(ov(&["set", "--key", "k", "--limit", "5", "--ttl", "1h", "--output", "json"])).await.json();
+    assert_eq!((set[0]["key"].as_str(), set[0]["limit"].as_u64()), (Some("k"), Some(5)), "{set}");
+    assert!(set[0]["expires_at"].as_str().is_some_and(|t| t.contains('T')), "an RFC 3339 expiry: {set}");
+    let lasting = run(ov(&["set", "--key", "j", "--limit", "2"])).await;
+    assert!(lasting.ok && lasting.stdout.contains("never"), "{lasting:?}");
+    let list = run(ov(&["list", "--output", "json"])).await.json();
+    let keys: Vec<&str> = list.as_array().expect("an array").iter().filter_map(|o| o["key"].as_str()).collect();
+    assert_eq!(keys, vec!["j", "k"]);
+    let bad = run(ov(&["set", "--key", "k", "--limit", "0"])).await;
+    assert!(!bad.ok && bad.stderr.contains("INVALID_ARGUMENT"), "{bad:?}");
+    let cleared = run(ov(&["clear", "--key", "k", "--output", "json"])).await.json();
+    assert_eq!(cleared["cleared"].as_bool(), Some(true));
+    let list = run(ov(&["list", "--output", "json"])).await.json();
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+}

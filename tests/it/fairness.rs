@@ -137,8 +137,9 @@ fn a_of(n: &TestNode) -> std::net::SocketAddr {
 }
 
 /// Two in-process nodes of a three-node membership whose third member never starts: the gate cannot ask it,
-/// so the cluster stays at version 0 and a weight, a rate limit or a queue cap is refused with FEATURE_NOT_ACTIVE,
-/// nothing proposed (and so are debounce and singleton enqueues, version 3).
+/// so the cluster stays at version 0 and a weight, a rate limit or a queue cap (version 2), and a debounce or
+/// singleton enqueue or a concurrency key override (version 3), are refused with FEATURE_NOT_ACTIVE, nothing
+/// proposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_rates_limits_and_keyed_enqueues_are_refused_before_their_cluster_version() {
     let dirs = [tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir")];
@@ -188,6 +189,16 @@ async fn weights_rates_limits_and_keyed_enqueues_are_refused_before_their_cluste
     let e = c.enqueue(pb::EnqueueRequest { debounce: Some(deb), ..enq("v", "x") }).await.expect_err("version 3");
     assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
     c.enqueue(enq("v", "plain")).await.expect("a plain enqueue keeps the old command");
+    // So is a concurrency key override (cluster version 3): FAILED_PRECONDITION, nothing proposed.
+    let set = pb::SetConcurrencyOverrideRequest { key: "k".into(), limit: 3, ttl_ms: 0, expires_at: String::new() };
+    let e = j.set_concurrency_override(set).await.expect_err("refused before version 3");
+    assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::FailedPrecondition, "FEATURE_NOT_ACTIVE"), "{e:?}");
+    assert!(e.message().contains("needs cluster version 3"), "{e:?}");
+    let clear = pb::ClearConcurrencyOverrideRequest { key: "k".into() };
+    let e = j.clear_concurrency_override(clear).await.expect_err("refused before version 3");
+    assert_eq!(reason(&e), "FEATURE_NOT_ACTIVE", "{e:?}");
+    let list = j.list_concurrency_overrides(pb::ListConcurrencyOverridesRequest::default()).await.expect("list");
+    assert!(list.into_inner().overrides.is_empty());
     for n in nodes {
         n.stop().await;
     }

@@ -14,6 +14,7 @@ mod http2;
 mod jobs;
 mod jobs_cluster;
 mod keyed;
+mod key_limits;
 mod limits;
 mod metrics;
 mod openapi;

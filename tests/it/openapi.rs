@@ -29,6 +29,7 @@ fn example(schema: &str) -> Value {
         "Limits" => json!({"max_depth": 100_000}),
         "Weight" => json!({"weight": 2}),
         "RateBody" => json!({"per_second": 1000, "burst": 1000}),
+        "ConcurrencyOverrideBody" => json!({"limit": 1000, "ttl_s": 60}),
         "Schedule" => json!({"name": "oa-s", "task": {"queue": "oa", "payload": "s"}, "interval_ms": 3_600_000}),
         other => panic!("no example for request schema {other}"),
     }

@@ -247,6 +247,45 @@ def fairness(queue: Optional[str]) -> Op[List[Dict[str, Any]]]:
     )
 
 
+def _override(o: "jobs_pb2.ConcurrencyOverride") -> Dict[str, Any]:
+    return {
+        "key": o.key,
+        "limit": o.limit,
+        "expires_at_ms": o.expires_at_ms or None,
+        "running": o.running,
+        "pending": o.pending,
+    }
+
+
+# Setting or clearing an override sets a state: retried like a read.
+def set_concurrency_override(
+    key: str, limit: int, ttl_s: Optional[float], expires_at: Optional[str]
+) -> Op[Dict[str, Any]]:
+    ttl_ms = 0 if ttl_s is None else max(1, int(ttl_s * 1000))
+    req = jobs_pb2.SetConcurrencyOverrideRequest(key=key, limit=limit, ttl_ms=ttl_ms, expires_at=expires_at or "")
+    return Op(JOBS + "SetConcurrencyOverride", req, jobs_pb2.ConcurrencyOverride, _override, write=False)
+
+
+def clear_concurrency_override(key: str) -> Op[bool]:
+    return Op(
+        JOBS + "ClearConcurrencyOverride",
+        jobs_pb2.ClearConcurrencyOverrideRequest(key=key),
+        jobs_pb2.ClearConcurrencyOverrideResponse,
+        lambda r: r.cleared,
+        write=False,
+    )
+
+
+def concurrency_overrides(key: Optional[str]) -> Op[List[Dict[str, Any]]]:
+    return Op(
+        JOBS + "ListConcurrencyOverrides",
+        jobs_pb2.ListConcurrencyOverridesRequest(key=key or ""),
+        jobs_pb2.ListConcurrencyOverridesResponse,
+        lambda r: [_override(x) for x in r.overrides],
+        write=False,
+    )
+
+
 def queue_limits() -> Op[List[Dict[str, Any]]]:
     return Op(
         JOBS + "ListQueueLimits",

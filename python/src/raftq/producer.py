@@ -252,6 +252,24 @@ class Producer:
         or ready tasks: weight, ready and running tasks, and ``throttled`` (out of rate-limit tokens)."""
         return self._run(_ops.fairness(queue))
 
+    def set_concurrency_override(
+        self, key: str, limit: int, ttl_s: Optional[float] = None, expires_at: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Overrides a concurrency key's limit (every queue of the tenant): while in force, ``limit`` replaces the
+        limit the key's tasks carry. ``ttl_s`` or ``expires_at`` (RFC 3339) end it, after which the tasks' own
+        limits apply again with no further call; neither: until cleared. Lowering it stops nothing that runs.
+        Needs the admin scope and cluster version 3."""
+        return self._run(_ops.set_concurrency_override(key, limit, ttl_s, expires_at))
+
+    def clear_concurrency_override(self, key: str) -> bool:
+        """Removes a key's override (the tasks' limits apply again at once); whether one was in force."""
+        return self._run(_ops.clear_concurrency_override(key))
+
+    def concurrency_overrides(self, key: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The tenant's overrides in force: limit, ``expires_at_ms`` (``None``: until cleared), and the key's
+        running and pending tasks."""
+        return self._run(_ops.concurrency_overrides(key))
+
     def list_tasks(
         self,
         queue: Optional[str] = None,
@@ -407,6 +425,17 @@ class AsyncProducer:
 
     async def fairness(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
         return await self._run(_ops.fairness(queue))
+
+    async def set_concurrency_override(
+        self, key: str, limit: int, ttl_s: Optional[float] = None, expires_at: Optional[str] = None
+    ) -> Dict[str, Any]:
+        return await self._run(_ops.set_concurrency_override(key, limit, ttl_s, expires_at))
+
+    async def clear_concurrency_override(self, key: str) -> bool:
+        return await self._run(_ops.clear_concurrency_override(key))
+
+    async def concurrency_overrides(self, key: Optional[str] = None) -> List[Dict[str, Any]]:
+        return await self._run(_ops.concurrency_overrides(key))
 
     async def list_tasks(
         self,

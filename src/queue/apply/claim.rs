@@ -37,10 +37,10 @@ impl ShardCore {
         if before.tenant != item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
-        let key_full = before
-            .concurrency
-            .as_ref()
-            .is_some_and(|ck| self.running_with_key(&before.tenant, &ck.key) >= ck.limit.max(1));
+        // The key's limit now: an operator's override in force, else the task's own.
+        let key_full = before.concurrency.as_ref().is_some_and(|ck| {
+            self.running_with_key(&before.tenant, &ck.key) >= self.key_limit(&before.tenant, ck, now)
+        });
         if before.state != TaskState::Pending
             || !before.waiting_on.is_empty()
             || before.visible_at > now

@@ -116,6 +116,7 @@ pub enum PartialResponse {
     LimitsSet(Limits),
     FairnessWeight(u32),
     RateLimit(Option<RateBucket>),
+    KeyLimit(Option<KeyLimit>),
 }
 
 impl PartialResponse {
@@ -139,6 +140,7 @@ impl PartialResponse {
             Command::SetRateLimit { .. } => PartialResponse::RateLimit(None),
             Command::RatedClaim { items, .. } => PartialResponse::Claimed(vec![None; items.len()]),
             Command::EnqueueKeyed(v) => PartialResponse::Enqueued(vec![None; v.len()]),
+            Command::SetKeyLimit { .. } => PartialResponse::KeyLimit(None),
         }
     }
 
@@ -166,6 +168,7 @@ impl PartialResponse {
             PartialResponse::LimitsSet(l) => Response::LimitsSet(l),
             PartialResponse::FairnessWeight(w) => Response::FairnessWeight(w),
             PartialResponse::RateLimit(b) => Response::RateLimit(b),
+            PartialResponse::KeyLimit(l) => Response::KeyLimit(l),
         }
     }
 }

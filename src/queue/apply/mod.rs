@@ -23,6 +23,7 @@
 //! | `SetFairnessWeight`                    | `fairness.rs`                      |
 //! | `SetRateLimit`, `RatedClaim`'s charges | `rates.rs` (its claims: `claim.rs`) |
 //! | `EnqueueKeyed`                         | `keyed.rs` (its creations: `enqueue.rs`) |
+//! | `SetKeyLimit` (and its expiry sweep)   | `key_limits.rs`                    |
 //!
 //! Transitions several commands share (writing a changed task, retry or dead-letter, closing a run) are in
 //! `lifecycle.rs`; the entry's transients and the response slots in `context.rs`.
@@ -36,6 +37,7 @@ mod dependencies;
 mod enqueue;
 mod fairness;
 mod keyed;
+mod key_limits;
 mod lifecycle;
 mod limits;
 mod pause;
@@ -127,6 +129,9 @@ impl ShardCore {
                 self.apply_rate_charges(store, cx, charges)
             }
             (Command::EnqueueKeyed(items), Out::Enqueued(slots)) => self.apply_enqueue_keyed(store, cx, items, slots),
+            (Command::SetKeyLimit { tenant, key, limit }, Out::KeyLimit(out)) => {
+                self.apply_set_key_limit(store, cx, tenant, key, *limit, out)
+            }
             (_, out) => unreachable!("response slots built for another command: {out:?}"),
         }
     }

@@ -2,7 +2,8 @@
 //! is an entry with nothing else to do, which the leader proposes when something is due and nobody writes.
 //!
 //! In order: delayed tasks become ready, expired leases are retried or dead-lettered, tasks past their deadline
-//! fail, ended tasks past retention are removed, idempotency keys past their window are forgotten.
+//! fail, ended tasks past retention are removed, idempotency keys past their window are forgotten, concurrency
+//! key overrides past their expiry are removed (`key_limits.rs`).
 
 use std::cmp::Reverse;
 
@@ -20,7 +21,8 @@ impl ShardCore {
         self.expire_leases(store, cx)?;
         self.expire_deadlines(store, cx)?;
         self.expire_retention(store, cx.now)?;
-        self.expire_keys(store, cx.now)
+        self.expire_keys(store, cx.now)?;
+        self.expire_key_limits(store, cx)
     }
 
     /// Delayed tasks whose visible time has come move to the ready index (their records do not change).

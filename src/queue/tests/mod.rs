@@ -4,15 +4,17 @@
 //! - `webhooks`: the webhook outbox;
 //! - `fairness`: weighted fair dispatch across the keys of a queue, and the weights;
 //! - `keyed`: debounce and singleton keys (`EnqueueKeyed`) and their records;
+//! - `key_limits`: operators' overrides of concurrency keys' limits, their expiry and removal;
 //! - `model`: a small reference model written from the rules alone;
 //! - `property`: a property test running random command sequences against the machine and the model.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::*;
 
 mod fairness;
 mod keyed;
+mod key_limits;
 mod model;
 mod property;
 mod rates;
@@ -167,6 +169,20 @@ fn assert_indexes_match_records(m: &MemMachine) {
         let indexed: BTreeMap<TaskId, String> =
             core.idx.pending_keys.iter().map(|(id, ck)| (*id, ck.key.clone())).collect();
         assert_eq!(indexed, pending_keys, "shard {i}: pending tasks' concurrency keys disagree with the records");
+        // Key limit overrides: the index holds exactly the records, each expiry once, none already run out.
+        let indexed: BTreeMap<(String, String), KeyLimit> = core
+            .key_limits()
+            .iter()
+            .flat_map(|(tenant, keys)| keys.iter().map(move |(k, l)| ((tenant.clone(), k.clone()), *l)))
+            .collect();
+        assert_eq!(indexed, store.key_limits, "shard {i}: key limit overrides disagree with the records");
+        let expiries: BTreeSet<(TimeMs, String, String)> = store
+            .key_limits
+            .iter()
+            .filter_map(|((tenant, key), l)| l.expires_at.map(|at| (at, tenant.clone(), key.clone())))
+            .collect();
+        assert_eq!(core.idx.key_limit_expiries, expiries, "shard {i}: key limit expiries disagree with the records");
+        assert!(store.key_limits.values().all(|l| l.in_force(core.now)), "shard {i}: an override past its expiry");
         let got = core.index_sizes();
         assert_eq!(
             IndexSizes { keys: 0, ..got },

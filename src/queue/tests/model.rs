@@ -70,6 +70,9 @@ pub(super) struct Model {
     pub(super) paused: BTreeSet<(String, String)>,
     /// Fairness weights other than 1: (tenant, queue, key) -> weight.
     pub(super) weights: BTreeMap<(String, String, String), u32>,
+    /// Operators' overrides of concurrency keys: (tenant, key) -> (limit, expiry). Kept past their expiry: the
+    /// rule is only that one binds while `now` is before its expiry.
+    pub(super) key_limits: BTreeMap<(String, String), (u32, Option<TimeMs>)>,
 }
 
 /// The range of a backoff after `attempts` attempts: fixed, or `base * 2^(attempts-1)` capped at `max`, of which
@@ -234,6 +237,14 @@ impl Model {
         });
     }
 
+    /// The limit of a tenant's concurrency key now: an override before its expiry, else the task's own.
+    pub(super) fn key_limit(&self, tenant: &str, key: &str, own: u32) -> u32 {
+        match self.key_limits.get(&(tenant.to_string(), key.to_string())) {
+            Some((limit, expires_at)) if expires_at.is_none_or(|e| self.now < e) => (*limit).max(1),
+            _ => own.max(1),
+        }
+    }
+
     /// Running tasks of a tenant's concurrency key.
     pub(super) fn running(&self, tenant: &str, key: &str) -> u32 {
         let with_key = |t: &&ModelTask| t.ckey.as_ref().is_some_and(|(k, _)| k == key);
@@ -267,7 +278,9 @@ impl Model {
             lists.iter().map(|l| l.keys().map(|k| (k.clone(), 0)).collect()).collect();
         let mut taken: HashMap<String, u32> = HashMap::new();
         let blocked = |rk: &Rk, taken: &HashMap<String, u32>| match &self.tasks[&rk.2].ckey {
-            Some((key, limit)) => self.running(tenant, key) + taken.get(key).copied().unwrap_or(0) >= *limit,
+            Some((key, limit)) => {
+                self.running(tenant, key) + taken.get(key).copied().unwrap_or(0) >= self.key_limit(tenant, key, *limit)
+            }
             None => false,
         };
         let mut out = Vec::new();
@@ -311,7 +324,7 @@ impl Model {
         let (now, token) = (self.now, self.index * MAX_ITEMS_PER_COMMAND + pos);
         let paused = self.paused.clone();
         let full = match self.tasks.get(id).and_then(|t| t.ckey.clone()) {
-            Some((key, limit)) => self.running(tenant, &key) >= limit,
+            Some((key, limit)) => self.running(tenant, &key) >= self.key_limit(tenant, &key, limit),
             None => false,
         };
         let t = self.owned(id, tenant).ok_or(Rejected::NotFound)?;

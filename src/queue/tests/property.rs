@@ -95,6 +95,13 @@ enum Op {
     },
     /// The leader's dependency resolver runs.
     Resolve,
+    /// An operator's override of a concurrency key (index into `CKEYS`): set (a limit, and maybe an expiry
+    /// relative to the entry) or removed.
+    KeyLimit {
+        tenant: usize,
+        key: usize,
+        limit: Option<(u32, Option<u64>)>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -230,6 +237,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::Resolve),
         1 => (0..2usize, 0..2usize, 0..=CKEYS.len(), prop_oneof![Just(1u32), 2..5u32, Just(1_000u32)])
             .prop_map(|(tenant, queue, key, weight)| Op::Weight { tenant, queue, key, weight }),
+        3 => (0..2usize, 0..CKEYS.len(), prop::option::weighted(0.8, (0..5u32, prop::option::of(0..3_000u64))))
+            .prop_map(|(tenant, key, limit)| Op::KeyLimit { tenant, key, limit }),
     ]
 }
 
@@ -248,6 +257,8 @@ struct Sim {
     next_random: u64,
     /// Tasks created with a webhook URL.
     hooked: HashSet<TaskId>,
+    /// (tenant, concurrency key) ever given an override: their tasks' own limit may have been exceeded lawfully.
+    overridden: HashSet<(String, String)>,
 }
 
 impl Sim {
@@ -259,6 +270,7 @@ impl Sim {
             tenant_of: HashMap::new(),
             next_random: 0,
             hooked: HashSet::new(),
+            overridden: HashSet::new(),
         };
         sim.apply(T0, Command::Tick);
         sim.check();
@@ -430,6 +442,26 @@ impl Sim {
                 }
                 false
             }
+            Op::KeyLimit { tenant, key, limit } => {
+                let (tenant, key) = (TENANTS[*tenant].to_string(), CKEYS[*key].to_string());
+                let limit = limit.map(|(limit, ttl)| KeyLimit { limit, expires_at: ttl.map(|t| time + t) });
+                let cmd = Command::SetKeyLimit { tenant: tenant.clone(), key: key.clone(), limit };
+                let resp = self.apply(time, cmd);
+                // Limit 0 reads as 1; an override already run out when applied is none.
+                let now = self.model.now;
+                let want = limit.map(|l| KeyLimit { limit: l.limit.max(1), ..l }).filter(|l| l.in_force(now));
+                assert_eq!(resp, Response::KeyLimit(want));
+                match want {
+                    Some(l) => {
+                        self.overridden.insert((tenant.clone(), key.clone()));
+                        self.model.key_limits.insert((tenant, key), (l.limit, l.expires_at));
+                    }
+                    None => {
+                        self.model.key_limits.remove(&(tenant, key));
+                    }
+                }
+                false
+            }
             Op::Purge { tenant, queue } => {
                 let (tenant, queue) = (TENANTS[*tenant], QUEUES[*queue]);
                 let cmd =
@@ -558,6 +590,15 @@ impl Sim {
         let want: Vec<_> =
             ids.iter().enumerate().map(|(pos, id)| self.model.claim(id, tenant, lease_ms, pos as u64)).collect();
         let Response::Claimed(got) = resp else { panic!("claim answered {resp:?}") };
+        // No claim takes a key past its limit at the claim's time (the override in force then, else the task's):
+        // each key that gained a running task runs at most that many.
+        for t in got.iter().flatten() {
+            if let Some(ck) = &t.concurrency {
+                let n = self.model.running(&t.tenant, &ck.key);
+                let limit = self.model.key_limit(&t.tenant, &ck.key, ck.limit);
+                assert!(n <= limit, "claim of {} took key {} to {n} running, over its limit {limit}", t.id, ck.key);
+            }
+        }
         let got: Vec<_> = got.into_iter().map(|r| r.map(|t| token(&t))).collect();
         assert_eq!(got, want, "claim of {ids:?}");
         want.iter().all(Result::is_err)
@@ -584,7 +625,16 @@ impl Sim {
             if let Some(ck) = &t.concurrency {
                 let n = running_per_key.entry((t.tenant.clone(), ck.key.clone())).or_default();
                 *n += 1;
-                assert!(*n <= ck.limit, "key {} of {} runs {n} tasks, over its limit {}", ck.key, t.tenant, ck.limit);
+                // A key never given an override never runs more than its tasks' limit (with one, see `claim`).
+                if !self.overridden.contains(&(t.tenant.clone(), ck.key.clone())) {
+                    assert!(
+                        *n <= ck.limit,
+                        "key {} of {} runs {n} tasks, over its limit {}",
+                        ck.key,
+                        t.tenant,
+                        ck.limit
+                    );
+                }
             }
         }
         for t in m.tasks() {
@@ -724,7 +774,8 @@ proptest! {
     /// reasons, task deadlines, paused queues, concurrency keys (no key ever runs more than its limit; a pick
     /// that returns fewer than asked left only blocked tasks behind), chained completions (all or nothing) and
     /// dependencies (held until resolved; all-completed cancels on a failure). Issue 17: debounce and singleton
-    /// keys (a key's record exists exactly while its task holds the key, and keyed enqueues act on that task).
+    /// keys (a key's record exists exactly while its task holds the key, and keyed enqueues act on that task). Concurrency key overrides are set, removed and run out
+    /// along the way: no claim takes a key past the limit in force at its time.
     #[test]
     fn random_command_sequences_match_the_reference_model(steps in prop::collection::vec(step_strategy(), 1..60)) {
         let mut sim = Sim::new();

@@ -15,15 +15,15 @@ _sym_db = _symbol_database.Default()
 from raftq.v1 import task_pb2 as raftq_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftq/v1/jobs.proto\x12\x08raftq.v1\x1a\x13raftq/v1/task.proto\"\"\n\x11PauseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"#\n\x12ResumeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"0\n\x0fQueuePauseState\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"\x19\n\x17ListPausedQueuesRequest\"*\n\x18ListPausedQueuesResponse\x12\x0e\n\x06queues\x18\x01 \x03(\t\"D\n\x0bQueueLimits\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x13\n\x0bmax_running\x18\x02 \x01(\r\x12\x11\n\tmax_depth\x18\x03 \x01(\x04\"\x18\n\x16ListQueueLimitsRequest\"@\n\x17ListQueueLimitsResponse\x12%\n\x06limits\x18\x01 \x03(\x0b\x32\x15.raftq.v1.QueueLimits\"F\n\x18SetFairnessWeightRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\"l\n\x0b\x46\x61irnessKey\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\r\n\x05ready\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x11\n\tthrottled\x18\x06 \x01(\x08\"i\n\x13SetRateLimitRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x13\n\x0bwhole_queue\x18\x03 \x01(\x08\x12\x12\n\nper_second\x18\x04 \x01(\x01\x12\r\n\x05\x62urst\x18\x05 \x01(\r\"\x91\x01\n\tRateLimit\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x13\n\x0bwhole_queue\x18\x03 \x01(\x08\x12\x12\n\nper_second\x18\x04 \x01(\x01\x12\r\n\x05\x62urst\x18\x05 \x01(\r\x12\x0e\n\x06tokens\x18\x06 \x01(\x01\x12\r\n\x05ready\x18\x07 \x01(\x04\x12\x11\n\tthrottled\x18\x08 \x01(\x08\"&\n\x15ListRateLimitsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"=\n\x16ListRateLimitsResponse\x12#\n\x06limits\x18\x01 \x03(\x0b\x32\x13.raftq.v1.RateLimit\"$\n\x13ListFairnessRequest\x12\r\n\x05queue\x18\x01 \x01(\t\";\n\x14ListFairnessResponse\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.raftq.v1.FairnessKey\"\x9c\x01\n\x10ListTasksRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.raftq.v1.TaskState\x12\x17\n\x0f\x63reated_from_ms\x18\x03 \x01(\x03\x12\x15\n\rcreated_to_ms\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"K\n\x11ListTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.raftq.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x14QueueCapacityRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\"\xcd\x03\n\rQueueCapacity\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\r\n\x05ready\x18\x03 \x01(\x04\x12\x0f\n\x07\x64\x65layed\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x16\n\x0e\x61\x63tive_workers\x18\x06 \x01(\x04\x12\x14\n\x0c\x63ompleted_1m\x18\x07 \x01(\x04\x12\x14\n\x0c\x63ompleted_5m\x18\x08 \x01(\x04\x12\x15\n\rcompleted_15m\x18\t \x01(\x04\x12\x0f\n\x07rate_1m\x18\n \x01(\x01\x12\x0f\n\x07rate_5m\x18\x0b \x01(\x01\x12\x10\n\x08rate_15m\x18\x0c \x01(\x01\x12\x15\n\rdrain_seconds\x18\r \x01(\x01\x12\x17\n\x0fper_worker_rate\x18\x0e \x01(\x01\x12\x19\n\x11workers_needed_1h\x18\x0f \x01(\x03\x12\x19\n\x11workers_needed_4h\x18\x10 \x01(\x03\x12\x19\n\x11workers_needed_8h\x18\x11 \x01(\x03\x12\x0e\n\x06paused\x18\x12 \x01(\x08\x12\x13\n\x0bmax_running\x18\x13 \x01(\r\x12\x11\n\tmax_depth\x18\x14 \x01(\x04\x12#\n\x04keys\x18\x15 \x03(\x0b\x32\x15.raftq.v1.FairnessKey\"@\n\x15QueueCapacityResponse\x12\'\n\x06queues\x18\x01 \x03(\x0b\x32\x17.raftq.v1.QueueCapacity\"\xb2\x01\n\x15\x43reateScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04task\x18\x02 \x01(\x0b\x32\x18.raftq.v1.EnqueueRequest\x12\x0c\n\x04\x63ron\x18\x03 \x01(\t\x12\x11\n\ttime_zone\x18\x04 \x01(\t\x12\x13\n\x0binterval_ms\x18\x05 \x01(\x04\x12-\n\rmissed_policy\x18\x06 \x01(\x0e\x32\x16.raftq.v1.MissedPolicy\"\x86\x02\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0c\n\x04\x63ron\x18\x04 \x01(\t\x12\x11\n\ttime_zone\x18\x05 \x01(\t\x12\x13\n\x0binterval_ms\x18\x06 \x01(\x04\x12-\n\rmissed_policy\x18\x07 \x01(\x0e\x32\x16.raftq.v1.MissedPolicy\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\t \x01(\x03\x12\x1a\n\x12last_occurrence_ms\x18\n \x01(\x03\x12\x1a\n\x12next_occurrence_ms\x18\x0b \x01(\x03\x12\r\n\x05\x66ired\x18\x0c \x01(\x04\"\x16\n\x14ListSchedulesRequest\">\n\x15ListSchedulesResponse\x12%\n\tschedules\x18\x01 \x03(\x0b\x32\x12.raftq.v1.Schedule\"\x19\n\x0bScheduleRef\x12\n\n\x02id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*B\n\x0cMissedPolicy\x12\x16\n\x12MISSED_POLICY_SKIP\x10\x00\x12\x1a\n\x16MISSED_POLICY_RUN_ONCE\x10\x01\x32\xb4\t\n\x04Jobs\x12\x44\n\nPauseQueue\x12\x1b.raftq.v1.PauseQueueRequest\x1a\x19.raftq.v1.QueuePauseState\x12\x46\n\x0bResumeQueue\x12\x1c.raftq.v1.ResumeQueueRequest\x1a\x19.raftq.v1.QueuePauseState\x12Y\n\x10ListPausedQueues\x12!.raftq.v1.ListPausedQueuesRequest\x1a\".raftq.v1.ListPausedQueuesResponse\x12>\n\x0eSetQueueLimits\x12\x15.raftq.v1.QueueLimits\x1a\x15.raftq.v1.QueueLimits\x12V\n\x0fListQueueLimits\x12 .raftq.v1.ListQueueLimitsRequest\x1a!.raftq.v1.ListQueueLimitsResponse\x12N\n\x11SetFairnessWeight\x12\".raftq.v1.SetFairnessWeightRequest\x1a\x15.raftq.v1.FairnessKey\x12M\n\x0cListFairness\x12\x1d.raftq.v1.ListFairnessRequest\x1a\x1e.raftq.v1.ListFairnessResponse\x12\x42\n\x0cSetRateLimit\x12\x1d.raftq.v1.SetRateLimitRequest\x1a\x13.raftq.v1.RateLimit\x12S\n\x0eListRateLimits\x12\x1f.raftq.v1.ListRateLimitsRequest\x1a .raftq.v1.ListRateLimitsResponse\x12\x44\n\tListTasks\x12\x1a.raftq.v1.ListTasksRequest\x1a\x1b.raftq.v1.ListTasksResponse\x12P\n\rQueueCapacity\x12\x1e.raftq.v1.QueueCapacityRequest\x1a\x1f.raftq.v1.QueueCapacityResponse\x12\x45\n\x0e\x43reateSchedule\x12\x1f.raftq.v1.CreateScheduleRequest\x1a\x12.raftq.v1.Schedule\x12P\n\rListSchedules\x12\x1e.raftq.v1.ListSchedulesRequest\x1a\x1f.raftq.v1.ListSchedulesResponse\x12:\n\rPauseSchedule\x12\x15.raftq.v1.ScheduleRef\x1a\x12.raftq.v1.Schedule\x12;\n\x0eResumeSchedule\x12\x15.raftq.v1.ScheduleRef\x1a\x12.raftq.v1.Schedule\x12I\n\x0e\x44\x65leteSchedule\x12\x15.raftq.v1.ScheduleRef\x1a .raftq.v1.DeleteScheduleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftq/v1/jobs.proto\x12\x08raftq.v1\x1a\x13raftq/v1/task.proto\"\"\n\x11PauseQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"#\n\x12ResumeQueueRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"0\n\x0fQueuePauseState\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"\x19\n\x17ListPausedQueuesRequest\"*\n\x18ListPausedQueuesResponse\x12\x0e\n\x06queues\x18\x01 \x03(\t\"D\n\x0bQueueLimits\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x13\n\x0bmax_running\x18\x02 \x01(\r\x12\x11\n\tmax_depth\x18\x03 \x01(\x04\"\x18\n\x16ListQueueLimitsRequest\"@\n\x17ListQueueLimitsResponse\x12%\n\x06limits\x18\x01 \x03(\x0b\x32\x15.raftq.v1.QueueLimits\"F\n\x18SetFairnessWeightRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\"l\n\x0b\x46\x61irnessKey\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\r\x12\r\n\x05ready\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x11\n\tthrottled\x18\x06 \x01(\x08\"i\n\x13SetRateLimitRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x13\n\x0bwhole_queue\x18\x03 \x01(\x08\x12\x12\n\nper_second\x18\x04 \x01(\x01\x12\r\n\x05\x62urst\x18\x05 \x01(\r\"\x91\x01\n\tRateLimit\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x13\n\x0bwhole_queue\x18\x03 \x01(\x08\x12\x12\n\nper_second\x18\x04 \x01(\x01\x12\r\n\x05\x62urst\x18\x05 \x01(\r\x12\x0e\n\x06tokens\x18\x06 \x01(\x01\x12\r\n\x05ready\x18\x07 \x01(\x04\x12\x11\n\tthrottled\x18\x08 \x01(\x08\"&\n\x15ListRateLimitsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"=\n\x16ListRateLimitsResponse\x12#\n\x06limits\x18\x01 \x03(\x0b\x32\x13.raftq.v1.RateLimit\"_\n\x1dSetConcurrencyOverrideRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\x04\x12\x12\n\nexpires_at\x18\x04 \x01(\t\"j\n\x13\x43oncurrencyOverride\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x15\n\rexpires_at_ms\x18\x03 \x01(\x04\x12\x0f\n\x07running\x18\x04 \x01(\x04\x12\x0f\n\x07pending\x18\x05 \x01(\x04\".\n\x1f\x43learConcurrencyOverrideRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"3\n ClearConcurrencyOverrideResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\x08\".\n\x1fListConcurrencyOverridesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"T\n ListConcurrencyOverridesResponse\x12\x30\n\toverrides\x18\x01 \x03(\x0b\x32\x1d.raftq.v1.ConcurrencyOverride\"$\n\x13ListFairnessRequest\x12\r\n\x05queue\x18\x01 \x01(\t\";\n\x14ListFairnessResponse\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.raftq.v1.FairnessKey\"\x9c\x01\n\x10ListTasksRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.raftq.v1.TaskState\x12\x17\n\x0f\x63reated_from_ms\x18\x03 \x01(\x03\x12\x15\n\rcreated_to_ms\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"K\n\x11ListTasksResponse\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.raftq.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x14QueueCapacityRequest\x12\x0e\n\x06queues\x18\x01 \x03(\t\"\xcd\x03\n\rQueueCapacity\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07pending\x18\x02 \x01(\x04\x12\r\n\x05ready\x18\x03 \x01(\x04\x12\x0f\n\x07\x64\x65layed\x18\x04 \x01(\x04\x12\x0f\n\x07running\x18\x05 \x01(\x04\x12\x16\n\x0e\x61\x63tive_workers\x18\x06 \x01(\x04\x12\x14\n\x0c\x63ompleted_1m\x18\x07 \x01(\x04\x12\x14\n\x0c\x63ompleted_5m\x18\x08 \x01(\x04\x12\x15\n\rcompleted_15m\x18\t \x01(\x04\x12\x0f\n\x07rate_1m\x18\n \x01(\x01\x12\x0f\n\x07rate_5m\x18\x0b \x01(\x01\x12\x10\n\x08rate_15m\x18\x0c \x01(\x01\x12\x15\n\rdrain_seconds\x18\r \x01(\x01\x12\x17\n\x0fper_worker_rate\x18\x0e \x01(\x01\x12\x19\n\x11workers_needed_1h\x18\x0f \x01(\x03\x12\x19\n\x11workers_needed_4h\x18\x10 \x01(\x03\x12\x19\n\x11workers_needed_8h\x18\x11 \x01(\x03\x12\x0e\n\x06paused\x18\x12 \x01(\x08\x12\x13\n\x0bmax_running\x18\x13 \x01(\r\x12\x11\n\tmax_depth\x18\x14 \x01(\x04\x12#\n\x04keys\x18\x15 \x03(\x0b\x32\x15.raftq.v1.FairnessKey\"@\n\x15QueueCapacityResponse\x12\'\n\x06queues\x18\x01 \x03(\x0b\x32\x17.raftq.v1.QueueCapacity\"\xb2\x01\n\x15\x43reateScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04task\x18\x02 \x01(\x0b\x32\x18.raftq.v1.EnqueueRequest\x12\x0c\n\x04\x63ron\x18\x03 \x01(\t\x12\x11\n\ttime_zone\x18\x04 \x01(\t\x12\x13\n\x0binterval_ms\x18\x05 \x01(\x04\x12-\n\rmissed_policy\x18\x06 \x01(\x0e\x32\x16.raftq.v1.MissedPolicy\"\x86\x02\n\x08Schedule\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12\x0c\n\x04\x63ron\x18\x04 \x01(\t\x12\x11\n\ttime_zone\x18\x05 \x01(\t\x12\x13\n\x0binterval_ms\x18\x06 \x01(\x04\x12-\n\rmissed_policy\x18\x07 \x01(\x0e\x32\x16.raftq.v1.MissedPolicy\x12\x0e\n\x06paused\x18\x08 \x01(\x08\x12\x15\n\rcreated_at_ms\x18\t \x01(\x03\x12\x1a\n\x12last_occurrence_ms\x18\n \x01(\x03\x12\x1a\n\x12next_occurrence_ms\x18\x0b \x01(\x03\x12\r\n\x05\x66ired\x18\x0c \x01(\x04\"\x16\n\x14ListSchedulesRequest\">\n\x15ListSchedulesResponse\x12%\n\tschedules\x18\x01 \x03(\x0b\x32\x12.raftq.v1.Schedule\"\x19\n\x0bScheduleRef\x12\n\n\x02id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteScheduleResponse*B\n\x0cMissedPolicy\x12\x16\n\x12MISSED_POLICY_SKIP\x10\x00\x12\x1a\n\x16MISSED_POLICY_RUN_ONCE\x10\x01\x32\xfc\x0b\n\x04Jobs\x12\x44\n\nPauseQueue\x12\x1b.raftq.v1.PauseQueueRequest\x1a\x19.raftq.v1.QueuePauseState\x12\x46\n\x0bResumeQueue\x12\x1c.raftq.v1.ResumeQueueRequest\x1a\x19.raftq.v1.QueuePauseState\x12Y\n\x10ListPausedQueues\x12!.raftq.v1.ListPausedQueuesRequest\x1a\".raftq.v1.ListPausedQueuesResponse\x12>\n\x0eSetQueueLimits\x12\x15.raftq.v1.QueueLimits\x1a\x15.raftq.v1.QueueLimits\x12V\n\x0fListQueueLimits\x12 .raftq.v1.ListQueueLimitsRequest\x1a!.raftq.v1.ListQueueLimitsResponse\x12N\n\x11SetFairnessWeight\x12\".raftq.v1.SetFairnessWeightRequest\x1a\x15.raftq.v1.FairnessKey\x12M\n\x0cListFairness\x12\x1d.raftq.v1.ListFairnessRequest\x1a\x1e.raftq.v1.ListFairnessResponse\x12\x42\n\x0cSetRateLimit\x12\x1d.raftq.v1.SetRateLimitRequest\x1a\x13.raftq.v1.RateLimit\x12S\n\x0eListRateLimits\x12\x1f.raftq.v1.ListRateLimitsRequest\x1a .raftq.v1.ListRateLimitsResponse\x12`\n\x16SetConcurrencyOverride\x12\'.raftq.v1.SetConcurrencyOverrideRequest\x1a\x1d.raftq.v1.ConcurrencyOverride\x12q\n\x18\x43learConcurrencyOverride\x12).raftq.v1.ClearConcurrencyOverrideRequest\x1a*.raftq.v1.ClearConcurrencyOverrideResponse\x12q\n\x18ListConcurrencyOverrides\x12).raftq.v1.ListConcurrencyOverridesRequest\x1a*.raftq.v1.ListConcurrencyOverridesResponse\x12\x44\n\tListTasks\x12\x1a.raftq.v1.ListTasksRequest\x1a\x1b.raftq.v1.ListTasksResponse\x12P\n\rQueueCapacity\x12\x1e.raftq.v1.QueueCapacityRequest\x1a\x1f.raftq.v1.QueueCapacityResponse\x12\x45\n\x0e\x43reateSchedule\x12\x1f.raftq.v1.CreateScheduleRequest\x1a\x12.raftq.v1.Schedule\x12P\n\rListSchedules\x12\x1e.raftq.v1.ListSchedulesRequest\x1a\x1f.raftq.v1.ListSchedulesResponse\x12:\n\rPauseSchedule\x12\x15.raftq.v1.ScheduleRef\x1a\x12.raftq.v1.Schedule\x12;\n\x0eResumeSchedule\x12\x15.raftq.v1.ScheduleRef\x1a\x12.raftq.v1.Schedule\x12I\n\x0e\x44\x65leteSchedule\x12\x15.raftq.v1.ScheduleRef\x1a .raftq.v1.DeleteScheduleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftq.v1.jobs_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_MISSEDPOLICY']._serialized_start=2442
-  _globals['_MISSEDPOLICY']._serialized_end=2508
+  _globals['_MISSEDPOLICY']._serialized_start=2882
+  _globals['_MISSEDPOLICY']._serialized_end=2948
   _globals['_PAUSEQUEUEREQUEST']._serialized_start=54
   _globals['_PAUSEQUEUEREQUEST']._serialized_end=88
   _globals['_RESUMEQUEUEREQUEST']._serialized_start=90
@@ -52,32 +52,44 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_LISTRATELIMITSREQUEST']._serialized_end=885
   _globals['_LISTRATELIMITSRESPONSE']._serialized_start=887
   _globals['_LISTRATELIMITSRESPONSE']._serialized_end=948
-  _globals['_LISTFAIRNESSREQUEST']._serialized_start=950
-  _globals['_LISTFAIRNESSREQUEST']._serialized_end=986
-  _globals['_LISTFAIRNESSRESPONSE']._serialized_start=988
-  _globals['_LISTFAIRNESSRESPONSE']._serialized_end=1047
-  _globals['_LISTTASKSREQUEST']._serialized_start=1050
-  _globals['_LISTTASKSREQUEST']._serialized_end=1206
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1208
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1283
-  _globals['_QUEUECAPACITYREQUEST']._serialized_start=1285
-  _globals['_QUEUECAPACITYREQUEST']._serialized_end=1323
-  _globals['_QUEUECAPACITY']._serialized_start=1326
-  _globals['_QUEUECAPACITY']._serialized_end=1787
-  _globals['_QUEUECAPACITYRESPONSE']._serialized_start=1789
-  _globals['_QUEUECAPACITYRESPONSE']._serialized_end=1853
-  _globals['_CREATESCHEDULEREQUEST']._serialized_start=1856
-  _globals['_CREATESCHEDULEREQUEST']._serialized_end=2034
-  _globals['_SCHEDULE']._serialized_start=2037
-  _globals['_SCHEDULE']._serialized_end=2299
-  _globals['_LISTSCHEDULESREQUEST']._serialized_start=2301
-  _globals['_LISTSCHEDULESREQUEST']._serialized_end=2323
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=2325
-  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=2387
-  _globals['_SCHEDULEREF']._serialized_start=2389
-  _globals['_SCHEDULEREF']._serialized_end=2414
-  _globals['_DELETESCHEDULERESPONSE']._serialized_start=2416
-  _globals['_DELETESCHEDULERESPONSE']._serialized_end=2440
-  _globals['_JOBS']._serialized_start=2511
-  _globals['_JOBS']._serialized_end=3715
+  _globals['_SETCONCURRENCYOVERRIDEREQUEST']._serialized_start=950
+  _globals['_SETCONCURRENCYOVERRIDEREQUEST']._serialized_end=1045
+  _globals['_CONCURRENCYOVERRIDE']._serialized_start=1047
+  _globals['_CONCURRENCYOVERRIDE']._serialized_end=1153
+  _globals['_CLEARCONCURRENCYOVERRIDEREQUEST']._serialized_start=1155
+  _globals['_CLEARCONCURRENCYOVERRIDEREQUEST']._serialized_end=1201
+  _globals['_CLEARCONCURRENCYOVERRIDERESPONSE']._serialized_start=1203
+  _globals['_CLEARCONCURRENCYOVERRIDERESPONSE']._serialized_end=1254
+  _globals['_LISTCONCURRENCYOVERRIDESREQUEST']._serialized_start=1256
+  _globals['_LISTCONCURRENCYOVERRIDESREQUEST']._serialized_end=1302
+  _globals['_LISTCONCURRENCYOVERRIDESRESPONSE']._serialized_start=1304
+  _globals['_LISTCONCURRENCYOVERRIDESRESPONSE']._serialized_end=1388
+  _globals['_LISTFAIRNESSREQUEST']._serialized_start=1390
+  _globals['_LISTFAIRNESSREQUEST']._serialized_end=1426
+  _globals['_LISTFAIRNESSRESPONSE']._serialized_start=1428
+  _globals['_LISTFAIRNESSRESPONSE']._serialized_end=1487
+  _globals['_LISTTASKSREQUEST']._serialized_start=1490
+  _globals['_LISTTASKSREQUEST']._serialized_end=1646
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1648
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1723
+  _globals['_QUEUECAPACITYREQUEST']._serialized_start=1725
+  _globals['_QUEUECAPACITYREQUEST']._serialized_end=1763
+  _globals['_QUEUECAPACITY']._serialized_start=1766
+  _globals['_QUEUECAPACITY']._serialized_end=2227
+  _globals['_QUEUECAPACITYRESPONSE']._serialized_start=2229
+  _globals['_QUEUECAPACITYRESPONSE']._serialized_end=2293
+  _globals['_CREATESCHEDULEREQUEST']._serialized_start=2296
+  _globals['_CREATESCHEDULEREQUEST']._serialized_end=2474
+  _globals['_SCHEDULE']._serialized_start=2477
+  _globals['_SCHEDULE']._serialized_end=2739
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=2741
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=2763
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=2765
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=2827
+  _globals['_SCHEDULEREF']._serialized_start=2829
+  _globals['_SCHEDULEREF']._serialized_end=2854
+  _globals['_DELETESCHEDULERESPONSE']._serialized_start=2856
+  _globals['_DELETESCHEDULERESPONSE']._serialized_end=2880
+  _globals['_JOBS']._serialized_start=2951
+  _globals['_JOBS']._serialized_end=4483
 # @@protoc_insertion_point(module_scope)

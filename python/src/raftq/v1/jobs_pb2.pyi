@@ -136,6 +136,56 @@ class ListRateLimitsResponse(_message.Message):
     limits: _containers.RepeatedCompositeFieldContainer[RateLimit]
     def __init__(self, limits: _Optional[_Iterable[_Union[RateLimit, _Mapping]]] = ...) -> None: ...
 
+class SetConcurrencyOverrideRequest(_message.Message):
+    __slots__ = ("key", "limit", "ttl_ms", "expires_at")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    limit: int
+    ttl_ms: int
+    expires_at: str
+    def __init__(self, key: _Optional[str] = ..., limit: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., expires_at: _Optional[str] = ...) -> None: ...
+
+class ConcurrencyOverride(_message.Message):
+    __slots__ = ("key", "limit", "expires_at_ms", "running", "pending")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    limit: int
+    expires_at_ms: int
+    running: int
+    pending: int
+    def __init__(self, key: _Optional[str] = ..., limit: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class ClearConcurrencyOverrideRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ClearConcurrencyOverrideResponse(_message.Message):
+    __slots__ = ("cleared",)
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    cleared: bool
+    def __init__(self, cleared: bool = ...) -> None: ...
+
+class ListConcurrencyOverridesRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ListConcurrencyOverridesResponse(_message.Message):
+    __slots__ = ("overrides",)
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
+    overrides: _containers.RepeatedCompositeFieldContainer[ConcurrencyOverride]
+    def __init__(self, overrides: _Optional[_Iterable[_Union[ConcurrencyOverride, _Mapping]]] = ...) -> None: ...
+
 class ListFairnessRequest(_message.Message):
     __slots__ = ("queue",)
     QUEUE_FIELD_NUMBER: _ClassVar[int]

@@ -718,7 +718,9 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     if let Some(at) = fault_at_ms {
         let mut claims = std::mem::take(&mut *seen.claims_ms.lock().unwrap_or_else(|p| p.into_inner()));
         claims.sort_unstable();
-        // The run's end counts as a claim: no claim at all after the fault is a gap to the end, not none.
+        // The run's end counts as a claim: no claim at all after the fault is a gap to the end, not none. Claims
+        // noted after it (workers stop a moment later) are not part of the run.
+        claims.retain(|&c| c <= end_ms);
         claims.push(end_ms);
         // The longest time without a claim, from one second before the fault on.
         let from = at.saturating_sub(1000);

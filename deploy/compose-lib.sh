@@ -110,7 +110,8 @@ leader_term() {
 }
 
 # Seconds the same leader must keep the same term to count as settled: more than twice the election timeout
-# (400-800 ms by default), so an election that a returning node is about to call has happened by then.
+# (200-400 ms by default, after a 400 ms leader lease), so an election that a returning node is about to call has
+# happened by then.
 SETTLE_S=${SETTLE_S:-2}
 
 # leader_settled: the same node leads in the same term over SETTLE_S seconds.

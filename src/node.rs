@@ -127,6 +127,7 @@ impl Node {
             node_id: cfg.node_id,
             credential: cluster_credential.as_deref().map(Arc::from),
             tls: tls.clone(),
+            append_timeout: crate::raft::network::append_timeout(&cfg),
         };
         let peers = network.clone();
         let raft =

@@ -212,7 +212,8 @@ impl Forwarder {
         // out of time, its answer is that unknown outcome, not a "nothing applied".
         let mut maybe_applied = None;
         loop {
-            let outcome = match self.leader() {
+            let routed_to = self.leader();
+            let outcome = match routed_to.clone() {
                 (Some(l), _) if l == self.node_id => local_outcome(local().await),
                 (Some(l), Some(addr)) => match self.channel(&addr) {
                     Ok(ch) => self.forward(l, plan.kind, remote(ch)).await,
@@ -235,7 +236,12 @@ impl Forwarder {
                 return Err(maybe_applied.unwrap_or(again));
             }
             tracing::debug!(error = %again, "routing the call again");
-            tokio::time::sleep(pause).await;
+            // A new leader (or the news that there is none) ends the pause at once: after a failover the call
+            // goes to the new leader as soon as this node hears from it, not at the backoff's next step.
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = crate::raft::control::leader_changed(&self.raft, routed_to.0) => {}
+            }
             pause = (pause * 2).min(MAX_PAUSE);
         }
     }

@@ -37,6 +37,10 @@ use raftq_client::{NewTask, Outcome, Producer, ProducerConfig, Worker, WorkerCon
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+/// The nodes' log filter (`RAFTQ_LOG` syntax) when set; their logs are then kept after each run. Default `warn`,
+/// logs removed with the run's data.
+const NODE_LOG_ENV: &str = "RAFTQ_SUITE_NODE_LOG";
+
 #[derive(clap::Args)]
 pub struct SuiteArgs {
     /// Length of one measured run (after a 2 s warm-up).
@@ -386,7 +390,7 @@ impl Cluster {
                 .arg(format!("127.0.0.1:{h}"))
                 .arg("--auth-hs256-secret-file")
                 .arg(&secret_path)
-                .env("RAFTQ_LOG", "warn")
+                .env("RAFTQ_LOG", std::env::var(NODE_LOG_ENV).unwrap_or_else(|_| "warn".into()))
                 .stdout(Stdio::null())
                 .stderr(log);
             if n > 1 {
@@ -471,6 +475,16 @@ impl Cluster {
                 let _ = c.kill();
                 let _ = c.wait();
             }
+        }
+        if std::env::var_os(NODE_LOG_ENV).is_some() {
+            // Asked for logs: keep them next to the run's directory (`<dir>.logs/node<N>.log`).
+            let keep = self.dir.with_extension("logs");
+            let _ = std::fs::create_dir_all(&keep);
+            for n in nodes.iter() {
+                let name = format!("node{}.log", n.id);
+                let _ = std::fs::copy(self.dir.join(&name), keep.join(&name));
+            }
+            eprintln!("bench-suite: node logs kept in {}", keep.display());
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -704,11 +718,24 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     if let Some(at) = fault_at_ms {
         let mut claims = std::mem::take(&mut *seen.claims_ms.lock().unwrap_or_else(|p| p.into_inner()));
         claims.sort_unstable();
-        // The run's end counts as a claim: no claim at all after the fault is a gap to the end, not none.
+        // The run's end counts as a claim: no claim at all after the fault is a gap to the end, not none. Claims
+        // noted after it (workers stop a moment later) are not part of the run.
+        claims.retain(|&c| c <= end_ms);
         claims.push(end_ms);
         // The longest time without a claim, from one second before the fault on.
         let from = at.saturating_sub(1000);
         let gap = claims.windows(2).filter(|w| w[1] >= from).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        if std::env::var_os(NODE_LOG_ENV).is_some() {
+            let w = claims.windows(2).filter(|w| w[1] >= from).max_by_key(|w| w[1] - w[0]);
+            let fault_wall = SystemTime::now() - Duration::from_millis(u64::from(end_ms - at));
+            let since = |ms: u32| i64::from(ms) - i64::from(at);
+            eprintln!(
+                "bench-suite: fault at {:?} (unix), longest gap from {:?} to {:?} ms after it",
+                fault_wall.duration_since(UNIX_EPOCH).unwrap_or_default(),
+                w.map(|w| since(w[0])),
+                w.map(|w| since(w[1]))
+            );
+        }
         r.extra.insert("completed/s", r.main);
         r.main = gap as f64;
     }

@@ -36,10 +36,21 @@ pub struct Network {
     pub credential: Option<Arc<str>>,
     /// TLS to peers, when the node speaks it.
     pub tls: Option<Arc<crate::tls::Tls>>,
+    /// The shortest time an append may take before it is given up (see [`append_timeout`]).
+    pub append_timeout: Duration,
+}
+
+/// How long an append may take: openraft offers its heartbeat interval as the deadline, which a loaded machine's
+/// round trip plus a follower's fsync can exceed now and then, and each miss stalls that follower's replication
+/// and backs it off. An append waits at least the minimum election timeout instead: longer than any healthy
+/// round trip, shorter than the silence after which a follower stands for election. Votes keep openraft's.
+pub fn append_timeout(cfg: &crate::config::Config) -> Duration {
+    Duration::from_millis(cfg.election_timeout_min_ms)
 }
 
 pub struct PeerClient {
     from: NodeId,
+    append_timeout: Duration,
     credential: Option<Arc<str>>,
     target: NodeId,
     client: Option<RaftServiceClient<Channel>>,
@@ -67,6 +78,7 @@ impl Network {
         let ch = channel(raft_addr, self.tls.as_deref())?;
         let peer = PeerClient {
             from: self.node_id,
+            append_timeout: self.append_timeout,
             credential: self.credential.clone(),
             target,
             client: None,
@@ -94,6 +106,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         });
         PeerClient {
             from: self.node_id,
+            append_timeout: self.append_timeout,
             credential: self.credential.clone(),
             target,
             client,
@@ -162,7 +175,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let req = self.request(&rpc, &option)?;
+        let mut req = self.request(&rpc, &option)?;
+        req.set_timeout(option.hard_ttl().max(self.append_timeout));
         Self::reply::<_, RaftErr>(self.client()?.append_entries(req).await.map_err(status_err)?.into_inner())
     }
 

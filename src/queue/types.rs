@@ -720,7 +720,6 @@ pub fn is_mode_record_key(key: &str) -> bool {
     key.starts_with('\0')
 }
 
-
 /// An operator's override of a concurrency key's limit (`Command::SetKeyLimit`), in force until `expires_at`
 /// (exclusive; `None`: until removed). Lowering it below the key's running count stops nothing that runs: it
 /// only holds new claims until the count falls below.

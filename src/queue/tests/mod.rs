@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use super::*;
 
 mod fairness;
-mod keyed;
 mod key_limits;
+mod keyed;
 mod model;
 mod property;
 mod rates;

@@ -418,7 +418,12 @@ impl JobsApi {
         let window = Duration::from_millis(self.proposer.cfg.active_worker_window_ms);
         let mut counts = shared.counts(Some(&who.tenant));
         let mut keys: HashMap<String, Vec<pb::FairnessKey>> = HashMap::new();
-        for r in shared.fairness(&who.tenant, None, wall_clock_ms()) {
+        // One queue asked for: only its keys are read (the view of every queue walks them all).
+        let only = match queues.as_slice() {
+            [q] => Some(q.as_str()),
+            _ => None,
+        };
+        for r in shared.fairness(&who.tenant, only, wall_clock_ms()) {
             keys.entry(r.queue.clone()).or_default().push(fairness_pb(r));
         }
         // A queue asked for by name is reported even when it holds nothing yet.

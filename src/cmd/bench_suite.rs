@@ -476,7 +476,8 @@ impl Cluster {
                 let _ = c.wait();
             }
         }
-        if std::env::var_os(NODE_LOG_ENV).is_some() {
+        // `stop` runs again on drop, after the directory is gone: the logs are kept once.
+        if std::env::var_os(NODE_LOG_ENV).is_some() && self.dir.exists() {
             // Asked for logs: keep them next to the run's directory (`<dir>.logs/node<N>.log`).
             let keep = self.dir.with_extension("logs");
             let _ = std::fs::create_dir_all(&keep);

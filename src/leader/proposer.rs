@@ -130,7 +130,6 @@ impl Proposer {
         p
     }
 
-    /// Proposes one command and waits for it to be applied.
     /// The absolute state-machine time `ttl_ms` after now, for a command carrying an expiry: measured from the
     /// time this leader stamps on its entries (its clock, or the state-machine time if that is ahead, as time
     /// never goes back), so apply compares it with entry times alone.
@@ -138,6 +137,7 @@ impl Proposer {
         wall_clock_ms().max(self.shared.now()).saturating_add(ttl_ms)
     }
 
+    /// Proposes one command and waits for it to be applied.
     pub async fn write(&self, command: Command) -> Result<Response, ProposeError> {
         check_version(&command, self.shared.cluster_version())?;
         write(&self.raft, command, Duration::from_millis(self.cfg.write_timeout_ms)).await

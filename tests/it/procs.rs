@@ -226,8 +226,31 @@ impl ProcCluster {
             node.start();
         }
         let c = ProcCluster { nodes, root };
-        c.wait_leader(Duration::from_secs(30)).await;
+        c.wait_formed(Duration::from_secs(30)).await;
         c
+    }
+
+    /// Waits until every running node follows one leader and lists every node as a member: a leader alone is
+    /// not enough, a follower may not yet have the membership the leader committed.
+    pub async fn wait_formed(&self, limit: Duration) -> u64 {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut leaders = std::collections::BTreeSet::new();
+            let mut formed = true;
+            for n in self.nodes.iter().filter(|n| n.running()) {
+                match n.status().await {
+                    Some(s) if s.has_leader && s.members.len() == self.nodes.len() => {
+                        leaders.insert(s.leader_id);
+                    }
+                    _ => formed = false,
+                }
+            }
+            if formed && leaders.len() == 1 {
+                return leaders.into_iter().next().expect("one leader");
+            }
+            assert!(Instant::now() < deadline, "the cluster did not form within {limit:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub fn node(&mut self, id: u64) -> &mut ProcNode {

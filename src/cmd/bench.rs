@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// workers' capacity to workers x slots x 1000 / work-ms tasks/s.
     #[arg(long, default_value_t = 20)]
     pub work_ms: u64,
+    /// fairness: the varied flood run draws each task's work time uniformly from work-ms x (1 - this ..= 1 +
+    /// this), 0 to 1.
+    #[arg(long, default_value_t = 0.5)]
+    pub work_jitter: f64,
     /// fairness: the flooding key's weight in the weighted run (the other key has 1).
     #[arg(long, default_value_t = 3)]
     pub weight: u32,
@@ -274,6 +278,8 @@ pub(super) struct WorkerSpec {
     pub(super) slots: usize,
     pub(super) count: u32,
     pub(super) work: Duration,
+    /// Each batch's work time is drawn uniformly from `work` x (1 - jitter ..= 1 + jitter).
+    pub(super) jitter: f64,
 }
 
 /// A concurrency limit no bench key reaches: keys here are fairness keys, not throttles.
@@ -315,7 +321,13 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         for w in 0..a.workers {
             let ch = channel(&addrs[w % addrs.len()]).await?;
             let (stats, stop, queue) = (stats.clone(), stop.clone(), queue.clone());
-            let spec = WorkerSpec { queue, slots: a.slots.max(1), count: a.worker_batch.max(1), work: Duration::ZERO };
+            let spec = WorkerSpec {
+                queue,
+                slots: a.slots.max(1),
+                count: a.worker_batch.max(1),
+                work: Duration::ZERO,
+                jitter: 0.0,
+            };
             jobs.spawn(stream_worker(ch, spec, w, stats, stop));
         }
     }
@@ -558,7 +570,7 @@ pub(super) async fn stream_worker(
     stats: Arc<Counters>,
     stop: Arc<AtomicBool>,
 ) {
-    let WorkerSpec { queue, slots, count, work } = spec;
+    let WorkerSpec { queue, slots, count, work, jitter } = spec;
     let (tx, rx) = mpsc::channel(slots * 2 + 1);
     let ev = |e| pb::WorkerEvent { event: Some(e) };
     let hello = pb::Hello { token: token(), worker_id: format!("bench-{n}") };
@@ -622,6 +634,8 @@ pub(super) async fn stream_worker(
                     }
                 } else {
                     let tx = tx.clone();
+                    let j = jitter.clamp(0.0, 1.0);
+                    let work = work.mul_f64(1.0 - j + 2.0 * j * rand::random::<f64>());
                     tokio::spawn(async move {
                         tokio::time::sleep(work).await;
                         let _ = tx.send(done).await;

@@ -1,12 +1,15 @@
-//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in seven runs of
+//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in eight runs of
 //! `--duration` each, every run on a queue of its own:
 //!
 //! 1. quiet: key `b` alone enqueues at `--rate` (default 20/s) into a queue whose workers are idle;
 //! 2. flood: key `a` enqueues at 100 times that rate, more than the workers can take (each of the `--workers` x
 //!    `--slots` slots works `--work-ms` on one task at a time), while `b` goes on at its rate: `b`'s
 //!    enqueue->claim against the quiet run, and how much of the capacity `a` still gets;
-//! 3. weighted: `a` (weight `--weight`) and `b` (weight 1) both flood: the ratio served;
-//! 4. to 7. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
+//! 3. flood with varied work: the same, but each task's work time drawn uniformly from `--work-ms` x (1 -
+//!    `--work-jitter` ..= 1 + `--work-jitter`): with one fixed work time, slots that start together end together,
+//!    so slots come free in waves and `b` waits for the next wave; varied work spreads them out, as real tasks do;
+//! 4. weighted: `a` (weight `--weight`) and `b` (weight 1) both flood: the ratio served;
+//! 5. to 8. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
 //!    `--worker-batch`, no work time), unkeyed, then every task under one of 16 keys, twice, in the order
 //!    unkeyed, keyed, keyed, unkeyed: throughput per kind over its two runs.
 
@@ -47,7 +50,9 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
     let tag = format!("{:08x}", rand::random::<u32>());
     let b_rate = if a.rate == 0 { DEFAULT_B_RATE } else { a.rate };
     let a_rate = b_rate * FLOOD_FACTOR;
-    let slow = |queue: &str| WorkerSpec { queue: queue.into(), slots: a.slots.max(1), count: 1, work: work(a) };
+    let slow =
+        |queue: &str| WorkerSpec { queue: queue.into(), slots: a.slots.max(1), count: 1, work: work(a), jitter: 0.0 };
+    let varied = |queue: &str| WorkerSpec { jitter: a.work_jitter.clamp(0.0, 1.0), ..slow(queue) };
     let paced = |queue: &str, key: &str, rate: u64| ProducerSpec {
         queue: queue.into(),
         batch: (rate / 100).max(1) as usize,
@@ -62,6 +67,9 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
     let quiet = phase(a, addrs, "quiet", vec![paced(&q, "b", b_rate)], slow(&q)).await?;
     let q = format!("fair-flood-{tag}");
     let flood = phase(a, addrs, "flood", vec![paced(&q, "a", a_rate), paced(&q, "b", b_rate)], slow(&q)).await?;
+    let q = format!("fair-flood-varied-{tag}");
+    let flood_varied =
+        phase(a, addrs, "flood-varied", vec![paced(&q, "a", a_rate), paced(&q, "b", b_rate)], varied(&q)).await?;
     let q = format!("fair-weighted-{tag}");
     set_weight(&addrs[0], &q, "a", a.weight).await?;
     let weighted = phase(a, addrs, "weighted", vec![paced(&q, "a", a_rate), paced(&q, "b", a_rate)], slow(&q)).await?;
@@ -72,6 +80,7 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         slots: a.slots.max(1),
         count: a.worker_batch.max(1),
         work: Duration::ZERO,
+        jitter: 0.0,
     };
     let cycle = |queue: &str, keys: Vec<String>| ProducerSpec {
         queue: queue.into(),
@@ -102,6 +111,8 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         "b_rate": b_rate, "a_rate": a_rate,
         "quiet": {"b": key_report(&quiet, "b", a)},
         "flood": {"a": key_report(&flood, "a", a), "b": key_report(&flood, "b", a)},
+        "flood_varied": {"work_jitter": a.work_jitter.clamp(0.0, 1.0),
+            "a": key_report(&flood_varied, "a", a), "b": key_report(&flood_varied, "b", a)},
         "weighted": {"weight": a.weight, "a_served": ka, "b_served": kb,
             "ratio": if kb > 0 { ka as f64 / kb as f64 } else { 0.0 }},
         "cycle": {"unkeyed_per_s": per_s(unkeyed), "keyed_per_s": per_s(keyed), "keys": CYCLE_KEYS,
@@ -186,7 +197,7 @@ fn print_table(r: &Value) {
     let line = |name: &str, k: &Value| {
         let l = &k["enqueue_to_claim_ms"];
         println!(
-            "{name:<22} claimed {:>7} ({:>7.0}/s)  enqueue->claim p50 {:>9}  p99 {:>9}",
+            "{name:<24} claimed {:>7} ({:>7.0}/s)  enqueue->claim p50 {:>9}  p99 {:>9}",
             k["claimed"],
             k["claimed_per_s"].as_f64().unwrap_or(0.0),
             ms(&l["p50"]),
@@ -206,6 +217,8 @@ fn print_table(r: &Value) {
     line("quiet: b", &r["quiet"]["b"]);
     line("flood: b", &r["flood"]["b"]);
     line("flood: a", &r["flood"]["a"]);
+    line("flood, varied work: b", &r["flood_varied"]["b"]);
+    line("flood, varied work: a", &r["flood_varied"]["a"]);
     let w = &r["weighted"];
     println!(
         "weighted {}:1           served a {} b {}: ratio {:.3}",

@@ -19,8 +19,10 @@
 //!   enqueues past it (`QUEUE_FULL`) and the SDK's producer stream waits the retry hint, holding its room, so
 //!   producers are slowed and completions should stay at `cycle-1`'s peak.
 //! - `latency-3`: three nodes paced at half of `cycle-3`'s median; enqueue→claim p50 and p99.
-//! - `failover-3`, `transfer-3`: three nodes at half of the peak; the leader is killed (`kill -9`) or its
-//!   leadership transferred mid-run; the longest gap between two claims around the fault.
+//! - `failover-3`, `transfer-3`, `pause-3`: three nodes at half of the peak; the leader is killed (`kill -9`),
+//!   its leadership transferred, or it is paused (`SIGSTOP`, for the rest of the run) mid-run; the longest gap
+//!   between two claims around the fault. A paused leader keeps its connections open: clients and followers
+//!   see no error, only silence, which is what a hung process or a lost network path looks like.
 //! - `backlog-1`: one node with `--deep-backlog` pending tasks in the worked queue: full cycles per second
 //!   and the node's resident memory per stored task.
 
@@ -93,6 +95,7 @@ const ALL: &[&str] = &[
     "latency-3",
     "failover-3",
     "transfer-3",
+    "pause-3",
     "backlog-1",
 ];
 
@@ -245,12 +248,13 @@ fn describe(s: &str, a: &SuiteArgs) -> (String, &'static str) {
         "latency-3" => "3 nodes, paced at half of cycle-3: enqueue→claim".to_string(),
         "failover-3" => "3 nodes at half of peak, leader kill -9: longest claim gap".to_string(),
         "transfer-3" => "3 nodes at half of peak, leadership transfer: longest claim gap".to_string(),
+        "pause-3" => "3 nodes at half of peak, leader paused (SIGSTOP): longest claim gap".to_string(),
         "backlog-1" => format!("1 node, full cycle over {} pending tasks", a.deep_backlog),
         _ => s.to_string(),
     };
     let unit = match s {
         "latency-3" => "ms p50",
-        "failover-3" | "transfer-3" => "ms",
+        "failover-3" | "transfer-3" | "pause-3" => "ms",
         "enqueue-unary" | "enqueue-batch" => "enqueues/s",
         _ => "tasks/s",
     };
@@ -303,7 +307,7 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
             set_depth_limit(&cluster, a.backlog_cap as u64).await?;
             cycle(&cluster, a, Pace::Unpaced, Fault::None).await
         }
-        "latency-3" | "failover-3" | "transfer-3" => {
+        "latency-3" | "failover-3" | "transfer-3" | "pause-3" => {
             let rate = match peak3 {
                 Some(p) => p / 2.0,
                 // Run on its own: find the peak first.
@@ -312,6 +316,7 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
             let fault = match scenario {
                 "failover-3" => Fault::KillLeader,
                 "transfer-3" => Fault::Transfer,
+                "pause-3" => Fault::PauseLeader,
                 _ => Fault::None,
             };
             cycle(&cluster, a, Pace::Rate(rate.max(100.0)), fault).await
@@ -461,6 +466,19 @@ impl Cluster {
         }
     }
 
+    /// Sends `sig` (a `kill -s` name: STOP, CONT) to node `id`.
+    fn signal(&self, id: u64, sig: &str) -> Result<()> {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pid) = nodes.iter().find(|n| n.id == id).and_then(|n| n.child.as_ref()).map(Child::id) else {
+            bail!("node {id} is not running");
+        };
+        let status = Command::new("kill").args(["-s", sig, &pid.to_string()]).status().context("running kill")?;
+        if !status.success() {
+            bail!("kill -s {sig} {pid} failed: {status}");
+        }
+        Ok(())
+    }
+
     fn rss_kib(&self, id: u64) -> Option<u64> {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let pid = nodes.iter().find(|n| n.id == id)?.child.as_ref()?.id();
@@ -555,6 +573,8 @@ enum Fault {
     None,
     KillLeader,
     Transfer,
+    /// SIGSTOP until the run ends (the cluster's stop kills it, which works on a stopped process too).
+    PauseLeader,
 }
 
 /// What the workers saw: claim latencies (µs from the producer's send) and claim times (ms since start).
@@ -689,6 +709,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
         fault_at_ms = Some(start.elapsed().as_millis() as u32);
         match fault {
             Fault::KillLeader => c.kill(leader),
+            Fault::PauseLeader => c.signal(leader, "STOP")?,
             Fault::Transfer => {
                 let p = Producer::connect(c.producer_config(c.addrs())).await?;
                 p.admin().transfer_leader(None, Duration::from_secs(10)).await?;
@@ -696,6 +717,10 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
             Fault::None => {}
         }
         tokio::time::sleep(a.duration / 2).await;
+        if fault == Fault::PauseLeader {
+            // Resumed after the measured time: it rejoins as a follower, and what waited on it is answered.
+            c.signal(leader, "CONT")?;
+        }
     } else {
         tokio::time::sleep(a.duration).await;
     }

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::Config;
 use crate::queue::*;
+use crate::raft::control;
 use crate::raft::errors::RaftFailure;
 use crate::raft::types::NodeId;
 use crate::storage::{Raft, SmShared};
@@ -292,9 +293,26 @@ pub(crate) fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>)
     ProposeError::NotLeader { leader_id, leader_addr }
 }
 
+/// A leader that has not heard from a quorum for [`control::quorum_silence_limit`] (cut off by a partition, or
+/// stalled) proposes nothing: it answers `NotLeader` without a leader, so a client moves on to another node at
+/// once instead of waiting out the write timeout here. A write already in flight when that happens is answered
+/// as of unknown outcome then (it may still commit, should the quorum come back while this node leads).
 pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
+    let cut_off = control::quorum_silence_limit(raft);
+    if control::quorum_silence(raft).is_some_and(|s| s >= cut_off) {
+        return Err(not_leader(None, None));
+    }
     let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
-    match tokio::time::timeout(timeout, raft.client_write(req)).await {
+    let written = tokio::select! {
+        r = tokio::time::timeout(timeout, raft.client_write(req)) => r,
+        silent = control::quorum_lost(raft, cut_off) => {
+            return Err(ProposeError::Unknown(format!(
+                "this leader has heard from no quorum for {} ms (cut off or stalled); the write may still apply",
+                silent.as_millis()
+            )));
+        }
+    };
+    match written {
         Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),
         Ok(Ok(resp)) => Ok(resp.data),
         Ok(Err(e)) => Err(match RaftFailure::from(e) {

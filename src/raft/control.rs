@@ -126,6 +126,37 @@ pub fn leader<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> (Option<Node
     (m.current_leader, addr)
 }
 
+/// How long a leader may go without a quorum of voters acknowledging it before it stops taking writes: twice the
+/// longest election timeout, and at least a second. By then the other voters have elected a new leader (they
+/// stand after the leader lease plus an election timeout), so this one is cut off or stalled, and a client waiting
+/// on it would wait for its write timeout.
+pub fn quorum_silence_limit<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> Duration {
+    Duration::from_millis((raft.config().election_timeout_max * 2).max(1000))
+}
+
+/// On a leader of more than one voter that a quorum has acknowledged: how long ago that last happened. `None`
+/// elsewhere (not leading, a single voter, not yet acknowledged).
+pub fn quorum_silence<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> Option<Duration> {
+    use openraft::Instant as _;
+    let rx = raft.metrics();
+    let m = rx.borrow_watched();
+    if m.current_leader != Some(m.id) || m.membership_config.membership().voter_ids().nth(1).is_none() {
+        return None;
+    }
+    m.last_quorum_acked.as_ref().map(|t| t.elapsed())
+}
+
+/// Resolves with the silence once this node leads and has not heard from a quorum for `limit`.
+pub async fn quorum_lost<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>, limit: Duration) -> Duration {
+    loop {
+        match quorum_silence(raft) {
+            Some(s) if s >= limit => return s,
+            Some(s) => tokio::time::sleep(limit - s).await,
+            None => tokio::time::sleep(limit).await,
+        }
+    }
+}
+
 /// Resolves once this node sees a leader other than `from` (or none); never, if Raft has stopped.
 pub async fn leader_changed<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>, from: Option<NodeId>) {
     let mut rx = raft.metrics();

@@ -688,3 +688,49 @@ async fn a_cluster_of_one_binary_raises_its_cluster_version_through_the_log() {
     c.node(leader).ready().await;
     assert_eq!(c.node(leader).status().await.expect("status").cluster_version, raftq::raft::version::SUPPORTED);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_quorum_stops_taking_writes_instead_of_holding_them() {
+    // FAST: elections 500-1000 ms, so the leader gives up on a silent quorum after 2 s; writes time out after 10 s.
+    let mut c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let followers: Vec<u64> = c.nodes.iter().map(|n| n.id).filter(|id| *id != leader).collect();
+    let redirect = |r: pb::EnqueueRequest| {
+        let mut req = tonic::Request::new(r);
+        req.metadata_mut().insert("x-raftq-redirect", "1".parse().expect("ascii"));
+        req
+    };
+    let mut lc = c.node(leader).client().await;
+    // Idle for longer than the limit: heartbeats keep the quorum's acknowledgements fresh, so writes go on.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    lc.enqueue(redirect(enq("cut-off", "before"))).await.expect("an idle leader still takes writes");
+
+    // Both followers stopped: the leader hears from no quorum. The write in flight is answered as of unknown
+    // outcome once the quorum has been silent past the limit, well before the write timeout.
+    c.node(followers[0]).signal("STOP");
+    c.node(followers[1]).signal("STOP");
+    let t = Instant::now();
+    let held = lc.enqueue(redirect(enq("cut-off", "in-flight"))).await.expect_err("no quorum");
+    let took = t.elapsed();
+    assert_eq!(reason(&held), "UNKNOWN_OUTCOME", "{held:?}");
+    assert!(took < Duration::from_secs(8), "answered after {took:?}, not at the write timeout");
+    // A new write is refused before anything is proposed: NOT_LEADER naming no leader, so a client moves on.
+    let t = Instant::now();
+    let refused = lc.enqueue(redirect(enq("cut-off", "after"))).await.expect_err("cut off");
+    assert_eq!(reason(&refused), "NOT_LEADER", "{refused:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "refused at once, not after {:?}", t.elapsed());
+
+    // The quorum back: writes are taken again (by this node, or by a new leader if one was elected meanwhile).
+    c.node(followers[0]).signal("CONT");
+    c.node(followers[1]).signal("CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut any = c.nodes[0].client().await;
+        match any.enqueue(enq("cut-off", "healed")).await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "no write taken after the quorum came back: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.wait_digests_agree(Duration::from_secs(30)).await;
+}

@@ -150,7 +150,8 @@ struct RunArgs {
     /// Longest drain after heal, seconds.
     #[arg(long, default_value_t = 180)]
     drain_timeout: u64,
-    /// Extra TOML appended to every node's config (after the harness's own settings).
+    /// Extra TOML for every node's config: its top-level keys replace the harness's own settings of the same
+    /// name (e.g. the product's default election timers instead of the harness's slower ones).
     #[arg(long)]
     server_config: Option<PathBuf>,
     /// RAFTQ_LOG for the nodes.
@@ -497,7 +498,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             Scenario::Upgrade => upgrade::server_settings(SERVER_SETTINGS),
         };
         if let Some(extra) = &args.server_config {
-            settings.push_str(&std::fs::read_to_string(extra)?);
+            settings = with_overrides(&settings, &std::fs::read_to_string(extra)?);
         }
         match &old_bin {
             Some(old) => eprintln!(
@@ -728,4 +729,37 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
         sut.discard_data();
     }
     Ok(summary.analysis.valid)
+}
+
+/// `settings` (flat `key = value` lines) without the keys `extra` sets at its top level, then `extra`: a key given
+/// there wins, where appending alone would repeat the key (which TOML refuses).
+fn with_overrides(settings: &str, extra: &str) -> String {
+    let key = |l: &str| {
+        let k = l.split_once('=')?.0.trim();
+        (!k.is_empty() && !k.starts_with('#') && !k.starts_with('[')).then(|| k.to_string())
+    };
+    let given: HashSet<String> =
+        extra.lines().take_while(|l| !l.trim_start().starts_with('[')).filter_map(key).collect();
+    let mut out: String =
+        settings.lines().filter(|l| key(l).is_none_or(|k| !given.contains(&k))).map(|l| format!("{l}\n")).collect();
+    out.push_str(extra);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod override_tests {
+    use super::with_overrides;
+
+    #[test]
+    fn a_key_given_again_replaces_the_harness_setting_and_the_rest_stay() {
+        let out = with_overrides("a = 1\nelection_timeout_max_ms = 1000\nb = 2\n", "election_timeout_max_ms = 400\n");
+        let parsed: Vec<&str> = out.lines().collect();
+        assert_eq!(parsed, vec!["a = 1", "b = 2", "election_timeout_max_ms = 400"]);
+        // Keys under a table of the extra file are not top-level settings: nothing is taken out for them.
+        let out = with_overrides("a = 1\n", "[tls]\na = 2");
+        assert_eq!(out, "a = 1\n[tls]\na = 2\n");
+    }
 }

@@ -72,6 +72,11 @@ pub struct Config {
     pub stream_send_buffer: usize,
     /// Requests of one stream being served at once; more wait (backpressure on the client's sends).
     pub stream_max_in_flight: usize,
+    /// Producer flow control (`leader::flow`): with more than this many tasks ready and workers waiting on the
+    /// server, enqueues are let in as fast as tasks are claimed. 0: never.
+    pub flow_backlog: u64,
+    /// Longest an enqueue waits for room under flow control before it is refused with `RATE_LIMITED`.
+    pub flow_max_wait_ms: u64,
 
     /// `jwt` (the default): every call needs a valid token. `none`: anyone may call, as tenant `default`.
     pub auth: AuthMode,
@@ -209,6 +214,8 @@ impl Default for Config {
             ready_hold_ms: 30_000,
             stream_send_buffer: 256,
             stream_max_in_flight: 1024,
+            flow_backlog: 20_000,
+            flow_max_wait_ms: 2_000,
             auth: AuthMode::Jwt,
             auth_keys_dir: None,
             auth_hs256_secret_file: None,
@@ -325,6 +332,10 @@ impl Config {
         );
         check(self.retry_base_ms <= self.retry_max_ms, "retry_base_ms must be <= retry_max_ms");
         check(self.write_timeout_ms >= 100, "write_timeout_ms must be >= 100");
+        check(
+            (10..self.write_timeout_ms).contains(&self.flow_max_wait_ms),
+            "flow_max_wait_ms must be >= 10 and below write_timeout_ms",
+        );
         check(
             self.tenant_enqueue_per_s >= 0.0 && self.tenant_claim_per_s >= 0.0,
             "tenant_enqueue_per_s and tenant_claim_per_s must be >= 0 (0: no limit)",

@@ -153,7 +153,8 @@ impl Node {
         // Leader-only work (`crate::leader`) follows openraft's leader-change callback; everything it needs is
         // replicated state, so a new leader serves at once.
         let (leadership, leader_watch) = Leadership::follow(&raft, shutdown.clone());
-        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), &tasks, &shutdown);
+        let flow = crate::leader::flow::Flow::new(cfg.flow_backlog, Duration::from_millis(cfg.flow_max_wait_ms));
+        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), flow.clone(), &tasks, &shutdown);
         let auth = Arc::new(crate::auth::Authenticator::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?);
         let limits = Arc::new(api::limits::Limits::new(&cfg));
 
@@ -186,6 +187,7 @@ impl Node {
             leadership.clone(),
             cfg.max_items_per_entry,
             Duration::from_millis(cfg.write_timeout_ms),
+            flow,
             &tasks,
         );
         let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone()));

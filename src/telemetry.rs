@@ -114,6 +114,10 @@ pub struct Metrics {
     pub debounced: AtomicU64,
     pub singleton_refused: AtomicU64,
     pub singleton_skipped: AtomicU64,
+    /// Tasks this leader let in only as claims made room (producer flow control, `leader::flow`), and enqueued
+    /// tasks it refused with `RATE_LIMITED` after they waited `flow_max_wait_ms` for room.
+    pub enqueue_paced: AtomicU64,
+    pub enqueue_refused_overload: AtomicU64,
 }
 
 impl Metrics {
@@ -179,6 +183,16 @@ impl Metrics {
                 "raftq_enqueue_singleton_skipped_total",
                 "Enqueues this leader dropped (answered with the active task) for their singleton key.",
                 &self.singleton_skipped,
+            ),
+            (
+                "raftq_enqueue_paced_total",
+                "Tasks this leader let in only as claims made room, while its workers waited on it (flow control).",
+                &self.enqueue_paced,
+            ),
+            (
+                "raftq_enqueue_refused_overload_total",
+                "Tasks this leader refused (RATE_LIMITED) after they waited flow_max_wait_ms for room (flow control).",
+                &self.enqueue_refused_overload,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

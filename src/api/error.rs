@@ -268,6 +268,9 @@ impl From<ProposeError> for ApiError {
             ProposeError::Fatal(m) => ApiError::Unavailable(m),
             ProposeError::Storage(m) => ApiError::Internal(m),
             e @ ProposeError::FeatureNotActive { .. } => ApiError::FeatureNotActive(e.to_string()),
+            e @ ProposeError::Overloaded { retry_after_ms, .. } => {
+                ApiError::RateLimited { message: e.to_string(), retry_after_ms }
+            }
             ProposeError::QueueFull(f) => {
                 let whose =
                     if f.queue.is_empty() { format!("tenant '{}'", f.tenant) } else { format!("queue '{}'", f.queue) };

@@ -17,13 +17,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::flow::{BlockedClock, Flow};
 use super::proposer::{not_leader, wall_clock_ms, write, ProposeError};
 use super::Leadership;
 use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
-const MAX_IN_FLIGHT: usize = 4;
+pub const MAX_IN_FLIGHT: usize = 4;
 
 pub struct ClaimRequest {
     pub tenant: String,
@@ -94,6 +95,7 @@ impl Dispatcher {
         leadership: Leadership,
         max_items: usize,
         write_timeout: Duration,
+        flow: Arc<Flow>,
         tasks: &tokio_util::task::TaskTracker,
     ) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -112,6 +114,7 @@ impl Dispatcher {
             unsettled: Vec::new(),
             in_flight: 0,
             fair: FairClock::default(),
+            flow,
         };
         tasks.spawn(d.run(rx));
         Dispatcher { tx, seen: Arc::default() }
@@ -189,6 +192,9 @@ struct Dispatch {
     in_flight: usize,
     /// The passes of the fair pick; leader-local, started over at each leadership change.
     fair: FairClock,
+    /// Producer flow control: told how long Readys wait behind a full claim pipeline, and how many tasks are
+    /// claimed.
+    flow: Arc<Flow>,
 }
 
 impl Dispatch {
@@ -199,11 +205,15 @@ impl Dispatch {
         let shutdown = self.leadership.shutdown().clone();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let mut dirty = false;
+        let mut blocked = BlockedClock::new(Instant::now());
         loop {
             if dirty && self.in_flight < MAX_IN_FLIGHT {
                 dirty = false;
                 self.assign(&done_tx);
             }
+            // Readys waiting while every claim entry allowed is in flight: workers the server keeps waiting.
+            let full = self.in_flight >= MAX_IN_FLIGHT && !self.parked.is_empty();
+            blocked.observe(&self.flow, Instant::now(), full);
             let next_deadline = self.parked.iter().map(|p| p.deadline).min();
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -400,6 +410,7 @@ impl Dispatch {
                 }
                 // The groups cover the results in order: hand each its share without gathering them all first
                 // (a whole entry's tasks in one vector cost a large allocation per entry).
+                self.flow.claimed(results.iter().filter(|r| r.is_ok()).count());
                 let now = Instant::now();
                 let mut results = results.into_iter();
                 for (req, range) in done.groups {

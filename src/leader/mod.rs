@@ -8,6 +8,7 @@
 //! - `scheduler`: proposes `FireSchedule` for due schedule occurrences.
 //! - `webhooks`: sends the outbox's due deliveries and proposes their outcomes.
 //! - `limits`: flow control: the depth limit on enqueues and the running cap on claims.
+//! - `flow`: producer flow control: enqueues paced at the rate tasks are claimed while workers wait on the server.
 //! - `versions`: the cluster version gate: raises the cluster version once every member can apply it.
 //!
 //! Everything they act on is replicated state, so a new leader carries on at once where the last one stopped.
@@ -17,6 +18,7 @@
 //! (`NOT_LEADER`). Nothing here may run inside apply or block it.
 
 pub mod dispatcher;
+pub mod flow;
 pub mod limits;
 pub mod proposer;
 pub mod resolver;

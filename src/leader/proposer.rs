@@ -42,6 +42,12 @@ pub enum ProposeError {
     /// An enqueue past a depth limit (`leader::limits`); nothing was proposed.
     #[error("queue full")]
     QueueFull(Box<super::limits::Full>),
+    /// An enqueue held by producer flow control (`leader::flow`) for as long as it may wait; nothing was proposed.
+    #[error(
+        "the server is behind its workers: enqueues are let in as fast as tasks are claimed, and this one waited \
+         {waited_ms} ms; retry in {retry_after_ms} ms"
+    )]
+    Overloaded { waited_ms: u64, retry_after_ms: u64 },
 }
 
 /// The gate on proposals: a command newer than the cluster version is refused (a replica of an older binary
@@ -69,7 +75,11 @@ type Reply<T> = oneshot::Sender<Result<Vec<ItemResult<T>>, ProposeError>>;
 struct Pending<I, T> {
     items: Vec<I>,
     reply: Reply<T>,
+    since: tokio::time::Instant,
 }
+
+/// What paces a coalescer (enqueues only): producer flow control and the state it reads.
+type Paced = Option<(Arc<super::flow::Flow>, Arc<SmShared>)>;
 
 pub struct Proposer {
     pub raft: Raft,
@@ -103,28 +113,24 @@ impl Proposer {
         raft: Raft,
         shared: Arc<SmShared>,
         cfg: Arc<Config>,
+        flow: Arc<super::flow::Flow>,
         tasks: &tokio_util::task::TaskTracker,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Arc<Self> {
         let (enqueue_tx, enqueue_rx) = mpsc::unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let admission = Arc::default();
+        let paced = Some((flow, shared.clone()));
         let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx, admission });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
-        tasks.spawn(coalesce(
-            raft.clone(),
-            shutdown.clone(),
-            enqueue_rx,
-            max,
-            timeout,
-            Command::Enqueue,
-            |r| match r {
+        tasks.spawn(coalesce(raft.clone(), shutdown.clone(), enqueue_rx, paced, max, timeout, Command::Enqueue, |r| {
+            match r {
                 Response::Enqueued(v) => Some(v),
                 _ => None,
-            },
-        ));
-        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, max, timeout, Command::Ack, |r| match r {
+            }
+        }));
+        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, None, max, timeout, Command::Ack, |r| match r {
             Response::Acked(v) => Some(v),
             _ => None,
         }));
@@ -175,7 +181,10 @@ impl Proposer {
         } else {
             let items = items.into_iter().map(|k| k.task).collect();
             let (reply, rx) = oneshot::channel();
-            self.enqueue_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+            let since = tokio::time::Instant::now();
+            self.enqueue_tx
+                .send(Pending { items, reply, since })
+                .map_err(|_| ProposeError::Fatal("shutting down".into()))?;
             rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??
         };
         for (id, tp) in traced {
@@ -224,7 +233,8 @@ impl Proposer {
             vec![]
         };
         let (reply, rx) = oneshot::channel();
-        self.ack_tx.send(Pending { items, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        let since = tokio::time::Instant::now();
+        self.ack_tx.send(Pending { items, reply, since }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
         let out = rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))??;
         // The ack does not carry the trace context: the task does (read only when spans are on).
         for ((id, op), r) in traced.into_iter().zip(&out) {
@@ -323,11 +333,14 @@ pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> R
     }
 }
 
-/// Drains queued requests into one command per entry, with up to `IN_FLIGHT_ENTRIES` entries in flight.
+/// Drains queued requests into one command per entry, with up to `IN_FLIGHT_ENTRIES` entries in flight. With
+/// `paced` (enqueues), each entry first waits for the room producer flow control gives (`leader::flow`).
+#[allow(clippy::too_many_arguments)]
 async fn coalesce<I: Send + 'static, T: Send + 'static>(
     raft: Raft,
     shutdown: tokio_util::sync::CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Pending<I, T>>,
+    paced: Paced,
     max_items: usize,
     timeout: Duration,
     make: fn(Vec<I>) -> Command,
@@ -349,11 +362,24 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                 _ = shutdown.cancelled() => return,
             },
         };
+        let mut room = usize::MAX;
+        if let Some((flow, shared)) = &paced {
+            match flow.take(shared, first.items.len(), first.since).await {
+                Ok(r) => room = r,
+                Err(()) => {
+                    let waited_ms = first.since.elapsed().as_millis() as u64;
+                    let retry_after_ms = (flow.max_wait().as_millis() as u64 / 4).max(50);
+                    let _ = first.reply.send(Err(ProposeError::Overloaded { waited_ms, retry_after_ms }));
+                    continue;
+                }
+            }
+        }
+        let limit = max_items.min(room);
         let mut batch = vec![first];
         let mut n = batch[0].items.len();
-        while n < max_items {
+        while n < limit {
             match rx.try_recv() {
-                Ok(p) if n + p.items.len() <= max_items => {
+                Ok(p) if n + p.items.len() <= limit => {
                     n += p.items.len();
                     batch.push(p);
                 }
@@ -363,6 +389,9 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                 }
                 Err(_) => break,
             }
+        }
+        if let (Some((flow, _)), true) = (&paced, room != usize::MAX) {
+            flow.give_back(room.saturating_sub(n));
         }
         let raft = raft.clone();
         tokio::spawn(async move {

@@ -302,6 +302,12 @@ impl SmShared {
         v
     }
 
+    /// Tasks ready to be claimed now (pending and not delayed), over every queue of every tenant.
+    pub fn ready_total(&self) -> u64 {
+        let g = self.read();
+        g.cores.iter().map(|c| c.counts().values().map(|n| n.pending).sum::<u64>()).sum()
+    }
+
     /// Task counts of one queue, or with an empty `queue` of all the tenant's queues, summed over the shards.
     pub fn queue_counts(&self, tenant: &str, queue: &str) -> StateCounts {
         let g = self.read();

@@ -363,7 +363,8 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
             },
         };
         let mut room = usize::MAX;
-        if let Some((flow, shared)) = &paced {
+        // Only a leader paces: a node that just lost leadership must not hold the enqueues it will forward.
+        if let Some((flow, shared)) = paced.as_ref().filter(|_| super::limits::is_leader(&raft)) {
             match flow.take(shared, first.items.len(), first.since).await {
                 Ok(r) => room = r,
                 Err(()) => {

@@ -24,7 +24,7 @@ use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCoun
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
-pub const MAX_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 4;
 
 pub struct ClaimRequest {
     pub tenant: String,
@@ -408,9 +408,9 @@ impl Dispatch {
                         crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
                     }
                 }
+                self.flow.claimed(results.iter().filter(|r| r.is_ok()).count());
                 // The groups cover the results in order: hand each its share without gathering them all first
                 // (a whole entry's tasks in one vector cost a large allocation per entry).
-                self.flow.claimed(results.iter().filter(|r| r.is_ok()).count());
                 let now = Instant::now();
                 let mut results = results.into_iter();
                 for (req, range) in done.groups {

@@ -114,8 +114,8 @@ impl Flow {
         }
     }
 
-    /// Whether enqueues are paced now, given the ready count `ready` reads (called at most every
-    /// `READY_REFRESH`). Pacing starts when workers are starved with more than `backlog` tasks ready, and stops
+    /// Whether enqueues are paced now, given the ready count `ready` reads (called only when the blocked share
+    /// passes, at most every `READY_REFRESH`). Pacing starts when workers are starved with more than `backlog` tasks ready, and stops
     /// when they no longer are or the ready tasks fall to half of it.
     fn pacing(&self, now: Instant, ready: impl FnOnce() -> u64) -> bool {
         if self.backlog == 0 {
@@ -175,11 +175,6 @@ impl Flow {
         if st.pacing {
             st.credit = (st.credit + n as f64).min(MAX_CREDIT);
         }
-    }
-
-    /// Whether enqueues are being paced (the last decision).
-    pub fn is_pacing(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).pacing
     }
 }
 

@@ -158,10 +158,12 @@ impl Node {
         let auth = Arc::new(crate::auth::Authenticator::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?);
         let limits = Arc::new(api::limits::Limits::new(&cfg));
 
+        let contact = crate::raft::control::Contact::default();
         let raft_svc = raftq_proto::v1::raft_service_server::RaftServiceServer::new(RaftServer {
             raft: raft.clone(),
             node_id: cfg.node_id,
             spool_dir: files::snap_dir(&cfg.data_dir),
+            contact: contact.clone(),
         })
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
@@ -190,7 +192,7 @@ impl Node {
             flow,
             &tasks,
         );
-        let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone()));
+        let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone(), contact));
         let task_api = Arc::new(api::grpc::TaskApi {
             proposer: proposer.clone(),
             dispatcher: dispatcher.clone(),
@@ -224,6 +226,7 @@ impl Node {
             auth: auth.clone(),
             limits,
             leases,
+            redirect: false,
         };
         let worker_svc = raftq_proto::v1::worker_stream_server::WorkerStreamServer::new(streams.clone())
             .max_decoding_message_size(MAX_API_MESSAGE_BYTES)

@@ -26,10 +26,12 @@ const REDIRECT_HEADER: &str = raftq_proto::reason::header::REDIRECT;
 /// `stale` asks the node to answer a read from its own replica, without asking the leader.
 const READ_HEADER: &str = raftq_proto::reason::header::READ;
 
-/// HTTP/2 pings on idle connections: a server that vanished without closing the socket (power loss, a
-/// partition) is noticed within interval + timeout instead of at the next request or never.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 pings once a connection has been silent for the interval: a server that stopped without closing the
+/// socket (paused, powered off, cut off by a partition) is noticed within interval + timeout, and the streams on
+/// it move to another node. Short, because the SDK keeps its streams on the leader: a leader that stops is
+/// replaced within a second, and its clients should follow about as soon. A busy connection sends no pings.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(500);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The largest message the SDK sends or accepts: a batch of tasks with large payloads. Matches the
 /// server's public API limit.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -98,8 +100,14 @@ struct State {
     /// A leader address that could not be reached (a name that resolves only inside the servers' network,
     /// say): later redirects to it are ignored, and the list is walked instead.
     unreachable_leader: Option<String>,
+    /// A named leader that refused the connection, and when: a node that just died is still named by the others
+    /// until they elect another, and redirects to it are ignored meanwhile.
+    down: Option<(String, std::time::Instant)>,
     current: Option<(String, Channel)>,
 }
+
+/// How long redirects to a named leader that could not be connected to are ignored: about an election.
+const DOWN_FOR: Duration = Duration::from_secs(1);
 
 /// Chooses and caches the channel to the server that should be leader.
 pub(crate) struct Connector {
@@ -134,7 +142,7 @@ impl Connector {
             provider: None,
             tls_ca: ca.map(<[u8]>::to_vec),
             connect_timeout,
-            state: Mutex::new(State { next: 0, leader: None, unreachable_leader: None, current: None }),
+            state: Mutex::new(State { next: 0, leader: None, unreachable_leader: None, down: None, current: None }),
             ask_redirects: AtomicBool::new(true),
         })
     }
@@ -212,6 +220,10 @@ impl Connector {
                 }
                 Err(e) => {
                     tracing::debug!(addr = %addr, error = %e, "cannot connect");
+                    if named.as_deref() == Some(addr.as_str()) {
+                        self.state.lock().expect("connector lock poisoned").down =
+                            Some((addr.clone(), std::time::Instant::now()));
+                    }
                     if named.as_deref() == Some(addr.as_str()) && !self.addrs.contains(&addr) {
                         self.state.lock().expect("connector lock poisoned").unreachable_leader = Some(addr.clone());
                         if self.ask_redirects.swap(false, Ordering::Relaxed) {
@@ -239,8 +251,10 @@ impl Connector {
         }
     }
 
-    /// `addr` is not the leader: forget its channel and try `leader` (when known) first next time.
-    pub(crate) fn redirect(&self, addr: &str, leader: Option<&str>) {
+    /// `addr` is not the leader: forget its channel and try `leader` (when known) first next time. `false` when
+    /// the leader is not followed (none named, or one that cannot be reached or just refused a connection): the
+    /// next address of the list is tried instead, after the caller's backoff.
+    pub(crate) fn redirect(&self, addr: &str, leader: Option<&str>) -> bool {
         let leader = leader.and_then(|l| match normalize_addr(l, self.tls_ca.is_some()) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -250,19 +264,21 @@ impl Connector {
         });
         let known_unreachable = {
             let st = self.state.lock().expect("connector lock poisoned");
-            leader.is_some() && st.unreachable_leader == leader
+            let down = st.down.as_ref().is_some_and(|(a, at)| leader.as_ref() == Some(a) && at.elapsed() < DOWN_FOR);
+            leader.is_some() && (st.unreachable_leader == leader || down)
         };
         // Without a leader (an election is running), or with one this client cannot reach, stay on the list:
         // move on to the next address.
         if leader.is_none() || leader.as_deref() == Some(addr) || known_unreachable {
             self.failed(addr);
-            return;
+            return false;
         }
         let mut st = self.state.lock().expect("connector lock poisoned");
         if st.current.as_ref().is_some_and(|(a, _)| a == addr) {
             st.current = None;
         }
         st.leader = leader;
+        true
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel> {
@@ -370,6 +386,21 @@ mod tests {
         // Another leader is followed as before.
         c.redirect("http://127.0.0.1:2", Some("127.0.0.1:4"));
         assert_eq!(c.state.lock().unwrap().leader.as_deref(), Some("http://127.0.0.1:4"));
+    }
+
+    #[tokio::test]
+    async fn a_listed_leader_that_refused_a_connection_is_not_followed_for_a_while() {
+        // A leader that just died is still named by the followers until they elect another one.
+        let c = Connector::new(&["127.0.0.1:1".into(), "127.0.0.1:2".into()], None, None, Duration::from_millis(200))
+            .expect("valid");
+        assert!(c.redirect("http://127.0.0.1:2", Some("127.0.0.1:1")), "a named leader is followed");
+        assert!(c.channel().await.is_err());
+        assert!(c.request(()).metadata().get(REDIRECT_HEADER).is_some(), "a listed address: redirects stay on");
+        assert!(!c.redirect("http://127.0.0.1:2", Some("127.0.0.1:1")), "not followed again at once");
+        assert!(c.state.lock().unwrap().leader.is_none());
+        // A second later it may lead again (restarted): followed.
+        c.state.lock().unwrap().down.as_mut().expect("down").1 -= DOWN_FOR;
+        assert!(c.redirect("http://127.0.0.1:2", Some("127.0.0.1:1")));
     }
 
     #[tokio::test]

@@ -291,6 +291,8 @@ impl Producer {
         let mut tries = 0u32;
         loop {
             tries += 1;
+            // A leader named and followed: tried at once (not after the backoff).
+            let mut followed = false;
             let err = match conn.channel().await {
                 Err(e) => e,
                 Ok((addr, ch)) => {
@@ -306,14 +308,17 @@ impl Producer {
                         Err(_) => Error::Transport { message: format!("no answer within {timeout:?}"), source: None },
                     };
                     match &e {
-                        Error::NotLeader { leader } => conn.redirect(&addr, leader.as_deref()),
+                        Error::NotLeader { leader } => followed = conn.redirect(&addr, leader.as_deref()),
                         Error::Transport { .. } => conn.failed(&addr),
                         _ => {}
                     }
                     e
                 }
             };
-            let step = next_step(kind, &err);
+            let step = match next_step(kind, &err) {
+                Next::Now if !followed => Next::Later,
+                step => step,
+            };
             if step == Next::Stop || tries > cfg.max_retries {
                 return Err(err);
             }

@@ -325,7 +325,9 @@ impl Session {
             Ok(Err(status)) => {
                 let e = Error::from_status(status, false);
                 match &e {
-                    Error::NotLeader { leader } => conn.redirect(&addr, leader.as_deref()),
+                    Error::NotLeader { leader } => {
+                        conn.redirect(&addr, leader.as_deref());
+                    }
                     Error::Transport { .. } => conn.failed(&addr),
                     _ => {}
                 }

@@ -73,6 +73,9 @@ pub struct Plan {
     kind: Kind,
     mode: Mode,
     deadline: Instant,
+    /// Routed only while no other node is the live leader; then `NOT_LEADER` with its address, for a client that
+    /// follows redirects (a stream that asked for them), as long as nothing may have been applied.
+    move_to_leader: bool,
 }
 
 impl Plan {
@@ -86,12 +89,22 @@ impl Plan {
         } else {
             Mode::Route
         };
-        Plan { kind, mode, deadline: Instant::now() + LEADER_WAIT }
+        Plan { kind, mode, deadline: Instant::now() + LEADER_WAIT, move_to_leader: false }
+    }
+
+    /// Whether a client's request asks for `NOT_LEADER` instead of forwarding (and is not itself forwarded).
+    pub fn asks_redirect<T>(req: &Request<T>) -> bool {
+        flag(req, header::REDIRECT) && !flag(req, header::FORWARDED)
     }
 
     /// A request made on a stream's behalf, routed until `deadline`.
     pub fn until(kind: Kind, deadline: Instant) -> Plan {
-        Plan { kind, mode: Mode::Route, deadline }
+        Plan { kind, mode: Mode::Route, deadline, move_to_leader: false }
+    }
+
+    /// With `yes`, see [`Plan::move_to_leader`].
+    pub fn moving_to_leader(self, yes: bool) -> Plan {
+        Plan { move_to_leader: yes, ..self }
     }
 }
 
@@ -110,6 +123,8 @@ pub struct Forwarder {
     node_id: NodeId,
     tls: Option<std::sync::Arc<crate::tls::Tls>>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// How recently this node heard from a leader.
+    contact: crate::raft::control::Contact,
 }
 
 fn flag<T>(req: &Request<T>, name: &str) -> bool {
@@ -182,8 +197,13 @@ fn remote_outcome<R>(kind: Kind, r: Result<R, Status>) -> Outcome<R> {
 }
 
 impl Forwarder {
-    pub fn new(raft: Raft, node_id: NodeId, tls: Option<std::sync::Arc<crate::tls::Tls>>) -> Forwarder {
-        Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()) }
+    pub fn new(
+        raft: Raft,
+        node_id: NodeId,
+        tls: Option<std::sync::Arc<crate::tls::Tls>>,
+        contact: crate::raft::control::Contact,
+    ) -> Forwarder {
+        Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()), contact }
     }
 
     /// Serves a call per `plan`: `local` runs it on this node, `remote` sends it to the leader over a channel.
@@ -198,20 +218,29 @@ impl Forwarder {
         match plan.mode {
             Mode::Here => return local().await,
             Mode::Redirect => {
-                let (leader, addr) = self.leader();
-                return if leader == Some(self.node_id) {
-                    local().await
-                } else {
-                    Err(ApiError::NotLeader { leader_addr: addr })
-                };
+                if self.leader().0 == Some(self.node_id) {
+                    return local().await;
+                }
+                // A leader that died or stopped is still named until the election ends: sending the client there
+                // would only bring it back. Without a live leader the call is routed as a forwarding client's is,
+                // until one is known (then redirected, if nothing may have been applied).
+                if let Some(addr) = self.live_leader_elsewhere() {
+                    return Err(ApiError::NotLeader { leader_addr: Some(addr) });
+                }
             }
             Mode::Route => {}
         }
+        let plan = if plan.mode == Mode::Redirect { plan.moving_to_leader(true) } else { plan };
         let mut pause = FIRST_PAUSE;
         // A repeatable write sent again after an unknown outcome may have been applied by then: if it then runs
         // out of time, its answer is that unknown outcome, not a "nothing applied".
         let mut maybe_applied = None;
         loop {
+            if plan.move_to_leader && maybe_applied.is_none() {
+                if let Some(addr) = self.live_leader_elsewhere() {
+                    return Err(ApiError::NotLeader { leader_addr: Some(addr) });
+                }
+            }
             let routed_to = self.leader();
             let outcome = match routed_to.clone() {
                 (Some(l), _) if l == self.node_id => local_outcome(local().await),
@@ -288,6 +317,43 @@ impl Forwarder {
             _ = stepped_down => {
                 Outcome::Unknown(ApiError::Unknown(format!("node {to} stopped leading while the call was in flight")))
             }
+        }
+    }
+
+    /// For a stream that asks for redirects: `NOT_LEADER` with the address of the leader when another node leads
+    /// and was heard from within the shortest election timeout. Right after a leader died or stopped (the node
+    /// still names it, but has not heard from it), the answer waits for the election's outcome, for up to three
+    /// of the longest election timeouts: a stream redirected to a dead leader would only come back. Served here
+    /// when this node leads, and when no live leader is known by then (its requests are routed to the leader
+    /// once there is one, as a forwarding client's are).
+    pub async fn stream_redirect(&self) -> Result<(), ApiError> {
+        let give_up = Instant::now() + Duration::from_millis(self.raft.config().election_timeout_max * 3);
+        loop {
+            let (leader, _) = self.leader();
+            if leader == Some(self.node_id) {
+                return Ok(());
+            }
+            if let Some(addr) = self.live_leader_elsewhere() {
+                return Err(ApiError::NotLeader { leader_addr: Some(addr) });
+            }
+            if Instant::now() >= give_up {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = crate::raft::control::leader_changed(&self.raft, leader) => {}
+            }
+        }
+    }
+
+    /// The address of the leader when another node leads, its address is known, and this node heard from a leader
+    /// within three heartbeat intervals (a leader that died or stopped is still named until an election ends).
+    fn live_leader_elsewhere(&self) -> Option<String> {
+        let c = self.raft.config();
+        let fresh = Duration::from_millis((c.heartbeat_interval * 3).min(c.election_timeout_min));
+        match self.leader() {
+            (Some(l), Some(addr)) if l != self.node_id && self.contact.since().is_some_and(|d| d < fresh) => Some(addr),
+            _ => None,
         }
     }
 

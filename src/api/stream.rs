@@ -47,6 +47,17 @@ pub struct StreamApi {
     pub limits: Arc<Limits>,
     /// The deliveries this node's worker streams hold, told at once when the state machine revokes one.
     pub leases: Arc<super::revoke::LeaseWatch>,
+    /// This stream asked for redirects: once another node is the live leader, its requests are answered
+    /// `NOT_LEADER` with that leader's address (nothing applied) instead of being forwarded, so the client moves
+    /// the stream there (after a leadership transfer, say). `false` on the shared handle.
+    pub redirect: bool,
+}
+
+impl StreamApi {
+    /// How a request of this stream is routed until `deadline`.
+    fn plan(&self, kind: Kind, deadline: Instant) -> Plan {
+        Plan::until(kind, deadline).moving_to_leader(self.redirect)
+    }
 }
 
 /// A request to the leader on behalf of a stream's caller, with its token.
@@ -81,10 +92,14 @@ pub(super) fn refusal(e: &ApiError) -> pb::Error {
     pb::Error { code: e.reason().to_string(), message: e.to_string(), retry_after_ms: e.retry_after_ms().unwrap_or(0) }
 }
 
-/// Reads the Hello every stream starts with; anything else first ends the stream.
+/// Reads the Hello every stream starts with; anything else first ends the stream. A stream that asks for
+/// redirects (`x-raftq-redirect: 1`, as the SDKs' streams do) and reached a follower is answered `NOT_LEADER`
+/// with the leader's address once its Hello is authenticated, so the client opens it on the leader and each of
+/// its requests is served there, without a second hop.
 async fn hello<T>(
     api: &StreamApi,
     scope: Scope,
+    redirect: bool,
     inbound: &mut Streaming<T>,
     take: impl Fn(T) -> Option<pb::Hello>,
 ) -> Result<(Caller, String, StreamSlot), Status> {
@@ -95,6 +110,9 @@ async fn hello<T>(
     let h = take(first).ok_or_else(|| Status::from(invalid("HELLO_REQUIRED: the first message must be Hello")))?;
     let caller = api.auth.authenticate(&h.token).map_err(|e| Status::from(ApiError::from(e)))?;
     caller.require(scope).map_err(|e| Status::from(ApiError::from(e)))?;
+    if redirect {
+        api.fwd.stream_redirect().await?;
+    }
     if h.worker_id.len() > 256 {
         return Err(invalid("worker_id is longer than 256 characters").into());
     }
@@ -215,7 +233,7 @@ impl StreamApi {
                     .collect())
             }
         };
-        self.fwd.call(Plan::until(Kind::Repeatable, deadline), local, remote).await
+        self.fwd.call(self.plan(Kind::Repeatable, deadline), local, remote).await
     }
 
     async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
@@ -304,7 +322,7 @@ impl StreamApi {
                 Ok(c.claim(req).await?.into_inner().tasks)
             }
         };
-        self.fwd.call(Plan::until(Kind::Repeatable, deadline), local, remote).await
+        self.fwd.call(self.plan(Kind::Repeatable, deadline), local, remote).await
     }
 
     async fn serve_ready(&self, caller: &Caller, worker_id: &str, r: pb::Ready, out: &Out<pb::ServerEvent>) {
@@ -343,6 +361,10 @@ impl StreamApi {
         let event = match answer {
             Ok(tasks) => {
                 pb::ServerEvent { event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks })) }
+            }
+            // Another node is the live leader and this stream follows redirects: the worker moves there.
+            Err(e) if self.redirect && e.reason() == Reason::NotLeader && e.leader_addr().is_some() => {
+                stream_error(request_id, e)
             }
             // The hold ended with no leader to claim from: an empty batch, and the worker asks again.
             Err(e) if matches!(e.reason(), Reason::NotLeader | Reason::UnknownOutcome | Reason::Unavailable) => {
@@ -433,19 +455,21 @@ impl WorkerStream for StreamApi {
         fields(worker_id = tracing::field::Empty, tenant = tracing::field::Empty)
     )]
     async fn stream(&self, req: Request<Streaming<pb::WorkerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
+        let redirect = Plan::asks_redirect(&req);
         let mut inbound = req.into_inner();
-        let (caller, worker_id, slot) = hello(self, Scope::Work, &mut inbound, |e: pb::WorkerEvent| match e.event {
-            Some(pb::worker_event::Event::Hello(h)) => Some(h),
-            _ => None,
-        })
-        .await?;
+        let (caller, worker_id, slot) =
+            hello(self, Scope::Work, redirect, &mut inbound, |e: pb::WorkerEvent| match e.event {
+                Some(pb::worker_event::Event::Hello(h)) => Some(h),
+                _ => None,
+            })
+            .await?;
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
         let ack = pb::HelloAck { worker_id: worker_id.clone(), tenant_id: caller.tenant.clone() };
         let _ = tx.send(Ok(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(ack)) })).await;
         let span = tracing::Span::current();
         span.record("worker_id", worker_id.as_str()).record("tenant", caller.tenant.as_str());
         tracing::debug!("worker stream opened");
-        let api = Arc::new(self.clone());
+        let api = Arc::new(StreamApi { redirect, ..self.clone() });
         let caller = Arc::new(caller);
         let worker_id: Arc<str> = worker_id.into();
         let limit = api.proposer.cfg.stream_max_in_flight;
@@ -540,18 +564,20 @@ impl ProducerStream for StreamApi {
         fields(producer_id = tracing::field::Empty, tenant = tracing::field::Empty)
     )]
     async fn stream(&self, req: Request<Streaming<pb::ProducerEvent>>) -> Result<Response<Self::StreamStream>, Status> {
+        let redirect = Plan::asks_redirect(&req);
         let mut inbound = req.into_inner();
-        let (caller, id, slot) = hello(self, Scope::Enqueue, &mut inbound, |e: pb::ProducerEvent| match e.event {
-            Some(pb::producer_event::Event::Hello(h)) => Some(h),
-            _ => None,
-        })
-        .await?;
+        let (caller, id, slot) =
+            hello(self, Scope::Enqueue, redirect, &mut inbound, |e: pb::ProducerEvent| match e.event {
+                Some(pb::producer_event::Event::Hello(h)) => Some(h),
+                _ => None,
+            })
+            .await?;
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
         tracing::Span::current().record("producer_id", id.as_str()).record("tenant", caller.tenant.as_str());
         let ack = pb::HelloAck { worker_id: id, tenant_id: caller.tenant.clone() };
         let _ =
             tx.send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) })).await;
-        let api = Arc::new(self.clone());
+        let api = Arc::new(StreamApi { redirect, ..self.clone() });
         let caller = Arc::new(caller);
         let limit = api.proposer.cfg.stream_max_in_flight;
         let shutdown = api.shutdown.clone();
@@ -607,7 +633,7 @@ impl StreamApi {
         };
         // A write: sent again only when surely nothing was applied; an unknown outcome stays unknown (the producer
         // decides, e.g. with an idempotency key).
-        match self.fwd.call(Plan::until(Kind::Write, deadline), local, remote).await {
+        match self.fwd.call(self.plan(Kind::Write, deadline), local, remote).await {
             Ok(results) => pb::CreateAck { seq, results, error: None },
             Err(e) => whole(e),
         }

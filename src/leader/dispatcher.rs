@@ -207,7 +207,9 @@ impl Dispatch {
         let mut dirty = false;
         let mut blocked = BlockedClock::new(Instant::now());
         loop {
-            if dirty && self.in_flight < MAX_IN_FLIGHT {
+            // A node that stopped leading answers its parked Readys at once (`NotLeader`: their streams route
+            // them to the new leader), not after the claim entries it still has in flight come back.
+            if dirty && (self.in_flight < MAX_IN_FLIGHT || !self.leadership.is_leader()) {
                 dirty = false;
                 self.assign(&done_tx);
             }

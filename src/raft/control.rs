@@ -17,6 +17,32 @@ use super::types::{NodeId, NodeInfo, TypeConfig};
 /// The node's Raft handle, whatever its state machine (`raft/` never names `storage`).
 type Raft<SM> = openraft::Raft<TypeConfig, SM>;
 
+/// When this node last received an AppendEntries (entries or a heartbeat): on a follower, how recently the leader
+/// it knows was heard from. openraft's metrics say who leads, not whether that leader is still alive; a leader that
+/// was killed or paused is still named until an election ends.
+#[derive(Clone)]
+pub struct Contact(std::sync::Arc<(std::time::Instant, std::sync::atomic::AtomicU64)>);
+
+impl Default for Contact {
+    fn default() -> Contact {
+        Contact(std::sync::Arc::new((std::time::Instant::now(), std::sync::atomic::AtomicU64::new(u64::MAX))))
+    }
+}
+
+impl Contact {
+    /// An AppendEntries arrived now.
+    pub fn touch(&self) {
+        let ms = self.0 .0.elapsed().as_millis() as u64;
+        self.0 .1.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long ago the last AppendEntries arrived; `None` when none ever did.
+    pub fn since(&self) -> Option<Duration> {
+        let at = self.0 .1.load(std::sync::atomic::Ordering::Relaxed);
+        (at != u64::MAX).then(|| self.0 .0.elapsed().saturating_sub(Duration::from_millis(at)))
+    }
+}
+
 /// A node's role in Raft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -18,6 +18,8 @@ pub struct RaftServer<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs:
     pub node_id: NodeId,
     /// Where incoming snapshots are spooled before install.
     pub spool_dir: PathBuf,
+    /// Touched by every AppendEntries: how recently a leader was heard from.
+    pub contact: super::control::Contact,
 }
 
 impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServer<SM> {
@@ -57,6 +59,7 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServi
 
     async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let rpc = self.decode(req.get_ref())?;
+        self.contact.touch();
         self.reply(&self.raft.append_entries(rpc).await)
     }
 

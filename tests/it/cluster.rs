@@ -416,10 +416,9 @@ async fn sdk_worker_whose_node_dies_reconnects_to_another_listed_node() {
     use raftq_client::{CancellationToken, NewTask, Outcome, Producer, ProducerConfig, Task, Worker, WorkerConfig};
 
     let mut c = ProcCluster::start(3, FAST).await;
-    // The worker's first address is a follower, so killing it costs the worker its stream but not the cluster
-    // its leader; the worker must move to another listed node by itself.
-    let leader = c.wait_leader(Duration::from_secs(10)).await;
-    let victim = if leader == 1 { 2 } else { 1 };
+    // The SDK opens its streams on the leader (a follower named it), so killing the leader costs the worker its
+    // stream; the worker must move to another listed node by itself, and on to the new leader.
+    let victim = c.wait_leader(Duration::from_secs(10)).await;
     let mut addrs: Vec<String> = vec![c.node(victim).grpc.clone()];
     addrs.extend(c.nodes.iter().filter(|n| n.id != victim).map(|n| n.grpc.clone()));
     let producer = Producer::connect(ProducerConfig { addrs: addrs.clone(), ..Default::default() }).await.expect("p");
@@ -456,14 +455,93 @@ async fn sdk_worker_whose_node_dies_reconnects_to_another_listed_node() {
     }
     wait_until(Duration::from_secs(20), || ids.iter().all(|id| done.lock().expect("lock").contains(id))).await;
     c.node(victim).kill9();
+    // The producer was on the leader too: a write on the dead connection has an unknown outcome, so each is sent
+    // with an idempotency key and sent again until answered (a repeat that had applied names the same task).
     for i in 0..20 {
-        ids.push(producer.enqueue(NewTask::new("sdk-failover", format!("after {i}"))).await.expect("enqueue").task_id);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let id = loop {
+            let task = NewTask::new("sdk-failover", format!("after {i}")).idempotency_key(format!("after-{i}"));
+            match producer.enqueue(task).await {
+                Ok(e) => break e.task_id,
+                Err(e) if Instant::now() < deadline => eprintln!("enqueue {i}: {e}; again"),
+                Err(e) => panic!("enqueue {i}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        ids.push(id);
     }
     wait_until(Duration::from_secs(30), || ids.iter().all(|id| done.lock().expect("lock").contains(id))).await;
     assert!(stats.snapshot().reconnects >= 1, "the worker reconnected: {:?}", stats.snapshot());
     shutdown.cancel();
     let summary = run.await.expect("join").expect("run");
     assert_eq!(summary.rejected, 0, "{summary:?}");
+}
+
+/// Opens a worker stream on `addr` (asking for redirects or not): its HelloAck's stream, or the refusal.
+async fn open_worker_stream(
+    addr: &str,
+    redirect: bool,
+) -> Result<(mpsc::Sender<pb::WorkerEvent>, tonic::Streaming<pb::ServerEvent>), tonic::Status> {
+    let ch = channel(addr).await;
+    let (tx, rx) = mpsc::channel(16);
+    let hello = pb::Hello { token: String::new(), worker_id: "redirected".into() };
+    tx.send(pb::WorkerEvent { event: Some(pb::worker_event::Event::Hello(hello)) }).await.expect("send");
+    let mut req = tonic::Request::new(ReceiverStream::new(rx));
+    if redirect {
+        req.metadata_mut().insert("x-raftq-redirect", "1".parse().expect("ascii"));
+    }
+    let mut inbound = WorkerStreamClient::new(ch).stream(req).await?.into_inner();
+    match inbound.message().await? {
+        Some(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(_)) }) => Ok((tx, inbound)),
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_ask_for_redirects_open_on_the_leader_and_follow_a_transfer() {
+    let c = ProcCluster::start(3, FAST).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.nodes.iter().map(|n| n.id).find(|id| *id != leader).expect("a follower");
+    let (leader_addr, follower_addr) =
+        (c.nodes[leader as usize - 1].grpc.clone(), c.nodes[follower as usize - 1].grpc.clone());
+    // The follower has heard from the leader by now (heartbeats every 100 ms).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // On a follower: NOT_LEADER naming the leader when asked for redirects, served (forwarding) when not.
+    let Err(refused) = open_worker_stream(&follower_addr, true).await else {
+        panic!("a follower redirects the stream");
+    };
+    assert_eq!(reason(&refused), "NOT_LEADER", "{refused:?}");
+    let named = refused.metadata().get("x-raftq-leader").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    assert_eq!(named, leader_addr, "the refusal names the leader");
+    open_worker_stream(&follower_addr, false).await.expect("without the header a follower serves the stream");
+
+    // On the leader the stream opens; after a transfer, its next request is answered NOT_LEADER naming the new
+    // leader (nothing applied), instead of being forwarded there.
+    let (tx, mut inbound) = open_worker_stream(&leader_addr, true).await.expect("the leader serves the stream");
+    let mut admin = c.nodes[0].admin().await.expect("admin");
+    let r = admin
+        .transfer_leader(pb::TransferLeaderRequest { to: follower, timeout_ms: 10_000 })
+        .await
+        .expect("transfer")
+        .into_inner();
+    assert_eq!(r.leader_id, follower);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ready =
+        pb::Ready { request_id: 7, queues: vec!["redirected".into()], lease_ms: 5_000, count: 1, ..Default::default() };
+    tx.send(pb::WorkerEvent { event: Some(pb::worker_event::Event::Ready(ready)) }).await.expect("send");
+    let answer = tokio::time::timeout(Duration::from_secs(5), inbound.message())
+        .await
+        .expect("the Ready is answered at once, not parked on the new leader")
+        .expect("stream")
+        .expect("an event");
+    match answer.event {
+        Some(pb::server_event::Event::Error(e)) => {
+            assert_eq!((e.request_id, e.reason.as_str()), (7, "NOT_LEADER"), "{e:?}");
+            assert_eq!(e.leader_addr, follower_addr, "the answer names the new leader");
+        }
+        other => panic!("expected NOT_LEADER for the Ready, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

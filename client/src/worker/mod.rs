@@ -532,6 +532,9 @@ fn fatal_on_open(e: &Error, has_provider: bool) -> bool {
     }
 }
 
+/// Redirects to a named leader a worker follows in a row without pausing.
+const MAX_QUICK_REDIRECTS: u32 = 3;
+
 /// Keeps one stream open: opens it, publishes it to the slots, reads it until it ends, reopens it with
 /// backoff (to the leader when one was named, else the next address).
 async fn supervise(ctx: Arc<Ctx>) {
@@ -539,6 +542,10 @@ async fn supervise(ctx: Arc<Ctx>) {
     let mut backoff = Backoff::new(cfg.reconnect_backoff_min, cfg.reconnect_backoff_max);
     // The next open replaces a lost stream (not the first one, nor one retired on purpose).
     let mut replaces_lost = false;
+    // Redirects followed at once since the last stream opened: a node that named the leader is not a failure, so
+    // the leader is tried without the backoff's pause (a few times in a row, so two nodes that name each other
+    // during a leader change are not called in a tight loop).
+    let mut redirects = 0;
     loop {
         let token = match &cfg.token_provider {
             Some(p) => p().unwrap_or_default(),
@@ -559,6 +566,9 @@ async fn supervise(ctx: Arc<Ctx>) {
                 let started = Instant::now();
                 ctx.session.send_replace(Some(session.clone()));
                 let end = read_events(&ctx, &session, inbound).await;
+                if session.was_answered() {
+                    redirects = 0;
+                }
                 session.close();
                 ctx.session.send_replace(None);
                 match end {
@@ -566,6 +576,13 @@ async fn supervise(ctx: Arc<Ctx>) {
                     // Not a loss: open the next stream at once, without counting a reconnect.
                     End::Retired => {
                         tracing::debug!(addr = %session.addr, "worker stream retired at shutdown");
+                        continue;
+                    }
+                    // Its node named the leader: go there now (the first time since a stream was answered).
+                    End::Lost(_) if session.was_redirected() && redirects < MAX_QUICK_REDIRECTS => {
+                        replaces_lost = true;
+                        redirects += 1;
+                        tracing::info!(addr = %session.addr, "worker stream moves to the leader");
                         continue;
                     }
                     End::Lost(why) => {
@@ -581,6 +598,11 @@ async fn supervise(ctx: Arc<Ctx>) {
                 tracing::error!(error = %e, "the server refused the worker stream");
                 ctx.fail(e, true);
                 return;
+            }
+            Err(Error::NotLeader { leader: Some(leader) }) if redirects < MAX_QUICK_REDIRECTS => {
+                redirects += 1;
+                tracing::debug!(%leader, "the worker stream goes to the leader");
+                continue;
             }
             Err(e) => tracing::warn!(error = %e, "cannot open the worker stream"),
         }
@@ -640,7 +662,9 @@ async fn read_events(ctx: &Ctx, session: &Session, mut inbound: tonic::Streaming
             Err(status) => {
                 let e = Error::from_status(status, false);
                 match &e {
-                    Error::NotLeader { leader } => ctx.conn.redirect(&session.addr, leader.as_deref()),
+                    Error::NotLeader { leader } => {
+                        ctx.conn.redirect(&session.addr, leader.as_deref());
+                    }
                     _ => ctx.conn.failed(&session.addr),
                 }
                 return End::Lost(e.to_string());

@@ -44,6 +44,8 @@ pub(crate) struct Session {
     readys: AtomicUsize,
     /// Retiring at shutdown: takes no new requests, closes once those in flight are answered.
     draining: AtomicBool,
+    /// Closed because its node named another leader: the next stream goes there at once.
+    redirected: AtomicBool,
 }
 
 /// Removes a request's waiter when the request ends, however it ends.
@@ -91,7 +93,9 @@ impl Session {
                 closed.cancel();
                 let e = Error::from_status(status, false);
                 match &e {
-                    Error::NotLeader { leader } => conn.redirect(&addr, leader.as_deref()),
+                    Error::NotLeader { leader } => {
+                        conn.redirect(&addr, leader.as_deref());
+                    }
                     Error::Transport { .. } => conn.failed(&addr),
                     _ => {}
                 }
@@ -112,6 +116,7 @@ impl Session {
             pending: Mutex::default(),
             closed,
             answered: AtomicBool::new(false),
+            redirected: AtomicBool::new(false),
             readys: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
         };
@@ -205,7 +210,8 @@ impl Session {
     /// This node is not the leader: close, and have the next session go to `leader` (or the next address).
     pub(crate) fn not_leader(&self, conn: &Connector, leader: Option<&str>) {
         tracing::info!(addr = %self.addr, leader = leader.unwrap_or("unknown"), "worker stream is not on the leader");
-        conn.redirect(&self.addr, leader);
+        let followed = conn.redirect(&self.addr, leader);
+        self.redirected.store(followed, Ordering::Relaxed);
         self.close();
     }
 
@@ -217,6 +223,11 @@ impl Session {
 
     pub(crate) fn mark_answered(&self) {
         self.answered.store(true, Ordering::Relaxed);
+    }
+
+    /// Closed because its node named the leader.
+    pub(crate) fn was_redirected(&self) -> bool {
+        self.redirected.load(Ordering::Relaxed)
     }
 
     pub(crate) fn was_answered(&self) -> bool {
@@ -238,6 +249,7 @@ mod tests {
             answered: AtomicBool::new(false),
             readys: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
+            redirected: AtomicBool::new(false),
         };
         (s, rx)
     }

@@ -217,19 +217,12 @@ impl Forwarder {
     {
         match plan.mode {
             Mode::Here => return local().await,
-            Mode::Redirect => {
-                if self.leader().0 == Some(self.node_id) {
-                    return local().await;
-                }
-                // A leader that died or stopped is still named until the election ends: sending the client there
-                // would only bring it back. Without a live leader the call is routed as a forwarding client's is,
-                // until one is known (then redirected, if nothing may have been applied).
-                if let Some(addr) = self.live_leader_elsewhere() {
-                    return Err(ApiError::NotLeader { leader_addr: Some(addr) });
-                }
-            }
-            Mode::Route => {}
+            Mode::Redirect if self.leader().0 == Some(self.node_id) => return local().await,
+            Mode::Redirect | Mode::Route => {}
         }
+        // A redirect names only a live leader (one that died or stopped is still named until the election ends,
+        // and sending the client there would only bring it back): without one, the call is routed as a forwarding
+        // client's is, until one is known.
         let plan = if plan.mode == Mode::Redirect { plan.moving_to_leader(true) } else { plan };
         let mut pause = FIRST_PAUSE;
         // A repeatable write sent again after an unknown outcome may have been applied by then: if it then runs

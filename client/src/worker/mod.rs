@@ -542,7 +542,7 @@ async fn supervise(ctx: Arc<Ctx>) {
     let mut backoff = Backoff::new(cfg.reconnect_backoff_min, cfg.reconnect_backoff_max);
     // The next open replaces a lost stream (not the first one, nor one retired on purpose).
     let mut replaces_lost = false;
-    // Redirects followed at once since the last stream opened: a node that named the leader is not a failure, so
+    // Redirects followed at once since a stream was last answered: a node that named the leader is not a failure, so
     // the leader is tried without the backoff's pause (a few times in a row, so two nodes that name each other
     // during a leader change are not called in a tight loop).
     let mut redirects = 0;

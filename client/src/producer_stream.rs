@@ -1,6 +1,12 @@
 //! The pipelined producer over `ProducerStream.Stream`: Hello first, then creates numbered by a client
 //! sequence number and answered by `CreateAck`s carrying that number, many in flight at once. A broken stream
 //! is reopened for the next create; creates it carried end with an unknown outcome and are never resent.
+//!
+//! Creates that queue up on the stream while it sends (a producer faster than one message at a time) leave as
+//! one `CreateBatch` (see [`pack`]): one message, one decode and one answer for many creates, each create still
+//! answered with its own results. Creates with a debounce or singleton key are never packed (the server
+//! proposes those alone, and may refuse them before its cluster version allows them), nor is a create sent again
+//! after an overload refusal (a depth limit refuses a whole batch: alone, each gets in as room allows).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -27,8 +33,19 @@ use crate::task::{Enqueued, NewTask};
 /// many times: enough to follow one leader change, not to spin through an election.
 const MAX_REDIRECTS: u32 = 3;
 
-type Answer = Result<pb::CreateAck>;
+/// Bytes of tasks packed into one `CreateBatch` at most (one create larger than this leaves alone).
+const PACK_MAX_BYTES: usize = 1 << 20;
+/// Tasks packed into one `CreateBatch` at most (and never more than the server's `max_create_items`).
+const PACK_MAX_ITEMS: usize = 256;
+
+/// A create's ack, and whether it came as part of a packed `CreateBatch`'s.
+type Answer = Result<(pb::CreateAck, bool)>;
 type PendingMap = Arc<Mutex<HashMap<u64, Waiter>>>;
+/// Packed creates in flight: a `CreateBatch`'s sequence number (its first create's) -> each packed create's
+/// sequence number and task count, in order.
+type PackedMap = Arc<Mutex<HashMap<u64, Vec<(u64, usize)>>>>;
+/// An event queued on the stream, and whether it may be packed with others.
+type Outgoing = (pb::ProducerEvent, bool);
 
 /// A create waiting for its ack, holding its room in the in-flight limit: the ack reader releases it when the
 /// answer arrives (or the stream ends), whether or not the caller is awaiting the create's future yet.
@@ -73,7 +90,7 @@ struct Inner {
 
 struct Session {
     addr: String,
-    tx: mpsc::Sender<pb::ProducerEvent>,
+    tx: mpsc::Sender<Outgoing>,
     pending: PendingMap,
     closed: CancellationToken,
     _reader: AbortOnDropHandle<()>,
@@ -140,7 +157,7 @@ impl StreamProducer {
         let permit = self.inner.permit().await?;
         let inner = self.inner.clone();
         let items = vec![req];
-        let rx = inner.submit(&items, permit).await?;
+        let rx = inner.submit(&items, permit, true).await?;
         Ok(PendingEnqueue(Box::pin(async move {
             let ack = inner.answer(rx, &items).await;
             let mut v = enqueue_results(ack?.results, 1)?;
@@ -157,7 +174,7 @@ impl StreamProducer {
         let items: Vec<pb::EnqueueRequest> = tasks.into_iter().map(NewTask::into_proto).collect();
         let permit = self.inner.permit().await?;
         let inner = self.inner.clone();
-        let rx = inner.submit(&items, permit).await?;
+        let rx = inner.submit(&items, permit, true).await?;
         Ok(PendingBatch(Box::pin(async move {
             let ack = inner.answer(rx, &items).await;
             enqueue_results(ack?.results, items.len())
@@ -186,6 +203,7 @@ impl Inner {
         &self,
         items: &[pb::EnqueueRequest],
         mut permit: OwnedSemaphorePermit,
+        pack: bool,
     ) -> Result<oneshot::Receiver<Answer>> {
         let mut last = None;
         for _ in 0..=MAX_REDIRECTS {
@@ -202,7 +220,7 @@ impl Inner {
                 p.insert(seq, Waiter { tx, permit });
             }
             let sent = tokio::select! {
-                r = s.tx.send(event(seq, items)) => r.is_ok(),
+                r = s.tx.send((event(seq, items), pack)) => r.is_ok(),
                 _ = s.closed.cancelled() => false,
             };
             if sent {
@@ -224,18 +242,25 @@ impl Inner {
     /// Waits for the ack of `rx`; a NOT_LEADER refusal (nothing applied) is sent again to the leader. An overload
     /// refusal (`QUEUE_FULL`, `RATE_LIMITED`: nothing applied) is sent again after the server's retry hint, for up
     /// to `request_timeout`, holding its room in the in-flight limit meanwhile: a producer faster than the queue
-    /// drains finds `create` waiting (flow control) instead of flooding the server with refused creates.
-    async fn answer(&self, mut rx: oneshot::Receiver<Answer>, items: &[pb::EnqueueRequest]) -> Answer {
+    /// drains finds `create` waiting (flow control) instead of flooding the server with refused creates. A create
+    /// refused with the packed batch it went in is sent again alone at once: the batch as a whole may not have
+    /// fitted where the create alone does.
+    async fn answer(&self, mut rx: oneshot::Receiver<Answer>, items: &[pb::EnqueueRequest]) -> Result<pb::CreateAck> {
         let mut redirects = 0;
         let give_up = tokio::time::Instant::now() + self.producer.inner.cfg.request_timeout;
         loop {
-            let ack = rx.await.unwrap_or_else(|_| {
+            let (ack, packed) = rx.await.unwrap_or_else(|_| {
                 Err(Error::UnknownOutcome { message: "the producer stream ended before the answer".into() })
             })?;
             let Some(pb::Error { code, message, retry_after_ms }) = &ack.error else {
                 return Ok(ack);
             };
             let err = Error::from_reason(code, message, None);
+            if err.is_overload() && packed {
+                let permit = self.permit().await?;
+                rx = self.submit(items, permit, false).await?;
+                continue;
+            }
             if err.is_overload() {
                 let wait = std::time::Duration::from_millis((*retry_after_ms).clamp(10, 30_000));
                 if tokio::time::Instant::now() + wait > give_up {
@@ -243,7 +268,8 @@ impl Inner {
                 }
                 let permit = self.permit().await?;
                 tokio::time::sleep(wait).await;
-                rx = self.submit(items, permit).await?;
+                // Alone: packed with others, it could be refused whole again for their sake.
+                rx = self.submit(items, permit, false).await?;
                 continue;
             }
             if !matches!(err, Error::NotLeader { .. }) || redirects >= MAX_REDIRECTS {
@@ -253,7 +279,7 @@ impl Inner {
             self.not_leader(&err).await;
             // The refused create's room was freed with its answer; the resend takes new room.
             let permit = self.permit().await?;
-            rx = self.submit(items, permit).await?;
+            rx = self.submit(items, permit, true).await?;
         }
     }
 
@@ -302,25 +328,31 @@ impl Session {
         let (tx, rx) = mpsc::channel(STREAM_SEND_BUFFER);
         let token = conn.token(producer.inner.cfg.token.as_deref());
         let hello = pb::Hello { token, worker_id: String::new() };
-        tx.try_send(pb::ProducerEvent { event: Some(pb::producer_event::Event::Hello(hello)) })
+        tx.try_send((pb::ProducerEvent { event: Some(pb::producer_event::Event::Hello(hello)) }, false))
             .expect("a new channel has room for the Hello");
         let closed = CancellationToken::new();
         let mut client = ProducerStreamClient::new(ch)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let req = conn.request(outbound(rx, closed.clone()));
+        // The packer learns the server's limit from the HelloAck; nothing but the Hello is sent before it.
+        let max_items = Arc::new(AtomicU64::new(0));
+        let packed: PackedMap = Arc::default();
+        let req = conn.request(pack(rx, closed.clone(), packed.clone(), max_items.clone()));
         let opened = tokio::time::timeout(HELLO_TIMEOUT, async {
             let mut inbound = client.stream(req).await?.into_inner();
             match inbound.message().await? {
-                Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(_)) }) => {
-                    Ok(Ok(inbound))
+                Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) }) => {
+                    Ok(Ok((inbound, ack.max_create_items)))
                 }
                 other => Ok(Err(Error::Protocol(format!("expected HelloAck, got {other:?}")))),
             }
         })
         .await;
         let inbound = match opened {
-            Ok(Ok(Ok(inbound))) => inbound,
+            Ok(Ok(Ok((inbound, max)))) => {
+                max_items.store(u64::from(max).min(PACK_MAX_ITEMS as u64), Ordering::Relaxed);
+                inbound
+            }
             Ok(Ok(Err(e))) => return Err(e),
             Ok(Err(status)) => {
                 let e = Error::from_status(status, false);
@@ -342,7 +374,7 @@ impl Session {
             }
         };
         let pending: PendingMap = Arc::default();
-        let reader = tokio::spawn(read_acks(inbound, pending.clone(), closed.clone()));
+        let reader = tokio::spawn(read_acks(inbound, pending.clone(), packed, closed.clone()));
         tracing::debug!(addr = %addr, "producer stream opened");
         Ok(Arc::new(Session { addr, tx, pending, closed, _reader: AbortOnDropHandle::new(reader) }))
     }
@@ -359,6 +391,7 @@ impl Drop for Session {
 async fn read_acks(
     mut inbound: tonic::Streaming<pb::ProducerServerEvent>,
     pending: PendingMap,
+    packed: PackedMap,
     closed: CancellationToken,
 ) {
     let why = loop {
@@ -368,14 +401,14 @@ async fn read_acks(
         };
         match msg {
             Ok(Some(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::Ack(ack)) })) => {
-                let waiter = pending.lock().expect("pending lock poisoned").remove(&ack.seq);
-                match waiter {
-                    // Dropping the waiter frees its room, whether or not anyone awaits the answer yet.
-                    Some(Waiter { tx, permit }) => {
-                        drop(permit);
-                        let _ = tx.send(Ok(ack));
+                let parts = packed.lock().expect("packed lock poisoned").remove(&ack.seq);
+                match parts {
+                    None => answer(&pending, ack, false),
+                    Some(parts) => {
+                        for ack in unpack(ack, &parts) {
+                            answer(&pending, ack, true);
+                        }
                     }
-                    None => tracing::warn!(seq = ack.seq, "an ack for no pending create"),
                 }
             }
             Ok(Some(other)) => tracing::debug!(event = ?other, "ignoring an unexpected producer stream event"),
@@ -387,6 +420,130 @@ async fn read_acks(
     if n > 0 {
         tracing::warn!(creates = n, reason = %why, "producer stream ended with creates in flight");
     }
+}
+
+/// Hands one create's ack to its waiter. Dropping the waiter frees its room, whether or not anyone awaits the
+/// answer yet.
+fn answer(pending: &PendingMap, ack: pb::CreateAck, packed: bool) {
+    let waiter = pending.lock().expect("pending lock poisoned").remove(&ack.seq);
+    match waiter {
+        Some(Waiter { tx, permit }) => {
+            drop(permit);
+            let _ = tx.send(Ok((ack, packed)));
+        }
+        None => tracing::warn!(seq = ack.seq, "an ack for no pending create"),
+    }
+}
+
+/// The stream's outbound side: events as they were queued, except that creates queued one after another
+/// (nothing else between them, each queued as one that may be packed) leave as one `CreateBatch`, up to
+/// `max_items` tasks (0 or 1: never packed;
+/// set from the server's HelloAck) and [`PACK_MAX_BYTES`]. The batch takes its first create's sequence
+/// number, and `packed` remembers which creates it carries so that [`unpack`] can answer each.
+fn pack(
+    rx: mpsc::Receiver<Outgoing>,
+    closed: CancellationToken,
+    packed: PackedMap,
+    max_items: Arc<AtomicU64>,
+) -> impl futures::Stream<Item = pb::ProducerEvent> + Send + 'static {
+    use futures::{FutureExt, StreamExt};
+    // Fused: packing may see the end first, and the next turn asks again.
+    let events = outbound(rx, closed).fuse();
+    futures::stream::unfold((Box::pin(events), None::<Outgoing>), move |(mut events, carry)| {
+        let (packed, max) = (packed.clone(), max_items.load(Ordering::Relaxed) as usize);
+        async move {
+            let (first, may) = match carry {
+                Some(e) => e,
+                None => events.next().await?,
+            };
+            let Some((seq, n, bytes)) = packable(&first).filter(|_| may && max > 1) else {
+                return Some((first, (events, None)));
+            };
+            let mut batch = Batch { seq, tasks: Vec::new(), parts: Vec::new(), bytes: 0, max };
+            if !batch.fits(n, bytes) {
+                return Some((first, (events, None)));
+            }
+            batch.push(first);
+            let mut carry = None;
+            // Only what is queued already: packing never waits for more.
+            while let Some(Some((next, may))) = events.next().now_or_never() {
+                match packable(&next).filter(|_| may) {
+                    Some((_, n, bytes)) if batch.fits(n, bytes) => batch.push(next),
+                    _ => {
+                        carry = Some((next, may));
+                        break;
+                    }
+                }
+            }
+            Some((batch.finish(&packed), (events, carry)))
+        }
+    })
+}
+
+/// Creates being packed into one `CreateBatch`.
+struct Batch {
+    seq: u64,
+    tasks: Vec<pb::EnqueueRequest>,
+    parts: Vec<(u64, usize)>,
+    bytes: usize,
+    max: usize,
+}
+
+impl Batch {
+    fn fits(&self, items: usize, bytes: usize) -> bool {
+        self.tasks.len() + items <= self.max && self.bytes + bytes <= PACK_MAX_BYTES
+    }
+
+    fn push(&mut self, event: pb::ProducerEvent) {
+        use pb::producer_event::Event;
+        let (seq, tasks) = match event.event {
+            Some(Event::Create(c)) => (c.seq, c.task.into_iter().collect()),
+            Some(Event::CreateBatch(b)) => (b.seq, b.tasks),
+            _ => unreachable!("only packable events are pushed"),
+        };
+        self.bytes += tasks.iter().map(prost::Message::encoded_len).sum::<usize>();
+        self.parts.push((seq, tasks.len()));
+        self.tasks.extend(tasks);
+    }
+
+    /// The event to send: the one create as it was, or a `CreateBatch` of them all, remembered in `packed`.
+    fn finish(self, packed: &PackedMap) -> pb::ProducerEvent {
+        if let [(seq, _)] = self.parts[..] {
+            return event(seq, &self.tasks);
+        }
+        packed.lock().expect("packed lock poisoned").insert(self.seq, self.parts);
+        let batch = pb::CreateBatch { seq: self.seq, tasks: self.tasks };
+        pb::ProducerEvent { event: Some(pb::producer_event::Event::CreateBatch(batch)) }
+    }
+}
+
+/// A create that may be packed: its sequence number, task count and encoded task bytes. Not one whose tasks
+/// use a debounce or singleton key.
+fn packable(e: &pb::ProducerEvent) -> Option<(u64, usize, usize)> {
+    use pb::producer_event::Event;
+    let (seq, tasks) = match &e.event {
+        Some(Event::Create(c)) => (c.seq, std::slice::from_ref(c.task.as_ref()?)),
+        Some(Event::CreateBatch(b)) => (b.seq, &b.tasks[..]),
+        _ => return None,
+    };
+    if tasks.is_empty() || tasks.iter().any(|t| t.debounce.is_some() || t.singleton.is_some()) {
+        return None;
+    }
+    Some((seq, tasks.len(), tasks.iter().map(prost::Message::encoded_len).sum()))
+}
+
+/// Splits the ack of a packed `CreateBatch` into one ack per create it carried: each its own results, in
+/// order, or the batch's error when it failed as a whole. Results missing from a short answer are missing from
+/// the last creates' acks (whose callers report the mismatch).
+fn unpack(ack: pb::CreateAck, parts: &[(u64, usize)]) -> Vec<pb::CreateAck> {
+    let mut results = ack.results.into_iter();
+    parts
+        .iter()
+        .map(|&(seq, n)| match &ack.error {
+            Some(e) => pb::CreateAck { seq, results: vec![], error: Some(e.clone()) },
+            None => pb::CreateAck { seq, results: results.by_ref().take(n).collect(), error: None },
+        })
+        .collect()
 }
 
 /// Closes the session and answers every waiting create with an unknown outcome; returns how many there were.
@@ -414,6 +571,101 @@ mod tests {
         assert!(
             matches!(many.event, Some(pb::producer_event::Event::CreateBatch(ref b)) if b.seq == 8 && b.tasks.len() == 2)
         );
+    }
+
+    fn create(seq: u64, queue: &str) -> pb::ProducerEvent {
+        event(seq, &[pb::EnqueueRequest { queue: queue.into(), ..Default::default() }])
+    }
+
+    fn seqs_and_sizes(e: &pb::ProducerEvent) -> (u64, usize) {
+        packable(e).map(|(seq, n, _)| (seq, n)).expect("a create")
+    }
+
+    /// Queues `events`, then reads what the packer sends (the queue stays open: it waits for nothing more).
+    async fn packed_as(events: Vec<Outgoing>, max: u64) -> (Vec<pb::ProducerEvent>, PackedMap) {
+        use futures::StreamExt;
+        let (tx, rx) = mpsc::channel(64);
+        let n = events.len();
+        for e in events {
+            tx.try_send(e).expect("room");
+        }
+        let packed: PackedMap = Arc::default();
+        let out = pack(rx, CancellationToken::new(), packed.clone(), Arc::new(AtomicU64::new(max)));
+        let mut out = Box::pin(out);
+        let mut sent = Vec::new();
+        let mut carried = 0;
+        while carried < n {
+            let e = out.next().await.expect("an event");
+            carried += match &e.event {
+                Some(pb::producer_event::Event::CreateBatch(b)) => {
+                    packed.lock().unwrap().get(&b.seq).map_or(1, |parts| parts.len())
+                }
+                _ => 1,
+            };
+            sent.push(e);
+        }
+        (sent, packed)
+    }
+
+    #[tokio::test]
+    async fn creates_queued_together_leave_as_one_batch_that_is_answered_create_by_create() {
+        let keyed = {
+            let mut t = pb::EnqueueRequest { queue: "q".into(), ..Default::default() };
+            t.singleton = Some(pb::Singleton { key: "s".into(), mode: 0 });
+            event(4, &[t])
+        };
+        let two = event(2, &[pb::EnqueueRequest::default(), pb::EnqueueRequest::default()]);
+        let queued = vec![create(1, "a"), two, keyed, create(5, "b"), create(6, "c"), create(7, "d"), create(8, "e")];
+        let mut queued: Vec<Outgoing> = queued.into_iter().map(|e| (e, true)).collect();
+        queued[5].1 = false; // 7: sent again after an overload refusal
+        let (sent, packed) = packed_as(queued, 256).await;
+        let shapes: Vec<_> = sent.iter().map(seqs_and_sizes_or_keyed).collect();
+        // 1 and 2 (three tasks) packed; the singleton create alone and never packed; 5 and 6 packed after it; 7
+        // alone, as it was queued; 8 after it.
+        assert_eq!(shapes, vec![(1, 3), (4, 1), (5, 2), (7, 1), (8, 1)], "{sent:?}");
+        assert_eq!(packed.lock().unwrap().get(&1), Some(&vec![(1, 1), (2, 2)]));
+        assert_eq!(packed.lock().unwrap().get(&5), Some(&vec![(5, 1), (6, 1)]));
+        assert_eq!(packed.lock().unwrap().len(), 2);
+
+        // The batch's answer, split: each create gets its own results, in order.
+        let ok = |id: &str| pb::EnqueueResult {
+            result: Some(pb::enqueue_result::Result::Ok(pb::EnqueueResponse {
+                task_id: id.into(),
+                ..Default::default()
+            })),
+        };
+        let ack = pb::CreateAck { seq: 1, results: vec![ok("t1"), ok("t2"), ok("t3")], error: None };
+        let acks = unpack(ack, &[(1, 1), (2, 2)]);
+        assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(acks[0].results, vec![ok("t1")]);
+        assert_eq!(acks[1].results, vec![ok("t2"), ok("t3")]);
+        // A batch refused as a whole: every create it carried gets the refusal.
+        let refused = pb::Error { code: "NOT_LEADER".into(), ..Default::default() };
+        let acks = unpack(pb::CreateAck { seq: 5, results: vec![], error: Some(refused.clone()) }, &[(5, 1), (6, 1)]);
+        assert!(acks.iter().all(|a| a.error.as_ref() == Some(&refused) && a.results.is_empty()), "{acks:?}");
+        assert_eq!(acks.iter().map(|a| a.seq).collect::<Vec<_>>(), vec![5, 6]);
+    }
+
+    fn seqs_and_sizes_or_keyed(e: &pb::ProducerEvent) -> (u64, usize) {
+        match &e.event {
+            Some(pb::producer_event::Event::Create(c)) if c.task.as_ref().is_some_and(|t| t.singleton.is_some()) => {
+                (c.seq, 1)
+            }
+            _ => seqs_and_sizes(e),
+        }
+    }
+
+    #[tokio::test]
+    async fn packing_keeps_to_the_servers_limit_and_is_off_when_the_server_names_none() {
+        let (sent, packed) = packed_as((1..=5).map(|s| (create(s, "q"), true)).collect(), 2).await;
+        let shapes: Vec<_> = sent.iter().map(seqs_and_sizes).collect();
+        assert_eq!(shapes, vec![(1, 2), (3, 2), (5, 1)]);
+        assert!(matches!(sent[2].event, Some(pb::producer_event::Event::Create(_))), "one create leaves as it was");
+        assert_eq!(packed.lock().unwrap().len(), 2);
+
+        let (sent, packed) = packed_as((1..=3).map(|s| (create(s, "q"), true)).collect(), 0).await;
+        assert!(sent.iter().all(|e| matches!(e.event, Some(pb::producer_event::Event::Create(_)))), "{sent:?}");
+        assert!(packed.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

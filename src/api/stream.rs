@@ -464,7 +464,7 @@ impl WorkerStream for StreamApi {
             })
             .await?;
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
-        let ack = pb::HelloAck { worker_id: worker_id.clone(), tenant_id: caller.tenant.clone() };
+        let ack = pb::HelloAck { worker_id: worker_id.clone(), tenant_id: caller.tenant.clone(), max_create_items: 0 };
         let _ = tx.send(Ok(pb::ServerEvent { event: Some(pb::server_event::Event::HelloAck(ack)) })).await;
         let span = tracing::Span::current();
         span.record("worker_id", worker_id.as_str()).record("tenant", caller.tenant.as_str());
@@ -574,7 +574,8 @@ impl ProducerStream for StreamApi {
             .await?;
         let (tx, rx) = mpsc::channel(self.proposer.cfg.stream_send_buffer.max(1));
         tracing::Span::current().record("producer_id", id.as_str()).record("tenant", caller.tenant.as_str());
-        let ack = pb::HelloAck { worker_id: id, tenant_id: caller.tenant.clone() };
+        let max_create_items = u32::try_from(self.proposer.cfg.max_batch_items).unwrap_or(u32::MAX);
+        let ack = pb::HelloAck { worker_id: id, tenant_id: caller.tenant.clone(), max_create_items };
         let _ =
             tx.send(Ok(pb::ProducerServerEvent { event: Some(pb::producer_server_event::Event::HelloAck(ack)) })).await;
         let api = Arc::new(StreamApi { redirect, ..self.clone() });

@@ -511,8 +511,12 @@ async fn stream_producer_pipelines_creates_and_matches_each_ack_to_its_create() 
     let p = producer(&n).await;
     let s = p.stream().await.expect("stream");
     let mut pending = Vec::new();
+    // Sent back to back, creates are packed into CreateBatch messages on the wire: each must still get its own
+    // answer, including the invalid ones among them.
+    let bad = |i: usize| i % 50 == 25;
     for i in 0..200 {
-        pending.push(s.create(NewTask::new("sdk-stream", format!("{i}"))).await.expect("create sent"));
+        let queue = if bad(i) { "bad name!" } else { "sdk-stream" };
+        pending.push(s.create(NewTask::new(queue, format!("{i}"))).await.expect("create sent"));
     }
     let batch = s
         .create_batch(vec![NewTask::new("sdk-stream", "b0"), NewTask::new("bad name!", "b1")])
@@ -520,6 +524,10 @@ async fn stream_producer_pipelines_creates_and_matches_each_ack_to_its_create() 
         .expect("batch sent");
     let created: Vec<_> = futures::future::join_all(pending).await;
     for (i, r) in created.iter().enumerate() {
+        if bad(i) {
+            assert_eq!(r.as_ref().expect_err("bad queue name").reason(), Some("INVALID_ARGUMENT"), "create {i}");
+            continue;
+        }
         let id = &r.as_ref().expect("created").task_id;
         let t = p.get(id).await.expect("get");
         assert_eq!(t.payload, Bytes::from(format!("{i}")), "the ack of create {i} names its own task");

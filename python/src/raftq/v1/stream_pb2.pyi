@@ -15,12 +15,14 @@ class Hello(_message.Message):
     def __init__(self, token: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class HelloAck(_message.Message):
-    __slots__ = ("worker_id", "tenant_id")
+    __slots__ = ("worker_id", "tenant_id", "max_create_items")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_CREATE_ITEMS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     tenant_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+    max_create_items: int
+    def __init__(self, worker_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., max_create_items: _Optional[int] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("request_id", "queues", "lease_seconds", "count", "lease_ms")

@@ -141,13 +141,17 @@ pub struct LogReader {
     cache: Arc<Mutex<LogCache>>,
 }
 
+/// redb's page cache for the log file. Small: replication and apply read the log's in-memory tail, so redb's
+/// cache would only hold copies of appended pages, and its default (1 GiB) fills with them, page by page.
+const LOG_PAGE_CACHE_BYTES: usize = 32 << 20;
+
 impl LogStore {
     /// Opens (or creates) the log file and starts its writer thread. The thread ends when the last `LogStore`
     /// clone is dropped.
     pub fn open(path: &Path) -> io::Result<LogStore> {
         // The version is read before anything is written: a file of a newer format is left as it was.
         format::refuse_newer_file(path, LOG_META)?;
-        let db = Arc::new(super::codec::open_db(path)?);
+        let db = Arc::new(super::codec::open_db_cached(path, Some(LOG_PAGE_CACHE_BYTES))?);
         let found = format::file_version(db.as_ref(), LOG_META, path)?;
         // A current file has its tables (made with its marker) and is not written at open.
         if found != Some(format::CURRENT) {

@@ -26,6 +26,9 @@ pub struct ShardMeta {
     pub now: TimeMs,
 }
 
+/// redb's page cache for each shard file of a running node (redb's default is 1 GiB per file).
+pub const PAGE_CACHE_BYTES: usize = 64 << 20;
+
 /// Opens (or creates) a shard file, upgrading one of an older format (`format`); one of a newer format is
 /// refused before anything is written to it.
 pub fn open_db(path: &Path) -> io::Result<Database> {

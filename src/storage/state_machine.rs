@@ -55,7 +55,7 @@ impl Shards {
             last_sync: Instant::now(),
         };
         for i in 0..count {
-            let db = shard::open_db(&files::shard_path(sm, i))?;
+            let db = shard::open_db_cached(&files::shard_path(sm, i), Some(shard::PAGE_CACHE_BYTES))?;
             let meta = shard::read_meta(&db)?;
             out.cores.push(shard::load_core(&db, i, count, meta.now)?);
             out.metas.push(meta);

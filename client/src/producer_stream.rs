@@ -437,9 +437,9 @@ fn answer(pending: &PendingMap, ack: pb::CreateAck, packed: bool) {
 
 /// The stream's outbound side: events as they were queued, except that creates queued one after another
 /// (nothing else between them, each queued as one that may be packed) leave as one `CreateBatch`, up to
-/// `max_items` tasks (0 or 1: never packed;
-/// set from the server's HelloAck) and [`PACK_MAX_BYTES`]. The batch takes its first create's sequence
-/// number, and `packed` remembers which creates it carries so that [`unpack`] can answer each.
+/// `max_items` tasks (0 or 1: never packed; set from the server's HelloAck) and [`PACK_MAX_BYTES`]. The batch
+/// takes its first create's sequence number, and `packed` remembers which creates it carries so that
+/// [`unpack`] can answer each.
 fn pack(
     rx: mpsc::Receiver<Outgoing>,
     closed: CancellationToken,
@@ -463,12 +463,12 @@ fn pack(
             if !batch.fits(n, bytes) {
                 return Some((first, (events, None)));
             }
-            batch.push(first);
+            batch.push(first, bytes);
             let mut carry = None;
             // Only what is queued already: packing never waits for more.
             while let Some(Some((next, may))) = events.next().now_or_never() {
                 match packable(&next).filter(|_| may) {
-                    Some((_, n, bytes)) if batch.fits(n, bytes) => batch.push(next),
+                    Some((_, n, bytes)) if batch.fits(n, bytes) => batch.push(next, bytes),
                     _ => {
                         carry = Some((next, may));
                         break;
@@ -494,26 +494,32 @@ impl Batch {
         self.tasks.len() + items <= self.max && self.bytes + bytes <= PACK_MAX_BYTES
     }
 
-    fn push(&mut self, event: pb::ProducerEvent) {
+    /// Adds a packable create (`bytes`: its tasks' encoded size, as [`packable`] measured it).
+    fn push(&mut self, event: pb::ProducerEvent, bytes: usize) {
         use pb::producer_event::Event;
         let (seq, tasks) = match event.event {
             Some(Event::Create(c)) => (c.seq, c.task.into_iter().collect()),
             Some(Event::CreateBatch(b)) => (b.seq, b.tasks),
             _ => unreachable!("only packable events are pushed"),
         };
-        self.bytes += tasks.iter().map(prost::Message::encoded_len).sum::<usize>();
+        self.bytes += bytes;
         self.parts.push((seq, tasks.len()));
         self.tasks.extend(tasks);
     }
 
-    /// The event to send: the one create as it was, or a `CreateBatch` of them all, remembered in `packed`.
-    fn finish(self, packed: &PackedMap) -> pb::ProducerEvent {
-        if let [(seq, _)] = self.parts[..] {
-            return event(seq, &self.tasks);
-        }
-        packed.lock().expect("packed lock poisoned").insert(self.seq, self.parts);
-        let batch = pb::CreateBatch { seq: self.seq, tasks: self.tasks };
-        pb::ProducerEvent { event: Some(pb::producer_event::Event::CreateBatch(batch)) }
+    /// The event to send: the one create (or batch) as it was queued, or a `CreateBatch` of them all, remembered
+    /// in `packed`.
+    fn finish(mut self, packed: &PackedMap) -> pb::ProducerEvent {
+        use pb::producer_event::Event;
+        let event = match self.parts[..] {
+            [(seq, 1)] => Event::Create(pb::Create { seq, task: self.tasks.pop() }),
+            [(seq, _)] => Event::CreateBatch(pb::CreateBatch { seq, tasks: self.tasks }),
+            _ => {
+                packed.lock().expect("packed lock poisoned").insert(self.seq, self.parts);
+                Event::CreateBatch(pb::CreateBatch { seq: self.seq, tasks: self.tasks })
+            }
+        };
+        pb::ProducerEvent { event: Some(event) }
     }
 }
 

@@ -10,6 +10,30 @@ mod cmd;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long memory freed by the process waits before mimalloc returns it to the OS, for `raftq serve`. mimalloc's
+/// default (1 s) is no longer than the state machine's flush interval (1 s, `storage::flush`): memory a flush
+/// freed was given back, and apply faulted it in again, zeroed by the kernel in 2 MiB huge pages (a sixth of a
+/// follower's CPU went to `clear_page_erms`). Memory freed and reused within this delay stays
+/// with the process; memory idle for longer still goes back.
+const PURGE_DELAY: (&str, &str) = ("MIMALLOC_PURGE_DELAY", "10000");
+
+/// mimalloc reads its options from the environment when the process starts, before `main`, and setting one
+/// from Rust would take `unsafe` FFI, which this workspace forbids: so `raftq serve`, started without the
+/// variable, runs itself again (same pid, arguments and environment) with it set. When that cannot be done (the
+/// binary was replaced on disk since it started), it goes on with mimalloc's default. A variable the user set
+/// is kept as it is.
+fn with_allocator_options() {
+    use std::os::unix::process::CommandExt;
+    let mut args = std::env::args_os();
+    let (Some(arg0), Some(sub)) = (args.next(), args.next()) else { return };
+    if sub != "serve" || std::env::var_os(PURGE_DELAY.0).is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let err = std::process::Command::new(exe).arg0(arg0).arg(sub).args(args).env(PURGE_DELAY.0, PURGE_DELAY.1).exec();
+    eprintln!("note: running with mimalloc's default purge delay (could not re-run with {}: {err})", PURGE_DELAY.0);
+}
+
 #[derive(Parser)]
 #[command(name = "raftq", version, about = "A Raft-replicated task queue")]
 struct Cli {
@@ -66,6 +90,7 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
+    with_allocator_options();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

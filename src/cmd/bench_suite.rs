@@ -18,7 +18,8 @@
 //! - `overload-capped-1`: `overload-1` with the queue's `max_depth` set to `--backlog-cap`: the server refuses
 //!   enqueues past it (`QUEUE_FULL`) and the SDK's producer stream waits the retry hint, holding its room, so
 //!   producers are slowed and completions should stay at `cycle-1`'s peak.
-//! - `latency-3`: three nodes paced at half of `cycle-3`'s median; enqueue→claim p50 and p99.
+//! - `latency-1`, `latency-3`: one node paced at half of `cycle-1`'s median, three at half of `cycle-3`'s;
+//!   enqueue→claim p50 and p99.
 //! - `failover-3`, `transfer-3`, `pause-3`: three nodes at half of the peak; the leader is killed (`kill -9`),
 //!   its leadership transferred, or it is paused (`SIGSTOP`, for the rest of the run) mid-run; the longest gap
 //!   between two claims around the fault. A paused leader keeps its connections open: clients and followers
@@ -78,6 +79,10 @@ pub struct SuiteArgs {
     pub worker_slots: usize,
     #[arg(long, default_value_t = 64)]
     pub worker_batch: u32,
+    /// The paced scenarios' rate in tasks/s (0: half of the peak the suite measured, `cycle-1`'s or `cycle-3`'s):
+    /// a fixed load compares two builds' latencies at the same rate.
+    #[arg(long, default_value_t = 0.0)]
+    pub paced_rate: f64,
     /// The `raftq` binary the nodes run (default: this one), to measure another build with the same clients.
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
@@ -92,6 +97,7 @@ const ALL: &[&str] = &[
     "overload-1",
     "overload-3",
     "overload-capped-1",
+    "latency-1",
     "latency-3",
     "failover-3",
     "transfer-3",
@@ -117,18 +123,21 @@ pub async fn run(a: SuiteArgs) -> Result<()> {
     let machine = Machine::read(&a.work_dir)?;
     eprintln!("{}", machine.line());
     let mut rows: Vec<Row> = Vec::new();
-    let mut peak3: Option<f64> = None;
+    // The measured peaks (`cycle-1`'s and `cycle-3`'s medians) the paced scenarios run at half of.
+    let mut peaks: [Option<f64>; 2] = [None, None];
     for scenario in ALL.iter().copied().filter(|s| want(s)) {
         let mut runs = Vec::new();
         for i in 0..a.runs {
             eprintln!("== {scenario} run {}/{}", i + 1, a.runs);
-            let r = run_scenario(&a, scenario, peak3).await.with_context(|| format!("scenario {scenario}"))?;
+            let r = run_scenario(&a, scenario, peaks).await.with_context(|| format!("scenario {scenario}"))?;
             eprintln!("   {}", r.brief());
             runs.push(r);
         }
         let row = Row::of(scenario, &runs);
-        if scenario == "cycle-3" {
-            peak3 = Some(row.main.median);
+        match scenario {
+            "cycle-1" => peaks[0] = Some(row.main.median),
+            "cycle-3" => peaks[1] = Some(row.main.median),
+            _ => {}
         }
         rows.push(row);
     }
@@ -245,6 +254,11 @@ fn describe(s: &str, a: &SuiteArgs) -> (String, &'static str) {
         "overload-capped-1" => {
             format!("1 node, full cycle, producers unpaced, the queue's max_depth {} (QUEUE_FULL)", a.backlog_cap)
         }
+        "latency-1" | "latency-3" if a.paced_rate > 0.0 => {
+            let nodes = if s.ends_with("-3") { "3 nodes" } else { "1 node" };
+            format!("{nodes}, paced at {} tasks/s: enqueue→claim", a.paced_rate)
+        }
+        "latency-1" => "1 node, paced at half of cycle-1: enqueue→claim".to_string(),
         "latency-3" => "3 nodes, paced at half of cycle-3: enqueue→claim".to_string(),
         "failover-3" => "3 nodes at half of peak, leader kill -9: longest claim gap".to_string(),
         "transfer-3" => "3 nodes at half of peak, leadership transfer: longest claim gap".to_string(),
@@ -253,7 +267,7 @@ fn describe(s: &str, a: &SuiteArgs) -> (String, &'static str) {
         _ => s.to_string(),
     };
     let unit = match s {
-        "latency-3" => "ms p50",
+        "latency-1" | "latency-3" => "ms p50",
         "failover-3" | "transfer-3" | "pause-3" => "ms",
         "enqueue-unary" | "enqueue-batch" => "enqueues/s",
         _ => "tasks/s",
@@ -272,6 +286,9 @@ fn render(a: &SuiteArgs, m: &Machine, rows: &[Row]) -> String {
     let mut only = if a.only.is_empty() { String::new() } else { format!(" --only {}", a.only.join(",")) };
     if let Some(b) = &a.server_bin {
         only.push_str(&format!(" --server-bin {}", b.display()));
+    }
+    if a.paced_rate > 0.0 {
+        only.push_str(&format!(" --paced-rate {}", a.paced_rate));
     }
     if a.deep_backlog != 1_000_000 {
         only.push_str(&format!(" --deep-backlog {}", a.deep_backlog));
@@ -294,7 +311,7 @@ fn render(a: &SuiteArgs, m: &Machine, rows: &[Row]) -> String {
     s
 }
 
-async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Result<RunResult> {
+async fn run_scenario(a: &SuiteArgs, scenario: &str, peaks: [Option<f64>; 2]) -> Result<RunResult> {
     let nodes = if scenario.ends_with("-3") { 3 } else { 1 };
     let cluster = Cluster::start(&a.work_dir, a.server_bin.as_deref(), nodes).await?;
     let result = match scenario {
@@ -307,8 +324,10 @@ async fn run_scenario(a: &SuiteArgs, scenario: &str, peak3: Option<f64>) -> Resu
             set_depth_limit(&cluster, a.backlog_cap as u64).await?;
             cycle(&cluster, a, Pace::Unpaced, Fault::None).await
         }
-        "latency-3" | "failover-3" | "transfer-3" | "pause-3" => {
-            let rate = match peak3 {
+        "latency-1" | "latency-3" | "failover-3" | "transfer-3" | "pause-3" => {
+            let peak = peaks[usize::from(nodes == 3)];
+            let rate = match peak {
+                _ if a.paced_rate > 0.0 => a.paced_rate,
                 Some(p) => p / 2.0,
                 // Run on its own: find the peak first.
                 None => cycle(&cluster, a, Pace::Capped, Fault::None).await?.main / 2.0,
@@ -356,6 +375,12 @@ struct Cluster {
     dir: PathBuf,
     nodes: Mutex<Vec<Node>>,
     token: String,
+}
+
+/// The kernel's clock ticks per second (`/proc/<pid>/stat` counts CPU time in them): 100 on every Linux this
+/// runs on (`getconf CLK_TCK`).
+fn clock_ticks_per_second() -> u64 {
+    100
 }
 
 fn free_port() -> Result<u16> {
@@ -479,6 +504,25 @@ impl Cluster {
         Ok(())
     }
 
+    /// CPU time (user + system, µs) the running nodes have used so far, together.
+    fn cpu_us(&self) -> u64 {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let tick_us = 1_000_000 / clock_ticks_per_second();
+        nodes
+            .iter()
+            .filter_map(|n| n.child.as_ref())
+            .filter_map(|c| std::fs::read_to_string(format!("/proc/{}/stat", c.id())).ok())
+            .filter_map(|stat| {
+                // Fields after the command name (which may hold spaces, inside parentheses): utime is the 14th
+                // field of the line, stime the 15th.
+                let rest = &stat[stat.rfind(')')? + 2..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .sum::<u64>()
+            * tick_us
+    }
+
     fn rss_kib(&self, id: u64) -> Option<u64> {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let pid = nodes.iter().find(|n| n.id == id)?.child.as_ref()?.id();
@@ -581,6 +625,8 @@ enum Fault {
 #[derive(Default)]
 struct Seen {
     latency_us: Mutex<Vec<u32>>,
+    /// Per claim: send→enqueue stamp, enqueue stamp→claim stamp, claim stamp→worker (µs; the stamps are ms).
+    stages_us: Mutex<Vec<[i64; 3]>>,
     claims_ms: Mutex<Vec<u32>>,
 }
 
@@ -632,6 +678,9 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
                             let sent = u64::from_be_bytes(b.try_into().unwrap_or([0; 8]));
                             let lat = now.saturating_sub(sent).min(u32::MAX as u64) as u32;
                             seen.latency_us.lock().unwrap_or_else(|p| p.into_inner()).push(lat);
+                            let (c, u) = (t.created_at_ms * 1000, t.updated_at_ms * 1000);
+                            let st = [c - sent as i64, u - c, now as i64 - u];
+                            seen.stages_us.lock().unwrap_or_else(|p| p.into_inner()).push(st);
                         }
                     }
                     let at = start.elapsed().as_millis() as u32;
@@ -701,7 +750,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     tokio::time::sleep(WARMUP).await;
     let completed = || workers.iter().map(|w| w.snapshot().completed).sum::<u64>();
     measuring.store(true, Ordering::Relaxed);
-    let (c0, e0, t0) = (completed(), enqueued.load(Ordering::Relaxed), Instant::now());
+    let (c0, e0, t0, cpu0) = (completed(), enqueued.load(Ordering::Relaxed), Instant::now(), c.cpu_us());
     let mut fault_at_ms = None;
     if fault != Fault::None {
         tokio::time::sleep(a.duration / 2).await;
@@ -724,7 +773,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     } else {
         tokio::time::sleep(a.duration).await;
     }
-    let (c1, e1, dt) = (completed(), enqueued.load(Ordering::Relaxed), t0.elapsed().as_secs_f64());
+    let (c1, e1, dt, cpu1) = (completed(), enqueued.load(Ordering::Relaxed), t0.elapsed().as_secs_f64(), c.cpu_us());
     let end_ms = start.elapsed().as_millis() as u32;
     measuring.store(false, Ordering::Relaxed);
     stop.cancel();
@@ -734,12 +783,25 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
 
     let mut r = RunResult { main: (c1 - c0) as f64 / dt, extra: BTreeMap::new() };
     r.extra.insert("enqueued/s", (e1 - e0) as f64 / dt);
+    if fault == Fault::None && c1 > c0 {
+        r.extra.insert("server CPU µs/task", cpu1.saturating_sub(cpu0) as f64 / (c1 - c0) as f64);
+    }
     let mut lat = std::mem::take(&mut *seen.latency_us.lock().unwrap_or_else(|p| p.into_inner()));
     lat.sort_unstable();
     if !lat.is_empty() {
         let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
         r.extra.insert("p50 ms", pct(0.50));
         r.extra.insert("p99 ms", pct(0.99));
+    }
+    let mut st = std::mem::take(&mut *seen.stages_us.lock().unwrap_or_else(|p| p.into_inner()));
+    if !st.is_empty() {
+        let mut line = String::from("stages (send→stamp, stamp→claim, claim→worker) p50/p90 ms:");
+        for i in 0..3 {
+            st.sort_unstable_by_key(|x| x[i]);
+            let q = |p: f64| st[((st.len() as f64 * p) as usize).min(st.len() - 1)][i] as f64 / 1000.0;
+            line.push_str(&format!(" {:.2}/{:.2}", q(0.5), q(0.9)));
+        }
+        eprintln!("   {line}");
     }
     if let Some(at) = fault_at_ms {
         let mut claims = std::mem::take(&mut *seen.claims_ms.lock().unwrap_or_else(|p| p.into_inner()));

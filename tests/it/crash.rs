@@ -142,3 +142,34 @@ async fn kill_9_under_load_loses_nothing_acknowledged() {
         assert_eq!(replayed[&id].state, TaskState::Completed);
     }
 }
+
+/// The variables of a running process's environment (`/proc/<pid>/environ`).
+fn environ(pid: u32) -> BTreeMap<String, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).expect("read environ");
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| String::from_utf8_lossy(kv).split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+/// `raftq serve` runs with a longer allocator purge delay than mimalloc's 1 s (memory a flush frees is reused,
+/// not given back and faulted in again): it re-runs itself with the variable set, as the same process (the pid a
+/// supervisor holds, and signals it sends, still reach the node), and a value the user set is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_with_the_allocator_purge_delay_set_unless_the_user_set_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut node = ProcNode::new(root.path(), 1, "");
+    node.start();
+    let mut c = node.ready().await;
+    let pid = node.pid().expect("runs");
+    assert_eq!(environ(pid).get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("10000"));
+    let id = c.enqueue(enq("q", "x")).await.expect("the node serves").into_inner().task_id;
+    assert_eq!(id.len(), 32);
+    // The spawned process is the node: SIGTERM to its pid stops it cleanly.
+    node.terminate();
+
+    let mut node = ProcNode::new(root.path(), 2, "");
+    node.start_with_env(&[], &[("MIMALLOC_PURGE_DELAY", "-1")]);
+    node.ready().await;
+    assert_eq!(environ(node.pid().expect("runs")).get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("-1"));
+    node.terminate();
+}

@@ -52,17 +52,28 @@ impl ProcNode {
     }
 
     pub fn start_with(&mut self, args: &[&str]) {
+        self.start_with_env(args, &[]);
+    }
+
+    /// `start_with`, with `env` set in the process's environment.
+    pub fn start_with_env(&mut self, args: &[&str], env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "node {} already runs", self.id);
         let child = Command::new(env!("CARGO_BIN_EXE_raftq"))
             .args(["serve", "--config"])
             .arg(&self.config)
             .args(args)
             .env("RAFTQ_LOG", std::env::var("RAFTQ_TEST_LOG").unwrap_or_else(|_| "error".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn raftq serve");
         self.child = Some(child);
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn running(&self) -> bool {

@@ -231,10 +231,11 @@ class Console:
         return self.d.find_elements(By.CSS_SELECTOR, "button[data-action]")
 
     def table_rows(self, css):
-        rows = []
-        for tr in self.d.find_elements(By.CSS_SELECTOR, css + " tbody tr"):
-            rows.append([td.text for td in tr.find_elements(By.TAG_NAME, "td")])
-        return rows
+        # Read in one script call: the console re-renders its tables on every refresh, so cells fetched one by
+        # one can go stale between two calls.
+        return self.d.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+            ".map(tr => Array.from(tr.querySelectorAll('td')).map(td => td.innerText.trim()))", css)
 
 
 def check_headers(base):
@@ -418,8 +419,10 @@ def three_nodes(tmp, d):
         c.shot("cluster")
         c.find(f"button[data-action=transfer-{target}]").click()
         c.until("the page to follow the new leader", lambda: c.find("#leader-id").text == str(target), limit=30)
-        rows = {r[0]: r[1] for r in c.table_rows("main")}
-        assert rows[str(target)] == "LEADER" and rows[str(leader)] == "FOLLOWER", rows
+        def roles():
+            rows = {r[0]: r[1] for r in c.table_rows("main") if len(r) > 1}
+            return rows.get(str(target)) == "LEADER" and rows.get(str(leader)) == "FOLLOWER"
+        c.until("the table to show the new leader and the old one as a follower", roles, limit=30)
         assert ok(follower.url, admin, "GET", "/v1/cluster/status")["leader_id"] == target
         print(f"3 nodes: the console on node {follower.id} moved the leadership from {leader} to {target}")
     finally:

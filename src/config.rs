@@ -395,6 +395,12 @@ impl Config {
         self.advertise_grpc_addr.clone().unwrap_or_else(|| self.grpc_addr.clone())
     }
 
+    /// How long a leader no quorum acknowledges holds its heartbeats and appends, then sends them, and so on
+    /// (openraft's `quorum_loss_probe_interval`; `raft::network::QuorumGate`).
+    pub fn quorum_loss_probe_interval_ms(&self) -> u64 {
+        self.election_timeout_max_ms.saturating_mul(3)
+    }
+
     pub fn openraft(&self) -> Result<openraft::Config, String> {
         let c = openraft::Config {
             cluster_name: "raftq".into(),
@@ -410,6 +416,13 @@ impl Config {
             // A node that comes back (or was cut off) first asks whether it could win before it disrupts a
             // healthy leader with a higher term.
             enable_pre_vote: Some(true),
+            // CheckQuorum: a leader no quorum has acknowledged for a lease (the longest election timeout) holds its
+            // heartbeats for three election timeouts, then sends them for as long, and so on (its appends too:
+            // `raft::network::QuorumGate`). A leader that still sends but no longer hears the others (a one-way
+            // partition) would otherwise renew their lease for as long as the fault lasts, so no one else would
+            // stand, and writes would stop. The followers' lease runs out and their slowest election timer fires
+            // within two election timeouts of the last heartbeat, well inside the held phase.
+            quorum_loss_probe_interval: Some(self.quorum_loss_probe_interval_ms()),
             ..Default::default()
         };
         c.validate().map_err(|e| e.to_string())

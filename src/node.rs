@@ -128,10 +128,12 @@ impl Node {
             credential: cluster_credential.as_deref().map(Arc::from),
             tls: tls.clone(),
             append_timeout: crate::raft::network::append_timeout(&cfg),
+            gate: crate::raft::network::QuorumGate::new(&cfg),
         };
         let peers = network.clone();
         let raft =
             Raft::new(cfg.node_id, raft_cfg, network, log, sm).await.map_err(|e| StartError::Raft(e.to_string()))?;
+        peers.gate.attach(raft.metrics());
 
         let me = NodeInfo { raft_addr: cfg.public_raft_addr(), api_addr: cfg.public_grpc_addr() };
         if cfg.bootstraps() && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {

@@ -747,4 +747,131 @@ mod tests {
         assert!(ports::address_in_use(&log), "the first start failed to bind: {log}");
         served.expect("started again once the port was free");
     }
+
+    /// A leader that can still send to the others but no longer hears them (a one-way partition) must not hold
+    /// the cluster: its heartbeats and retried appends would renew the followers' lease for as long as the fault
+    /// lasts, so no one else would stand, and it cannot commit. With the product's default timers the others
+    /// elect a leader of their own and take writes while the fault still holds, and a worker whose stream was on
+    /// the old leader (which never hears of the new one) moves and gets the new work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_that_no_longer_hears_the_others_lets_them_elect_another() {
+        use raftq_client::{NewTask, Outcome, Producer, ProducerConfig, Task, Worker, WorkerConfig};
+        let Some(bin) = raftq_bin() else {
+            return eprintln!("no raftq binary under target/: build it first (cargo build -p raftq)");
+        };
+        let root = std::env::temp_dir().join(format!("raftq-jepsen-deaf-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let opts = ClusterOptions {
+            bin,
+            old_bin: None,
+            root: root.clone(),
+            nodes: 3,
+            settings: String::new(),
+            node_log: std::env::var("DEAF_LOG").unwrap_or("warn".into()),
+        };
+        let mut c = Cluster::start(opts).await.expect("cluster");
+        let ids = c.node_ids();
+        let old = crate::backend::leader_of(&c.admins().statuses(&ids).await).map(|s| s.node_id).expect("a leader");
+        let others: Vec<u64> = ids.iter().copied().filter(|id| *id != old).collect();
+        let producer = |addr: String| {
+            Producer::connect(ProducerConfig {
+                addrs: vec![addr],
+                connect_timeout: Duration::from_secs(1),
+                request_timeout: Duration::from_secs(3),
+                max_retries: 0,
+                ..Default::default()
+            })
+        };
+        // Writes flow through the leader until the fault, and some are in flight when it starts.
+        let p = producer(c.node(old).grpc.to_string()).await.expect("connect to the leader");
+        let ready = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = p.enqueue(NewTask::new("deaf", "before")).await {
+            assert!(Instant::now() < ready, "no write before the fault: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A worker on the leader (listed first; its stream follows the leader anyway).
+        let mut addrs = vec![c.node(old).grpc.to_string()];
+        addrs.extend(others.iter().map(|id| c.node(*id).grpc.to_string()));
+        let worker = Worker::new(WorkerConfig {
+            addrs,
+            worker_id: "deaf-worker".into(),
+            queues: vec!["deaf".into()],
+            concurrency: 1,
+            batch_size: 1,
+            reconnect_backoff_min: Duration::from_millis(50),
+            reconnect_backoff_max: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .expect("worker");
+        let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let stop = raftq_client::CancellationToken::new();
+        let run_stop = stop.clone();
+        let work = tokio::spawn(async move {
+            let handler = move |t: Task| {
+                let _ = got_tx.send(String::from_utf8_lossy(&t.payload).into_owned());
+                async { Outcome::Completed(Default::default()) }
+            };
+            let _ = worker.run(handler, run_stop).await;
+        });
+        let seen = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(v) = got.recv().await {
+                if v == "before" {
+                    return;
+                }
+            }
+        });
+        seen.await.expect("the worker got the task enqueued before the fault");
+        let writes = tokio::spawn(async move {
+            for i in 0..50 {
+                let _ = p.enqueue(NewTask::new("deaf", format!("during {i}"))).await;
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        c.net.update(|r| {
+            for o in &others {
+                r.blocked.insert((*o, old));
+            }
+        });
+        let cut = Instant::now();
+        // Well inside the fault's hold (which lasts until the end of the test): without the leader stepping
+        // back, the followers keep hearing it and never elect.
+        let deadline = cut + Duration::from_secs(8);
+        let new = loop {
+            let statuses = c.admins().statuses(&others).await;
+            if let Some(l) = crate::backend::leader_of(&statuses).filter(|l| l.node_id != old) {
+                break l.node_id;
+            }
+            assert!(Instant::now() < deadline, "no other leader {:?} into the one-way partition", cut.elapsed());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let elected = cut.elapsed();
+        let p = producer(c.node(new).grpc.to_string()).await.expect("connect to the new leader");
+        loop {
+            match p.enqueue(NewTask::new("deaf", "after")).await {
+                Ok(_) => break,
+                Err(e) => assert!(Instant::now() < deadline, "no write taken by node {new} during the fault: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let took = cut.elapsed();
+        let moved = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), async {
+            while let Some(v) = got.recv().await {
+                if v == "after" {
+                    return;
+                }
+            }
+        });
+        moved.await.expect("the worker that was on the old leader got the task enqueued during the fault");
+        eprintln!(
+            "node {new} elected {elected:?}, took a write {took:?} and a worker had it {:?} into the fault",
+            cut.elapsed()
+        );
+        stop.cancel();
+        work.abort();
+        writes.abort();
+        c.net.heal();
+        c.shutdown().await;
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

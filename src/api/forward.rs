@@ -236,7 +236,14 @@ impl Forwarder {
             }
             let routed_to = self.leader();
             let outcome = match routed_to.clone() {
-                (Some(l), _) if l == self.node_id => local_outcome(local().await),
+                (Some(l), _) if l == self.node_id => match local_outcome(local().await) {
+                    // This node leads but is cut off from its quorum: the others have elected a leader it cannot
+                    // hear of. A client that follows redirects tries another node now instead of waiting here.
+                    Outcome::Retry(e) if plan.move_to_leader && crate::raft::control::cut_off(&self.raft) => {
+                        return Err(maybe_applied.unwrap_or(e));
+                    }
+                    o => o,
+                },
                 (Some(l), Some(addr)) => match self.channel(&addr) {
                     Ok(ch) => self.forward(l, plan.kind, remote(ch)).await,
                     Err(e) => Outcome::Answer(Err(e)),

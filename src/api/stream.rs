@@ -362,8 +362,13 @@ impl StreamApi {
             Ok(tasks) => {
                 pb::ServerEvent { event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks })) }
             }
-            // Another node is the live leader and this stream follows redirects: the worker moves there.
-            Err(e) if self.redirect && e.reason() == Reason::NotLeader && e.leader_addr().is_some() => {
+            // Another node is the live leader and this stream follows redirects: the worker moves there. So
+            // it does from a leader cut off from its quorum (no leader to name: the worker tries the next node).
+            Err(e)
+                if self.redirect
+                    && e.reason() == Reason::NotLeader
+                    && (e.leader_addr().is_some() || crate::raft::control::cut_off(&self.proposer.raft)) =>
+            {
                 stream_error(request_id, e)
             }
             // The hold ended with no leader to claim from: an empty batch, and the worker asks again.

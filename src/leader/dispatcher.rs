@@ -21,6 +21,7 @@ use super::flow::{BlockedClock, Flow};
 use super::proposer::{not_leader, wall_clock_ms, write, ProposeError};
 use super::Leadership;
 use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
+use crate::raft::control;
 use crate::storage::{Raft, SmShared};
 
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
@@ -217,6 +218,8 @@ impl Dispatch {
             let full = self.in_flight >= MAX_IN_FLIGHT && !self.parked.is_empty();
             blocked.observe(&self.flow, Instant::now(), full);
             let next_deadline = self.parked.iter().map(|p| p.deadline).min();
+            // A leader cut off from its quorum answers its parked Readys (`assign`) once that is so.
+            let watch_quorum = !self.parked.is_empty() && self.leadership.is_leader() && !control::cut_off(&self.raft);
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 req = rx.recv() => {
@@ -246,6 +249,9 @@ impl Dispatch {
                     dirty = true;
                 }
                 _ = sleep_until(next_deadline) => self.expire(),
+                _ = control::quorum_lost(&self.raft, control::quorum_silence_limit(&self.raft)), if watch_quorum => {
+                    dirty = true;
+                }
                 _ = sleep_until(self.rate_wake) => {
                     self.rate_wake = None;
                     dirty = true;
@@ -291,6 +297,14 @@ impl Dispatch {
                 .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.api_addr.clone()));
             for p in self.parked.drain(..) {
                 let _ = p.reply.send(Err(not_leader(m.current_leader, addr.clone())));
+            }
+            return;
+        }
+        // Leading, but no quorum has answered for a while: the others have elected a leader this node cannot
+        // hear of. No claim could commit here; `NOT_LEADER` naming no leader sends the workers elsewhere.
+        if control::cut_off(&self.raft) {
+            for p in self.parked.drain(..) {
+                let _ = p.reply.send(Err(not_leader(None, None)));
             }
             return;
         }

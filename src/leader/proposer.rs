@@ -303,24 +303,24 @@ pub(crate) fn not_leader(leader_id: Option<NodeId>, leader_addr: Option<String>)
     ProposeError::NotLeader { leader_id, leader_addr }
 }
 
+/// How long a write in flight on a leader that steps down may still be answered before it is called unknown.
+const STEPPED_DOWN_GRACE: Duration = Duration::from_millis(250);
+
 /// A leader that has not heard from a quorum for [`control::quorum_silence_limit`] (cut off by a partition, or
 /// stalled) proposes nothing: it answers `NotLeader` without a leader, so a client moves on to another node at
 /// once instead of waiting out the write timeout here. A write already in flight when that happens is answered
-/// as of unknown outcome then (it may still commit, should the quorum come back while this node leads).
+/// as of unknown outcome then (it may still commit, should the quorum come back while this node leads), and so is
+/// one in flight when this node stops leading, if no answer comes soon after (a leader deposed while it could not
+/// reach the others may never hear what became of its entries before the write timeout).
 pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> Result<Response, ProposeError> {
     let cut_off = control::quorum_silence_limit(raft);
-    if control::quorum_silence(raft).is_some_and(|s| s >= cut_off) {
+    if control::cut_off(raft) {
         return Err(not_leader(None, None));
     }
     let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
     let written = tokio::select! {
         r = tokio::time::timeout(timeout, raft.client_write(req)) => r,
-        silent = control::quorum_lost(raft, cut_off) => {
-            return Err(ProposeError::Unknown(format!(
-                "this leader has heard from no quorum for {} ms (cut off or stalled); the write may still apply",
-                silent.as_millis()
-            )));
-        }
+        why = control::write_stranded(raft, cut_off, STEPPED_DOWN_GRACE) => return Err(ProposeError::Unknown(why)),
     };
     match written {
         Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),

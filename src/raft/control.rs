@@ -172,6 +172,12 @@ pub fn quorum_silence<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> Opti
     m.last_quorum_acked.as_ref().map(|t| t.elapsed())
 }
 
+/// Whether this node leads but has heard from no quorum for [`quorum_silence_limit`]: cut off by a partition, or
+/// stalled. Its clients are better served elsewhere (the other voters have elected a leader by then).
+pub fn cut_off<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> bool {
+    quorum_silence(raft).is_some_and(|s| s >= quorum_silence_limit(raft))
+}
+
 /// Resolves with the silence once this node leads and has not heard from a quorum for `limit`.
 pub async fn quorum_lost<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>, limit: Duration) -> Duration {
     loop {
@@ -179,6 +185,51 @@ pub async fn quorum_lost<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>, limi
             Some(s) if s >= limit => return s,
             Some(s) => tokio::time::sleep(limit - s).await,
             None => tokio::time::sleep(limit).await,
+        }
+    }
+}
+
+/// For a write in flight on this node (the leader when it was proposed): resolves, saying why, once its outcome
+/// can no longer come from here in good time. Either no quorum has answered for `limit` (this node is cut off or
+/// stalled), or this node stopped leading and its answer did not come within `grace` of that (a deposed leader's
+/// uncommitted entries may be kept by the new leader or dropped; openraft may not say which until much later).
+/// Polls every 100 ms at most, which costs nothing next to a write.
+pub async fn write_stranded<SM: RaftStateMachine<TypeConfig>>(
+    raft: &Raft<SM>,
+    limit: Duration,
+    grace: Duration,
+) -> String {
+    use openraft::Instant as _;
+    const POLL: Duration = Duration::from_millis(100);
+    let rx = raft.metrics();
+    loop {
+        let wait = {
+            let m = rx.borrow_watched();
+            if m.current_leader != Some(m.id) {
+                None
+            } else {
+                match (m.membership_config.membership().voter_ids().nth(1), m.last_quorum_acked.as_ref()) {
+                    (Some(_), Some(t)) => {
+                        let silent = t.elapsed();
+                        if silent >= limit {
+                            return format!(
+                                "this leader has heard from no quorum for {} ms (cut off or stalled); the write may \
+                                 still apply",
+                                silent.as_millis()
+                            );
+                        }
+                        Some((limit - silent).min(POLL))
+                    }
+                    _ => Some(POLL),
+                }
+            }
+        };
+        match wait {
+            Some(w) => tokio::time::sleep(w).await,
+            None => {
+                tokio::time::sleep(grace).await;
+                return "this node stopped leading while the write was in flight; it may still apply".into();
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! Connection failures are `Unreachable`, so openraft backs off instead of spinning.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -38,6 +38,63 @@ pub struct Network {
     pub tls: Option<Arc<crate::tls::Tls>>,
     /// The shortest time an append may take before it is given up (see [`append_timeout`]).
     pub append_timeout: Duration,
+    /// Holds a cut-off leader's appends (see [`QuorumGate`]).
+    pub gate: QuorumGate,
+}
+
+type Metrics = openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>;
+
+/// CheckQuorum for appends. A leader that no quorum has acknowledged for a lease (the longest election timeout)
+/// has its heartbeats held by openraft in alternate phases (`quorum_loss_probe_interval`, see
+/// `Config::openraft`), but not its appends: a leader cut off one way (it still sends, it no longer hears the
+/// others) with entries in flight would send them again after every timeout and backoff, a few hundred ms apart,
+/// and each would renew the followers' lease, so they would never elect another leader and writes would stop for
+/// as long as the fault lasts. The gate holds appends in the same phases: in a held phase an append is not sent
+/// (it fails as unreachable, and openraft backs off and tries again), in a probe phase it is sent, and an answer
+/// from a quorum opens the gate at once. A leader of one voter, a follower and a node not yet started are never
+/// held.
+#[derive(Clone)]
+pub struct QuorumGate {
+    metrics: Arc<OnceLock<Metrics>>,
+    lease: Duration,
+    phase: Duration,
+}
+
+impl QuorumGate {
+    pub fn new(cfg: &crate::config::Config) -> QuorumGate {
+        QuorumGate {
+            metrics: Arc::default(),
+            lease: Duration::from_millis(cfg.election_timeout_max_ms),
+            phase: Duration::from_millis(cfg.quorum_loss_probe_interval_ms()),
+        }
+    }
+
+    /// Starts gating, with the node's Raft metrics (they name the leader and when a quorum last acknowledged it).
+    pub fn attach(&self, metrics: Metrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Whether an append from this node is held now.
+    pub fn holds(&self) -> bool {
+        use openraft::async_runtime::watch::WatchReceiver;
+        use openraft::Instant as _;
+        let Some(rx) = self.metrics.get() else { return false };
+        let m = rx.borrow_watched();
+        if m.current_leader != Some(m.id) || m.membership_config.membership().voter_ids().nth(1).is_none() {
+            return false;
+        }
+        let Some(acked) = m.last_quorum_acked.as_ref() else { return false };
+        held_phase(acked.elapsed(), self.lease, self.phase)
+    }
+}
+
+/// Whether `silence` since a quorum last acknowledged the leader falls in a held phase: past the lease, the
+/// phases alternate held, sent, held..., each `phase` long.
+fn held_phase(silence: Duration, lease: Duration, phase: Duration) -> bool {
+    match silence.checked_sub(lease) {
+        Some(past) => (past.as_millis() / phase.as_millis().max(1)).is_multiple_of(2),
+        None => false,
+    }
 }
 
 /// How long an append may take: openraft offers its heartbeat interval as the deadline, which a loaded machine's
@@ -51,6 +108,7 @@ pub fn append_timeout(cfg: &crate::config::Config) -> Duration {
 pub struct PeerClient {
     from: NodeId,
     append_timeout: Duration,
+    gate: QuorumGate,
     credential: Option<Arc<str>>,
     target: NodeId,
     client: Option<RaftServiceClient<Channel>>,
@@ -79,6 +137,7 @@ impl Network {
         let peer = PeerClient {
             from: self.node_id,
             append_timeout: self.append_timeout,
+            gate: self.gate.clone(),
             credential: self.credential.clone(),
             target,
             client: None,
@@ -107,6 +166,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerClient {
             from: self.node_id,
             append_timeout: self.append_timeout,
+            gate: self.gate.clone(),
             credential: self.credential.clone(),
             target,
             client,
@@ -175,6 +235,11 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        if self.gate.holds() {
+            return Err(RPCError::Unreachable(Unreachable::from_string(
+                "no quorum has acknowledged this leader for a lease: appends are held (CheckQuorum)",
+            )));
+        }
         let mut req = self.request(&rpc, &option)?;
         req.set_timeout(option.hard_ttl().max(self.append_timeout));
         Self::reply::<_, RaftErr>(self.client()?.append_entries(req).await.map_err(status_err)?.into_inner())
@@ -254,5 +319,26 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             Ok(Err(e)) => Err(unreachable(e.to_string())),
             Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_are_held_in_alternate_phases_after_the_lease() {
+        let (lease, phase) = (Duration::from_millis(400), Duration::from_millis(1200));
+        let held = |ms| held_phase(Duration::from_millis(ms), lease, phase);
+        assert!(!held(0) && !held(399), "within the lease appends go out");
+        assert!(held(400) && held(1599), "then held for a phase");
+        assert!(!held(1600) && !held(2799), "then sent for a phase (a probe)");
+        assert!(held(2800) && !held(4000), "and so on");
+    }
+
+    #[test]
+    fn the_gate_holds_nothing_before_it_knows_the_node() {
+        let gate = QuorumGate::new(&crate::config::Config::default());
+        assert!(!gate.holds());
     }
 }

@@ -767,7 +767,7 @@ mod tests {
             root: root.clone(),
             nodes: 3,
             settings: String::new(),
-            node_log: std::env::var("DEAF_LOG").unwrap_or("warn".into()),
+            node_log: "warn".into(),
         };
         let mut c = Cluster::start(opts).await.expect("cluster");
         let ids = c.node_ids();

@@ -379,9 +379,7 @@ struct Cluster {
 
 /// The kernel's clock ticks per second (`/proc/<pid>/stat` counts CPU time in them): 100 on every Linux this
 /// runs on (`getconf CLK_TCK`).
-fn clock_ticks_per_second() -> u64 {
-    100
-}
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -507,7 +505,7 @@ impl Cluster {
     /// CPU time (user + system, µs) the running nodes have used so far, together.
     fn cpu_us(&self) -> u64 {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        let tick_us = 1_000_000 / clock_ticks_per_second();
+        let tick_us = 1_000_000 / CLOCK_TICKS_PER_SECOND;
         nodes
             .iter()
             .filter_map(|n| n.child.as_ref())

@@ -160,16 +160,36 @@ pub fn quorum_silence_limit<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -
     Duration::from_millis((raft.config().election_timeout_max * 2).max(1000))
 }
 
+/// What a node's Raft metrics say of its hold on the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Not the leader (as far as this node knows).
+    NotLeading,
+    /// Leads, but no quorum silence applies: a single voter, or not yet acknowledged by a quorum.
+    Unchecked,
+    /// Leads more than one voter; a quorum last acknowledged it this long ago.
+    QuorumSilent(Duration),
+}
+
+/// The node's hold on the cluster, from its metrics (the one place that reads `last_quorum_acked`).
+pub fn hold(m: &openraft::RaftMetrics<TypeConfig>) -> Hold {
+    use openraft::Instant as _;
+    if m.current_leader != Some(m.id) {
+        return Hold::NotLeading;
+    }
+    match (m.membership_config.membership().voter_ids().nth(1), m.last_quorum_acked.as_ref()) {
+        (Some(_), Some(t)) => Hold::QuorumSilent(t.elapsed()),
+        _ => Hold::Unchecked,
+    }
+}
+
 /// On a leader of more than one voter that a quorum has acknowledged: how long ago that last happened. `None`
 /// elsewhere (not leading, a single voter, not yet acknowledged).
 pub fn quorum_silence<SM: RaftStateMachine<TypeConfig>>(raft: &Raft<SM>) -> Option<Duration> {
-    use openraft::Instant as _;
-    let rx = raft.metrics();
-    let m = rx.borrow_watched();
-    if m.current_leader != Some(m.id) || m.membership_config.membership().voter_ids().nth(1).is_none() {
-        return None;
+    match hold(&raft.metrics().borrow_watched()) {
+        Hold::QuorumSilent(s) => Some(s),
+        Hold::NotLeading | Hold::Unchecked => None,
     }
-    m.last_quorum_acked.as_ref().map(|t| t.elapsed())
 }
 
 /// Whether this node leads but has heard from no quorum for [`quorum_silence_limit`]: cut off by a partition, or
@@ -199,30 +219,20 @@ pub async fn write_stranded<SM: RaftStateMachine<TypeConfig>>(
     limit: Duration,
     grace: Duration,
 ) -> String {
-    use openraft::Instant as _;
     const POLL: Duration = Duration::from_millis(100);
     let rx = raft.metrics();
     loop {
-        let wait = {
-            let m = rx.borrow_watched();
-            if m.current_leader != Some(m.id) {
-                None
-            } else {
-                match (m.membership_config.membership().voter_ids().nth(1), m.last_quorum_acked.as_ref()) {
-                    (Some(_), Some(t)) => {
-                        let silent = t.elapsed();
-                        if silent >= limit {
-                            return format!(
-                                "this leader has heard from no quorum for {} ms (cut off or stalled); the write may \
-                                 still apply",
-                                silent.as_millis()
-                            );
-                        }
-                        Some((limit - silent).min(POLL))
-                    }
-                    _ => Some(POLL),
-                }
+        let h = hold(&rx.borrow_watched());
+        let wait = match h {
+            Hold::NotLeading => None,
+            Hold::Unchecked => Some(POLL),
+            Hold::QuorumSilent(silent) if silent >= limit => {
+                return format!(
+                    "this leader has heard from no quorum for {} ms (cut off or stalled); the write may still apply",
+                    silent.as_millis()
+                );
             }
+            Hold::QuorumSilent(silent) => Some((limit - silent).min(POLL)),
         };
         match wait {
             Some(w) => tokio::time::sleep(w).await,

@@ -77,14 +77,11 @@ impl QuorumGate {
     /// Whether an append from this node is held now.
     pub fn holds(&self) -> bool {
         use openraft::async_runtime::watch::WatchReceiver;
-        use openraft::Instant as _;
         let Some(rx) = self.metrics.get() else { return false };
-        let m = rx.borrow_watched();
-        if m.current_leader != Some(m.id) || m.membership_config.membership().voter_ids().nth(1).is_none() {
-            return false;
+        match super::control::hold(&rx.borrow_watched()) {
+            super::control::Hold::QuorumSilent(silence) => held_phase(silence, self.lease, self.phase),
+            super::control::Hold::NotLeading | super::control::Hold::Unchecked => false,
         }
-        let Some(acked) = m.last_quorum_acked.as_ref() else { return false };
-        held_phase(acked.elapsed(), self.lease, self.phase)
     }
 }
 

@@ -34,8 +34,11 @@ const MAX_OPS_PER_TURN: usize = 4096;
 /// A write for the writer thread. Appends, truncations and purges take effect in the cache before they are
 /// sent (so readers see them at once); the writer makes them durable in submission order.
 enum Op {
+    /// Entries encoded by `append` (which moves the entries themselves into the cache): `bytes` holds them one
+    /// after the other, `spans` each one's index and end offset.
     Append {
-        entries: Vec<Entry>,
+        bytes: Vec<u8>,
+        spans: Vec<(u64, usize)>,
         flushed: IOFlushed<TypeConfig>,
     },
     /// `done` is answered after the fsync (a vote); without it the write is only ordered (committed).
@@ -95,11 +98,12 @@ impl LogCache {
             self.entries.pop_first();
         }
     }
-    fn append(&mut self, entries: &[Entry]) {
+    fn append(&mut self, entries: Vec<Entry>) {
         for e in entries {
-            self.entries.insert(e.log_id().index, e.clone());
+            let index = e.log_id().index;
+            self.entries.insert(index, e);
+            self.last = Some(index);
         }
-        self.last = entries.last().map(|e| e.log_id().index).or(self.last);
     }
     fn truncate_after(&mut self, index: Option<u64>) {
         let from = index.map_or(0, |i| i + 1);
@@ -232,9 +236,9 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>, 
         }
         for op in ops {
             match op {
-                Op::Append { entries, flushed } => {
-                    n_entries += entries.len() as u64;
-                    last_written = entries.last().map(|e| e.log_id().index).or(last_written);
+                Op::Append { spans, flushed, .. } => {
+                    n_entries += spans.len() as u64;
+                    last_written = spans.last().map(|(index, _)| *index).or(last_written);
                     flushed.io_completed(clone_result(&result));
                 }
                 Op::Meta { done: Some(done), .. } => {
@@ -272,14 +276,13 @@ fn write_ops(db: &Database, ops: &[Op], durable: bool) -> io::Result<()> {
     {
         let mut log = txn.open_table(LOG).map_err(io_err)?;
         let mut meta = txn.open_table(LOG_META).map_err(io_err)?;
-        let mut buf = Vec::new();
         for op in ops {
             match op {
-                Op::Append { entries, .. } => {
-                    for e in entries {
-                        buf.clear();
-                        encode_into(&mut buf, e)?;
-                        log.insert(e.log_id().index, buf.as_slice()).map_err(io_err)?;
+                Op::Append { bytes, spans, .. } => {
+                    let mut start = 0;
+                    for (index, end) in spans {
+                        log.insert(*index, &bytes[start..*end]).map_err(io_err)?;
+                        start = *end;
                     }
                 }
                 Op::Meta { key, value, .. } => {
@@ -417,14 +420,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // Readable at once through the cache; encoded and made durable by the writer thread.
+        // Encoded here, so the entries themselves move into the cache (readable at once) rather than being
+        // copied for the writer thread, which makes the bytes durable.
         let entries: Vec<Entry> = entries.into_iter().collect();
         if entries.is_empty() {
             callback.io_completed(Ok(()));
             return Ok(());
         }
-        self.cache().append(&entries);
-        self.send(Op::Append { entries, flushed: callback })
+        let mut bytes = Vec::new();
+        let mut spans = Vec::with_capacity(entries.len());
+        for e in &entries {
+            encode_into(&mut bytes, e)?;
+            spans.push((e.log_id().index, bytes.len()));
+        }
+        self.cache().append(entries);
+        self.send(Op::Append { bytes, spans, flushed: callback })
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {

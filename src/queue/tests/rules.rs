@@ -1128,3 +1128,18 @@ fn the_workers_own_outcomes_and_extensions_revoke_nothing() {
         let _ = h.cancel(A, id);
     }
 }
+
+proptest::proptest! {
+    /// Task ids order as their bytes do: the layers (maps by `TaskId`) and the shard files (keys by bytes) are
+    /// merged in one order by the read views, and a listing's cursor is a task id.
+    #[test]
+    fn task_ids_order_as_their_bytes(a in proptest::array::uniform16(proptest::num::u8::ANY),
+                                     b in proptest::array::uniform16(proptest::num::u8::ANY),
+                                     common in 0usize..16) {
+        // Ids sharing a prefix, as ids of one millisecond do.
+        let mut b = b;
+        b[..common].copy_from_slice(&a[..common]);
+        proptest::prop_assert_eq!(TaskId(a).cmp(&TaskId(b)), a.cmp(&b));
+        proptest::prop_assert_eq!(TaskId(a).partial_cmp(&TaskId(b)), Some(a.cmp(&b)));
+    }
+}

@@ -23,7 +23,10 @@ if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
-cargo build --release -p raftq -p raftq-jepsen
+# The static release build the image and the browser stage share (.ci/static-release.sh); raftq-jepsen starts the
+# raftq binary next to it.
+. .ci/static-release.sh
+static_release_build -p raftq -p raftq-jepsen
 built=$(( $(date +%s) - start ))
 
 budget=${JEPSEN_BUDGET_S:-300}
@@ -34,7 +37,7 @@ seed=${JEPSEN_SEED:-201}
 out=target/jepsen/ci-$seed
 echo "jepsen-like: build took ${built} s; ${limit} s of mixed faults, seed $seed, output $out"
 status=0
-target/release/raftq-jepsen run --time-limit "$limit" --seed "$seed" --faults all --out "$out" || status=$?
+"$STATIC_RELEASE_DIR/raftq-jepsen" run --time-limit "$limit" --seed "$seed" --faults all --out "$out" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "jepsen-like: FAILED (exit $status); history, summary, report and node logs in $out" >&2
   echo "jepsen-like: repeat with JEPSEN_SEED=$seed JEPSEN_TIME_LIMIT=$limit jepsen-like/ci.sh" >&2
@@ -47,7 +50,7 @@ llimit=${JEPSEN_LIMITS_TIME_LIMIT:-60}
 lout=target/jepsen/ci-limits-$lseed
 echo "jepsen-like: limits workload, ${llimit} s of kill-leader and kill faults, seed $lseed, output $lout"
 lstatus=0
-target/release/raftq-jepsen run --workload limits --time-limit "$llimit" --seed "$lseed" --faults kill-leader,kill \
+"$STATIC_RELEASE_DIR/raftq-jepsen" run --workload limits --time-limit "$llimit" --seed "$lseed" --faults kill-leader,kill \
   --out "$lout" || lstatus=$?
 if [ "$lstatus" -ne 0 ]; then
   echo "jepsen-like: limits run FAILED (exit $lstatus); history, summary, report and node logs in $lout" >&2

@@ -43,7 +43,8 @@ if [ ! -x "$old_bin" ]; then
 fi
 
 start=$(date +%s)
-cargo build --release -p raftq -p raftq-jepsen
+. .ci/static-release.sh
+static_release_build -p raftq -p raftq-jepsen
 echo "upgrade: current release build took $(( $(date +%s) - start )) s"
 
 seed=${UPGRADE_SEED:-401}
@@ -51,7 +52,7 @@ out=target/jepsen/upgrade-$seed
 # A failed run keeps its nodes' data: the next one starts from empty directories.
 rm -rf "$out"
 status=0
-target/release/raftq-jepsen run --scenario upgrade --old-bin "$old_bin" --seed "$seed" --out "$out" || status=$?
+"$STATIC_RELEASE_DIR/raftq-jepsen" run --scenario upgrade --old-bin "$old_bin" --seed "$seed" --out "$out" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "upgrade: FAILED (exit $status); history, summary, report and node logs in $out" >&2
   echo "upgrade: repeat with UPGRADE_SEED=$seed jepsen-like/upgrade.sh" >&2

@@ -29,6 +29,8 @@ venv=target/browser-venv
 # selenium drives the browser; pillow shrinks the screenshots committed under docs/console/.
 "$venv/bin/pip" install -q --disable-pip-version-check 'selenium>=4.20,<5' 'pillow>=10,<12'
 
-cargo build --release -p raftq --bin raftq
-export RAFTQ_BIN=$PWD/target/release/raftq
+# The static release build the image and the jepsen-like stages share (.ci/static-release.sh).
+. .ci/static-release.sh
+static_release_build -p raftq --bin raftq
+export RAFTQ_BIN=$STATIC_RELEASE_DIR/raftq
 "$venv/bin/python" tests/browser/test_console.py "$@"

@@ -9,10 +9,9 @@
 # transfer), waits for the cluster version to switch, and checks that the previous binary then refuses the data
 # (docs/jepsen.md, "Upgrades"). A clone without that commit (a shallow clone) skips the stage with a message.
 #
-# Times: the previous binary's dev build takes about a minute after `cargo test --workspace` has built the
-# dependencies (it took 12 min on a loaded machine before it shared the build directory; cached after), the
-# release build of this tree what jepsen-like/ci.sh left (seconds when warm), the run about 40 s. UPGRADE_SEED
-# overrides the workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
+# Times: the previous binary's dev build took 12 min on a shared, loaded 2-core machine (not measured on a quiet
+# one; cached after), the release build of this tree what jepsen-like/ci.sh left (seconds when warm), the run about
+# 40 s. UPGRADE_SEED overrides the workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,13 +30,9 @@ if [ ! -x "$old_bin" ]; then
   rm -rf "$src"
   mkdir -p "$src"
   git archive "$PREVIOUS" | tar -x -C "$src"
-  # The binary goes to a target directory of its own (so target/debug/raftq stays this tree's), but the
-  # intermediate artefacts share this tree's build directory: the previous release locks the same dependency
-  # versions, so what `cargo test` compiled is reused and only the crates that differ are built (about 30 of
-  # 300; 60 s against several minutes in a directory of its own). The dev profile: a release build of the
-  # server takes several times longer, and the run does not need its speed.
-  shared=${CARGO_BUILD_BUILD_DIR:-${CARGO_TARGET_DIR:-$PWD/target}}
-  (cd "$src" && CARGO_TARGET_DIR="$PWD/../target" CARGO_BUILD_BUILD_DIR="$shared" cargo build --locked --bin raftq)
+  # Its own target directory: the previous sources would otherwise evict this build's artefacts. The dev
+  # profile: a release build of the server takes several times longer, and the run does not need its speed.
+  (cd "$src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --locked --bin raftq)
   cp "$dir/target/debug/raftq" "$old_bin"
   echo "upgrade: built the $PREVIOUS binary in $(( $(date +%s) - start )) s"
 fi

@@ -33,11 +33,11 @@ pub struct MemStore {
 
 impl TaskStore for MemStore {
     type Error = std::convert::Infallible;
-    fn get(&mut self, id: &TaskId) -> Result<Option<Task>, Self::Error> {
-        Ok(self.tasks.get(id).cloned())
+    fn get(&mut self, id: &TaskId) -> Result<Option<std::sync::Arc<Task>>, Self::Error> {
+        Ok(self.tasks.get(id).map(|t| std::sync::Arc::new(t.clone())))
     }
-    fn put(&mut self, task: &Task) -> Result<(), Self::Error> {
-        self.tasks.insert(task.id, task.clone());
+    fn put(&mut self, task: std::sync::Arc<Task>) -> Result<(), Self::Error> {
+        self.tasks.insert(task.id, std::sync::Arc::unwrap_or_clone(task));
         Ok(())
     }
     fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error> {

@@ -1,6 +1,8 @@
 //! The records of one shard, as apply sees them: the `TaskStore` trait. Typed: how records are encoded and keyed
 //! is the implementation's business (`storage::shard` over redb, `MemStore` over maps).
 
+use std::sync::Arc;
+
 use super::types::*;
 
 /// Record access for one shard, inside one write transaction.
@@ -8,8 +10,10 @@ pub trait TaskStore {
     type Error;
 
     // ---- tasks, by id -------------------------------------------------------------------------------------
-    fn get(&mut self, id: &TaskId) -> Result<Option<Task>, Self::Error>;
-    fn put(&mut self, task: &Task) -> Result<(), Self::Error>;
+    /// Shared, not copied: apply reads a task, builds its next state as a new value, and stores that (`put`
+    /// moves it in), so a task is copied once per change, not once per read and once per write.
+    fn get(&mut self, id: &TaskId) -> Result<Option<Arc<Task>>, Self::Error>;
+    fn put(&mut self, task: Arc<Task>) -> Result<(), Self::Error>;
     fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error>;
 
     // ---- idempotency keys, by (tenant, key) ---------------------------------------------------------------

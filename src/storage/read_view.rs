@@ -508,7 +508,7 @@ impl Shards {
     fn task(&self, id: &TaskId) -> Lookup<Task> {
         let i = id.shard(self.count());
         match self.dirty[i].tasks.get(id).or_else(|| self.flushing[i].as_ref().and_then(|f| f.tasks.get(id))) {
-            Some(t) => Lookup::Found(t.clone()),
+            Some(t) => Lookup::Found(t.as_deref().cloned()),
             None => Lookup::InFile(self.dbs[i].clone()),
         }
     }
@@ -529,7 +529,7 @@ impl Shards {
                 Some(s) => l.tasks.range(s..),
                 None => l.tasks.range(..),
             };
-            over.extend(range.map(|(id, t)| (*id, t.clone())));
+            over.extend(range.map(|(id, t)| (*id, t.as_deref().cloned())));
         }
         over
     }

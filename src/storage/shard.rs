@@ -152,7 +152,7 @@ pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
 /// shard's newest layer; the flusher (`flush.rs`) writes a layer into the file in one transaction.
 #[derive(Default)]
 pub struct Layer {
-    pub tasks: BTreeMap<TaskId, Option<Task>>,
+    pub tasks: BTreeMap<TaskId, Option<std::sync::Arc<Task>>>,
     pub keys: HashMap<Vec<u8>, Option<KeyRecord>>,
     pub outbox: HashMap<DeliveryId, Option<WebhookDelivery>>,
     /// `shard_records` rows by key (schedules, paused queues, weights), encoded.
@@ -177,7 +177,7 @@ impl Layer {
             match t {
                 Some(t) => {
                     buf.clear();
-                    encode_into(&mut buf, t)?;
+                    encode_into(&mut buf, t.as_ref())?;
                     tasks.insert(task_key(id), buf.as_slice()).map_err(io_err)?;
                 }
                 None => {
@@ -247,19 +247,19 @@ impl<'a> CachedStore<'a> {
 impl TaskStore for CachedStore<'_> {
     type Error = io::Error;
 
-    fn get(&mut self, id: &TaskId) -> io::Result<Option<Task>> {
+    fn get(&mut self, id: &TaskId) -> io::Result<Option<std::sync::Arc<Task>>> {
         // A hit in a layer is the answer, a removal included.
         if let Some(v) = self.dirty.tasks.get(id).or_else(|| self.flushing.and_then(|f| f.tasks.get(id))) {
             return Ok(v.clone());
         }
         match self.file()?.tasks.get(task_key(id)).map_err(io_err)? {
-            Some(v) => Ok(Some(decode(v.value(), "task record")?)),
+            Some(v) => Ok(Some(std::sync::Arc::new(decode(v.value(), "task record")?))),
             None => Ok(None),
         }
     }
 
-    fn put(&mut self, task: &Task) -> io::Result<()> {
-        self.dirty.tasks.insert(task.id, Some(task.clone()));
+    fn put(&mut self, task: std::sync::Arc<Task>) -> io::Result<()> {
+        self.dirty.tasks.insert(task.id, Some(task));
         Ok(())
     }
 

@@ -63,7 +63,7 @@ impl ShardCore {
                 }
             }
         }
-        let mut t = before.clone();
+        let mut t = Task::clone(&before);
         t.updated_at = now;
         end_run(&mut t, &item.action, now);
         let ended = act(&mut t, &item.action, now, cx.seed, seq);
@@ -78,7 +78,7 @@ impl ShardCore {
                 _ => count_requeue(&t, cx.fx),
             }
         }
-        self.update(store, cx, &before, &t)?;
+        let t = self.update(store, cx, &before, t)?;
         self.note_pending(&t, cx.fx);
         if ended {
             note_ended(&t, now, cx.fx);

@@ -39,14 +39,14 @@ impl ShardCore {
         if before.state.is_terminal() {
             return Ok(Err(Rejected::AlreadyEnded));
         }
-        let mut t = before.clone();
+        let mut t = Task::clone(&before);
         close_run(&mut t, now, RunOutcome::Cancelled, "");
         t.state = TaskState::Cancelled;
         t.lease = None;
         t.dead_at = None;
         t.ended_at = Some(now);
         t.updated_at = now;
-        self.update(store, cx, &before, &t)?;
+        let t = self.update(store, cx, &before, t)?;
         cx.fx.counts.cancelled += 1;
         note_ended(&t, now, cx.fx);
         Ok(Ok(TaskState::Cancelled))

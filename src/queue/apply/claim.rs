@@ -50,7 +50,7 @@ impl ShardCore {
         {
             return Ok(Err(Rejected::NotClaimable));
         }
-        let mut t = before.clone();
+        let mut t = Task::clone(&before);
         t.state = TaskState::InProgress;
         t.attempts += 1;
         t.updated_at = now;
@@ -72,11 +72,11 @@ impl ShardCore {
             outcome: None,
             reason: String::new(),
         });
-        self.update(store, cx, &before, &t)?;
+        let t = self.update(store, cx, &before, t)?;
         cx.fx.counts.claimed += 1;
         if t.attempts == 1 {
             cx.fx.enqueue_to_claim_ms.push(now.saturating_sub(t.created_at));
         }
-        Ok(Ok(Box::new(t)))
+        Ok(Ok(Box::new(Task::clone(&t))))
     }
 }

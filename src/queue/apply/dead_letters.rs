@@ -22,14 +22,14 @@ impl ShardCore {
             let Some(before) = store.get(&id)? else {
                 continue;
             };
-            let mut t = before.clone();
+            let mut t = Task::clone(&before);
             t.state = TaskState::Pending;
             t.attempts = 0;
             t.dead_at = None;
             t.visible_at = now;
             t.seq = cx.seq_base;
             t.updated_at = now;
-            self.update(store, cx, &before, &t)?;
+            self.update(store, cx, &before, t)?;
             cx.fx.ready.insert(qk.clone());
             done.push(id);
         }

@@ -40,7 +40,7 @@ impl ShardCore {
         if before.state != TaskState::Pending || !before.waiting_on.contains(&r.dependency) {
             return Ok(false);
         }
-        let mut t = before.clone();
+        let mut t = Task::clone(&before);
         t.updated_at = now;
         t.waiting_on.retain(|d| *d != r.dependency);
         let met = r.outcome == Some(TaskState::Completed) || t.dependency_rule == DependencyRule::AllResolved;
@@ -49,14 +49,14 @@ impl ShardCore {
             t.state = TaskState::Cancelled;
             t.last_error = Some(format!("dependency {} ended {outcome}", r.dependency));
             t.ended_at = Some(now);
-            self.update(store, cx, &before, &t)?;
+            let t = self.update(store, cx, &before, t)?;
             cx.fx.counts.cancelled += 1;
             note_ended(&t, now, cx.fx);
         } else {
             if t.waiting_on.is_empty() {
                 t.seq = seq;
             }
-            self.update(store, cx, &before, &t)?;
+            let t = self.update(store, cx, &before, t)?;
             self.note_pending(&t, cx.fx);
         }
         Ok(true)

@@ -79,9 +79,9 @@ impl ShardCore {
             waiting_on: n.depends_on.clone(),
             scheduled: None,
         };
-        store.put(&t)?;
         self.idx.add_task(&t, now);
         self.note_pending(&t, cx.fx);
+        store.put(std::sync::Arc::new(t))?;
         cx.fx.counts.enqueued += 1;
         if let Some(key) = &n.idempotency_record_key() {
             let rec = KeyRecord { task_id: n.id, expires_at: now.saturating_add(n.idempotency_window_ms) };

@@ -53,7 +53,7 @@ impl ShardCore {
                 KeyMode::Singleton { skip: true, .. } => Ok(Enqueued { task_id, duplicate: true }),
                 KeyMode::Singleton { skip: false, .. } => Err(Rejected::SingletonActive(task_id)),
                 KeyMode::Debounce { delay_ms, max_wait_ms, .. } => {
-                    let mut t = before.clone();
+                    let mut t = Task::clone(&before);
                     t.payload = n.payload.clone();
                     t.priority = n.priority.min(9);
                     let start = now.saturating_add(*delay_ms);
@@ -62,7 +62,7 @@ impl ShardCore {
                         cap => start.min(t.created_at.saturating_add(cap)),
                     };
                     t.updated_at = now;
-                    self.update(store, cx, &before, &t)?;
+                    let t = self.update(store, cx, &before, t)?;
                     self.note_pending(&t, cx.fx);
                     Ok(Enqueued { task_id, duplicate: true })
                 }
@@ -110,7 +110,7 @@ fn key_holder<S: TaskStore>(
     queue: &str,
     rkey: &str,
     rec: Option<&KeyRecord>,
-) -> Result<Option<Task>, S::Error> {
+) -> Result<Option<std::sync::Arc<Task>>, S::Error> {
     let Some(rec) = rec else {
         return Ok(None);
     };

@@ -15,8 +15,8 @@ impl ShardCore {
         store: &mut S,
         cx: &mut ApplyContext<'_>,
         before: &Task,
-        after: &Task,
-    ) -> Result<(), S::Error> {
+        after: Task,
+    ) -> Result<std::sync::Arc<Task>, S::Error> {
         if before.state == TaskState::InProgress && after.state != TaskState::InProgress {
             // A slot of the key (or of a capped queue) came free: tasks of it may be claimable now.
             let capped = || {
@@ -27,14 +27,16 @@ impl ShardCore {
                 cx.fx.ready.insert(QueueKey::of(before));
             }
         }
-        if let Some(r) = super::context::RevokedLease::between(before, after) {
+        if let Some(r) = super::context::RevokedLease::between(before, &after) {
             cx.fx.revoked.push(r);
         }
         self.idx.remove_task(before);
-        self.idx.add_task(after, self.now);
-        store.put(after)?;
-        self.release_key(store, after)?;
-        self.outbox_on_end(store, cx, before, after)
+        self.idx.add_task(&after, self.now);
+        let after = std::sync::Arc::new(after);
+        store.put(after.clone())?;
+        self.release_key(store, &after)?;
+        self.outbox_on_end(store, cx, before, &after)?;
+        Ok(after)
     }
 
     /// Reports the task's queue as having claimable work if the task is ready now.

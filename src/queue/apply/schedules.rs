@@ -106,9 +106,10 @@ impl ShardCore {
             n.tenant = sch.tenant.clone();
             let seq = cx.seq_base;
             if self.enqueue(store, cx, &n, seq)?.is_ok() {
-                if let Some(mut t) = store.get(&n.id)? {
+                if let Some(t) = store.get(&n.id)? {
+                    let mut t = Task::clone(&t);
                     t.scheduled = Some((*id, occurrence));
-                    store.put(&t)?;
+                    store.put(std::sync::Arc::new(t))?;
                 }
                 sch.fired += 1;
             }

@@ -61,12 +61,12 @@ impl ShardCore {
                     continue;
                 }
             };
-            let mut t = before.clone();
+            let mut t = Task::clone(&before);
             let delay = backoff(&t, cx.seed);
             t.last_error = Some("lease expired".to_string());
             close_run(&mut t, now, RunOutcome::LeaseExpired, "");
             retry_or_dead(&mut t, now, delay, cx.seq_base);
-            self.update(store, cx, &before, &t)?;
+            let t = self.update(store, cx, &before, t)?;
             self.note_pending(&t, cx.fx);
             cx.fx.counts.lease_expired += 1;
             count_requeue(&t, cx.fx);
@@ -88,7 +88,7 @@ impl ShardCore {
                     continue;
                 }
             };
-            let mut t = before.clone();
+            let mut t = Task::clone(&before);
             close_run(&mut t, now, RunOutcome::DeadlineExceeded, DEADLINE_EXCEEDED);
             t.state = TaskState::Failed;
             t.last_error = Some(DEADLINE_EXCEEDED.to_string());
@@ -96,7 +96,7 @@ impl ShardCore {
             t.dead_at = None;
             t.ended_at = Some(now);
             t.updated_at = now;
-            self.update(store, cx, &before, &t)?;
+            let t = self.update(store, cx, &before, t)?;
             cx.fx.counts.failed += 1;
             note_ended(&t, now, cx.fx);
         }

@@ -9,9 +9,10 @@
 # transfer), waits for the cluster version to switch, and checks that the previous binary then refuses the data
 # (docs/jepsen.md, "Upgrades"). A clone without that commit (a shallow clone) skips the stage with a message.
 #
-# Times: the previous binary's dev build took 12 min on a shared, loaded 2-core machine (not measured on a quiet
-# one; cached after), the release build of this tree what jepsen-like/ci.sh left (seconds when warm), the run about
-# 40 s. UPGRADE_SEED overrides the workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
+# Times: the previous binary's dev build takes about a minute once `cargo test --workspace` has built the
+# dependencies (it took 12 min on a loaded machine before they were copied in; cached after), the release build of
+# this tree what jepsen-like/ci.sh left (seconds when warm), the run about 40 s. UPGRADE_SEED overrides the
+# workload's seed; UPGRADE_OLD_BIN uses a given binary instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +31,22 @@ if [ ! -x "$old_bin" ]; then
   rm -rf "$src"
   mkdir -p "$src"
   git archive "$PREVIOUS" | tar -x -C "$src"
-  # Its own target directory: the previous sources would otherwise evict this build's artefacts. The dev
-  # profile: a release build of the server takes several times longer, and the run does not need its speed.
+  # A target directory of its own: cargo names a workspace member's artefacts by its path in the workspace, so
+  # in this tree's target directory the previous release's raftq-proto would overwrite this tree's (a shared
+  # `build-dir` did exactly that). The previous release locks the same dependency versions, so this tree's
+  # compiled dependencies (everything but the workspace's own crates) are copied in first, when `cargo test`
+  # has built them: only the crates that differ are compiled then (about a minute, against several minutes
+  # from nothing). The dev profile: a release build of the server takes several times longer, and the run does
+  # not need its speed.
+  here=${CARGO_TARGET_DIR:-target}/debug
+  if [ -d "$here/deps" ] && [ ! -d "$dir/target/debug/deps" ]; then
+    for sub in deps build .fingerprint; do
+      mkdir -p "$dir/target/debug/$sub"
+      [ -d "$here/$sub" ] || continue
+      find "$here/$sub" -mindepth 1 -maxdepth 1 ! -name 'raftq*' ! -name 'libraftq*' \
+        -exec cp -a -t "$dir/target/debug/$sub" {} +
+    done
+  fi
   (cd "$src" && CARGO_TARGET_DIR="$PWD/../target" cargo build --locked --bin raftq)
   cp "$dir/target/debug/raftq" "$old_bin"
   echo "upgrade: built the $PREVIOUS binary in $(( $(date +%s) - start )) s"

@@ -17,8 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/docker
 image=${1:-${RAFTQ_IMAGE:-raftq:latest}}
-arch=$(uname -m)
-triple=$arch-unknown-linux-gnu
+# The static build (flags, target triple, directory) is shared with the CI stages that run release binaries.
+. .ci/static-release.sh
 target_dir=${CARGO_TARGET_DIR:-target}
 ctx=$target_dir/docker-image
 # The uid the server runs as; the Helm chart's securityContext uses the same.
@@ -27,9 +27,9 @@ uid=10001
 say() { echo "[build.sh] $*" >&2; }
 started=$SECONDS
 
-say "static raftq binary ($triple, crt-static)"
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --target "$triple" --bin raftq
-bin=$target_dir/$triple/release/raftq
+say "static raftq binary ($STATIC_RELEASE_TRIPLE, crt-static)"
+static_release_build --bin raftq
+bin=$STATIC_RELEASE_DIR/raftq
 if readelf -lW "$bin" | grep -q 'program interpreter'; then
   say "error: $bin is dynamically linked; the image has no shared libraries"
   exit 1

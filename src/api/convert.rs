@@ -544,7 +544,8 @@ fn ms(t: TimeMs) -> i64 {
     t.min(i64::MAX as u64) as i64
 }
 
-pub fn task(t: Task) -> pb::Task {
+/// The API's view of a task (read from the stored one: a claim's answer shares the stored task).
+pub fn task(t: &Task) -> pb::Task {
     let Task {
         id,
         tenant,
@@ -583,54 +584,58 @@ pub fn task(t: Task) -> pb::Task {
     } = t;
     pb::Task {
         id: id.to_string(),
-        queue,
-        payload: payload.into(),
-        priority: priority as u32,
-        state: state(st) as i32,
-        attempts,
-        max_attempts,
-        tenant,
+        queue: queue.clone(),
+        payload: payload.clone().into(),
+        priority: *priority as u32,
+        state: state(*st) as i32,
+        attempts: *attempts,
+        max_attempts: *max_attempts,
+        tenant: tenant.clone(),
         trace: if traceparent.is_some() || tracestate.is_some() {
             Some(pb::TraceContext {
-                traceparent: traceparent.unwrap_or_default(),
-                tracestate: tracestate.unwrap_or_default(),
+                traceparent: traceparent.clone().unwrap_or_default(),
+                tracestate: tracestate.clone().unwrap_or_default(),
             })
         } else {
             None
         },
-        lease: lease.map(|l| pb::Lease {
-            worker_id: l.worker_id,
+        lease: lease.as_ref().map(|l| pb::Lease {
+            worker_id: l.worker_id.clone(),
             token: l.token,
             claimed_at_ms: ms(l.claimed_at),
             deadline_ms: ms(l.deadline),
         }),
-        created_at_ms: ms(created_at),
-        updated_at_ms: ms(updated_at),
-        visible_at_ms: ms(visible_at),
-        idempotency_key: idempotency_key.unwrap_or_default(),
-        webhook_url: webhook_url.unwrap_or_default(),
-        last_error: last_error.unwrap_or_default(),
+        created_at_ms: ms(*created_at),
+        updated_at_ms: ms(*updated_at),
+        visible_at_ms: ms(*visible_at),
+        idempotency_key: idempotency_key.clone().unwrap_or_default(),
+        webhook_url: webhook_url.clone().unwrap_or_default(),
+        last_error: last_error.clone().unwrap_or_default(),
         ended_at_ms: ended_at.map(ms).unwrap_or(0),
         dead_lettered_at_ms: dead_at.map(ms).unwrap_or(0),
         runs: runs
-            .into_iter()
+            .iter()
             .map(|r| pb::Run {
-                worker_id: r.worker_id,
+                worker_id: r.worker_id.clone(),
                 token: r.token,
                 started_at_ms: ms(r.started_at),
                 ended_at_ms: r.ended_at.map(ms).unwrap_or(0),
                 outcome: r.outcome.map(|o| o.as_str().to_string()).unwrap_or_default(),
-                reason: r.reason,
+                reason: r.reason.clone(),
             })
             .collect(),
         deadline_ms: deadline.map(ms).unwrap_or(0),
-        progress: progress.map(|p| pb::Progress { percent: p.percent as u32, message: p.message, at_ms: ms(p.at) }),
+        progress: progress.as_ref().map(|p| pb::Progress {
+            percent: p.percent as u32,
+            message: p.message.clone(),
+            at_ms: ms(p.at),
+        }),
         concurrency_key: concurrency.as_ref().map(|c| c.key.clone()).unwrap_or_default(),
-        concurrency_limit: concurrency.map(|c| c.limit).unwrap_or(0),
+        concurrency_limit: concurrency.as_ref().map(|c| c.limit).unwrap_or(0),
         follow_up_ids: follow_ups.iter().map(|id| id.to_string()).collect(),
         parent_id: parent.map(|p| p.to_string()).unwrap_or_default(),
         depends_on: depends_on.iter().map(|id| id.to_string()).collect(),
-        dependency_rule: match dependency_rule {
+        dependency_rule: match *dependency_rule {
             DependencyRule::AllCompleted => pb::DependencyRule::AllCompleted,
             DependencyRule::AllResolved => pb::DependencyRule::AllResolved,
         } as i32,

@@ -203,7 +203,7 @@ impl TaskApi {
         match self.proposer.read_task(&id, !stale_read(&req)).await.map_err(ApiError::from)? {
             Some(t) if t.tenant == who.tenant => {
                 who.check_queue(&t.queue)?;
-                Ok(convert::task(t))
+                Ok(convert::task(&t))
             }
             _ => Err(not_found("task")),
         }
@@ -253,7 +253,7 @@ impl TaskApi {
             .shared
             .dead_letters(&who.tenant, &queue, limit)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
-        Ok(pb::ListDeadLettersResponse { tasks: tasks.into_iter().map(convert::task).collect() })
+        Ok(pb::ListDeadLettersResponse { tasks: tasks.iter().map(convert::task).collect() })
     }
 
     async fn redrive_local(&self, req: Request<pb::DeadLetterSelection>) -> Result<pb::DeadLetterIds, ApiError> {
@@ -307,7 +307,7 @@ impl TaskApi {
             ApiError::from(e)
         })?;
         self.limits.unclaimed(&who.tenant, granted - tasks.len());
-        Ok(pb::ClaimResponse { tasks: tasks.into_iter().map(convert::task).collect() })
+        Ok(pb::ClaimResponse { tasks: tasks.iter().map(|t| convert::task(t)).collect() })
     }
 
     async fn ack_local(&self, req: Request<pb::AckRequest>) -> Result<pb::AckResponse, ApiError> {

@@ -397,7 +397,7 @@ impl JobsApi {
             (true, Some(t)) => t.id.to_string(),
             _ => String::new(),
         };
-        Ok(pb::ListTasksResponse { tasks: tasks.into_iter().map(convert::task).collect(), next_page_token })
+        Ok(pb::ListTasksResponse { tasks: tasks.iter().map(convert::task).collect(), next_page_token })
     }
 
     async fn capacity_local(

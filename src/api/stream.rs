@@ -304,7 +304,7 @@ impl StreamApi {
             let rx = self.dispatcher.submit(tenant, worker_id, queues, granted, lease, wait)?;
             let tasks = rx.await.map_err(|_| ApiError::Unavailable("shutting down".into()))??;
             grant.used = tasks.len();
-            Ok(tasks.into_iter().map(convert::task).collect())
+            Ok(tasks.iter().map(|t| convert::task(t)).collect())
         };
         let remote = |ch| {
             let req = authorized(

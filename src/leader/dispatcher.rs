@@ -27,6 +27,9 @@ use crate::storage::{Raft, SmShared};
 /// Claim entries in flight at once: while one is being committed the next one gathers new requests.
 const MAX_IN_FLIGHT: usize = 4;
 
+/// A claim's answer: the claimed tasks as stored (shared with the state machine's layer, not copied).
+pub type Claimed = Result<Vec<Arc<Task>>, ProposeError>;
+
 pub struct ClaimRequest {
     pub tenant: String,
     pub worker_id: String,
@@ -34,7 +37,7 @@ pub struct ClaimRequest {
     pub count: usize,
     pub lease_ms: u64,
     pub deadline: Instant,
-    pub reply: oneshot::Sender<Result<Vec<Task>, ProposeError>>,
+    pub reply: oneshot::Sender<Claimed>,
 }
 
 #[derive(Clone)]
@@ -136,7 +139,7 @@ impl Dispatcher {
         count: usize,
         lease_ms: u64,
         wait: Duration,
-    ) -> Result<Vec<Task>, ProposeError> {
+    ) -> Claimed {
         let rx = self.submit(tenant, worker_id, queues, count, lease_ms, wait)?;
         rx.await.map_err(|_| ProposeError::Fatal("shutting down".into()))?
     }
@@ -150,7 +153,7 @@ impl Dispatcher {
         count: usize,
         lease_ms: u64,
         wait: Duration,
-    ) -> Result<oneshot::Receiver<Result<Vec<Task>, ProposeError>>, ProposeError> {
+    ) -> Result<oneshot::Receiver<Claimed>, ProposeError> {
         self.seen.note(tenant, worker_id, queues);
         let (reply, rx) = oneshot::channel();
         let req = ClaimRequest {
@@ -430,8 +433,7 @@ impl Dispatch {
                 let now = Instant::now();
                 let mut results = results.into_iter();
                 for (req, range) in done.groups {
-                    let tasks: Vec<Task> =
-                        results.by_ref().take(range.len()).filter_map(|r| r.ok().map(|b| *b)).collect();
+                    let tasks: Vec<Arc<Task>> = results.by_ref().take(range.len()).filter_map(Result::ok).collect();
                     if tasks.is_empty() && req.deadline > now {
                         // Every pick lost a race with an entry applied meanwhile: wait again, first in line.
                         self.parked.push_front(req);

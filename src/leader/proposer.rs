@@ -317,7 +317,7 @@ pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> R
     if control::cut_off(raft) {
         return Err(not_leader(None, None));
     }
-    let req = Request { time_ms: wall_clock_ms(), seed: rand::random(), command };
+    let req = Request::new(wall_clock_ms(), rand::random(), command);
     let written = tokio::select! {
         r = tokio::time::timeout(timeout, raft.client_write(req)) => r,
         why = control::write_stranded(raft, cut_off, STEPPED_DOWN_GRACE) => return Err(ProposeError::Unknown(why)),

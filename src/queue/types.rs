@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Milliseconds since the Unix epoch, as stamped by the leader.
 pub type TimeMs = u64;
@@ -820,17 +821,27 @@ impl Command {
 }
 
 /// The Raft log payload: a command with the leader's clock and randomness.
+///
+/// The command is shared: openraft clones entries whenever it reads them from the log (for each follower's
+/// replication, for apply), and a shared command makes that a count increment instead of a copy of every task in
+/// it. Serialized as the command itself (serde's `rc`), so the log format is the same as an owned command's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     pub time_ms: TimeMs,
     /// Randomness for retry jitter, chosen by the proposer.
     pub seed: u64,
-    pub command: Command,
+    pub command: Arc<Command>,
+}
+
+impl Request {
+    pub fn new(time_ms: TimeMs, seed: u64, command: Command) -> Self {
+        Request { time_ms, seed, command: Arc::new(command) }
+    }
 }
 
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (name, n) = match &self.command {
+        let (name, n) = match &*self.command {
             Command::Enqueue(v) => ("enqueue", v.len()),
             Command::Claim(v) => ("claim", v.len()),
             Command::Ack(v) => ("ack", v.len()),
@@ -914,7 +925,7 @@ pub enum Response {
     /// Blank and membership entries.
     None,
     Enqueued(Vec<ItemResult<Enqueued>>),
-    Claimed(Vec<ItemResult<Box<Task>>>),
+    Claimed(Vec<ItemResult<Arc<Task>>>),
     Acked(Vec<ItemResult<AckOutcome>>),
     Cancelled(ItemResult<TaskState>),
     Redriven(Vec<TaskId>),

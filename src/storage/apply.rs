@@ -89,7 +89,7 @@ impl StateMachine {
                         Response::None
                     }
                     EntryPayload::Normal(req) => {
-                        if let Command::SetClusterVersion { version } = req.command {
+                        if let Command::SetClusterVersion { version } = *req.command {
                             version::check_can_apply(version)?;
                         }
                         let mut cx = ApplyContext::new(idx, req, &mut fx);

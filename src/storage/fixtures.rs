@@ -56,7 +56,7 @@ async fn raise_cluster_version(sm: &mut StateMachine, index: u64) {
 }
 
 fn entry(index: u64, time_ms: TimeMs, command: Command) -> Entry {
-    Entry { log_id: log_id(index), payload: openraft::EntryPayload::Normal(Request { time_ms, seed: index, command }) }
+    Entry { log_id: log_id(index), payload: openraft::EntryPayload::Normal(Request::new(time_ms, index, command)) }
 }
 
 fn ack(sm: &StateMachine, i: u16, action: AckAction) -> AckItem {
@@ -253,7 +253,7 @@ async fn a_v0_data_dir_opens_with_its_tasks_and_is_upgraded_to_v1() {
         let entries = log.try_get_log_entries(..).await.expect("entries");
         assert_eq!(entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), (4..=9).collect::<Vec<_>>());
         let openraft::EntryPayload::Normal(req) = &entries[1].payload else { panic!("entry 5 is a command") };
-        assert_eq!(req.command, Command::Cancel { tenant: "t".into(), task_id: task_id(4) });
+        assert_eq!(*req.command, Command::Cancel { tenant: "t".into(), task_id: task_id(4) });
         assert_eq!(log.read_vote().await.expect("vote"), Some(openraft::impls::Vote::new_committed(1, 1)));
         assert_eq!(log.read_committed().await.expect("committed"), Some(log_id(9)));
         let cur = sm.get_current_snapshot().await.expect("current").expect("the v0 snapshot");

@@ -87,26 +87,26 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
     apply(
         &mut sm,
         vec![
-            entry(1, Request { time_ms: 1_000, seed: 1, command: Command::Enqueue(items) }),
-            entry(2, Request { time_ms: 1_001, seed: 2, command: Command::Claim(claim) }),
-            entry(3, Request { time_ms: 1_200, seed: 3, command: Command::Tick }),
+            entry(1, Request::new(1_000, 1, Command::Enqueue(items))),
+            entry(2, Request::new(1_001, 2, Command::Claim(claim))),
+            entry(3, Request::new(1_200, 3, Command::Tick)),
             // Ends two tasks with a webhook URL: their deliveries wait in the outbox.
-            entry(4, Request { time_ms: 1_300, seed: 4, command: cancel(10) }),
-            entry(5, Request { time_ms: 1_300, seed: 5, command: cancel(25) }),
+            entry(4, Request::new(1_300, 4, cancel(10))),
+            entry(5, Request::new(1_300, 5, cancel(25))),
             entry(
                 6,
-                Request {
-                    time_ms: 1_300,
-                    seed: 6,
-                    command: Command::SetQueuePaused { tenant: "t".into(), queue: "paused".into(), paused: true },
-                },
+                Request::new(
+                    1_300,
+                    6,
+                    Command::SetQueuePaused { tenant: "t".into(), queue: "paused".into(), paused: true },
+                ),
             ),
             entry(
                 7,
-                Request {
-                    time_ms: 1_300,
-                    seed: 7,
-                    command: Command::CreateSchedule(Box::new(Schedule {
+                Request::new(
+                    1_300,
+                    7,
+                    Command::CreateSchedule(Box::new(Schedule {
                         id: TaskId::new(1_200, 5, 5),
                         tenant: "t".into(),
                         name: "s".into(),
@@ -118,7 +118,7 @@ async fn populated(dir: &std::path::Path, shards: usize) -> StateMachine {
                         fired: 0,
                         template: new_task(99, None),
                     })),
-                },
+                ),
             ),
         ],
     )
@@ -227,8 +227,7 @@ async fn log_store_reopens_with_entries_vote_and_purge() {
     let path = dir.path().join("raft-log.redb");
     {
         let mut log = LogStore::open(&path).expect("open");
-        let entries: Vec<Entry> =
-            (1..=10).map(|i| entry(i, Request { time_ms: i, seed: 0, command: Command::Tick })).collect();
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, Request::new(i, 0, Command::Tick))).collect();
         let (tx, rx) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
         log.append(entries, openraft::storage::IOFlushed::signal(tx)).await.expect("append");
         rx.await.expect("flushed").expect("flush ok");
@@ -257,7 +256,7 @@ async fn log_reads_span_the_file_and_the_cached_tail_across_truncation_and_reope
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("raft-log.redb");
     let total = super::log_store::CACHE_ENTRIES as u64 + 5_000;
-    let tick = |i: u64| Request { time_ms: i, seed: i, command: Command::Tick };
+    let tick = |i: u64| Request::new(i, i, Command::Tick);
     let append = |log: &mut LogStore, entries: Vec<Entry>| {
         let mut log = log.clone();
         async move {
@@ -307,8 +306,8 @@ async fn reads_see_unflushed_changes_and_a_reopen_finds_them_written() {
     apply(
         &mut sm,
         vec![
-            entry(8, Request { time_ms: 1_400, seed: 8, command: Command::Enqueue(more) }),
-            entry(9, Request { time_ms: 1_400, seed: 9, command: cancel(7) }),
+            entry(8, Request::new(1_400, 8, Command::Enqueue(more))),
+            entry(9, Request::new(1_400, 9, cancel(7))),
             entry(
                 10,
                 Request {
@@ -318,7 +317,8 @@ async fn reads_see_unflushed_changes_and_a_reopen_finds_them_written() {
                         tenant: "t".into(),
                         queue: "q".into(),
                         select: DlqSelector::All,
-                    },
+                    }
+                    .into(),
                 },
             ),
         ],
@@ -363,7 +363,7 @@ async fn snapshot_bytes(sm: &mut StateMachine) -> (crate::raft::types::Snapshot,
 }
 
 fn set_version(index: u64, version: u32) -> Entry {
-    entry(index, Request { time_ms: 1_400, seed: index, command: Command::SetClusterVersion { version } })
+    entry(index, Request::new(1_400, index, Command::SetClusterVersion { version }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,7 +425,7 @@ async fn limits_are_held_by_every_shard_and_travel_in_snapshots_and_reopens() {
     let mut leader = populated(a.path(), 2).await;
     let set = |index: u64, queue: &str, limits: Limits| {
         let command = Command::SetLimits { tenant: "t".into(), queue: queue.into(), limits };
-        entry(index, Request { time_ms: 1_500, seed: index, command })
+        entry(index, Request::new(1_500, index, command))
     };
     let capped = Limits { max_running: Some(3), max_depth: Some(100) };
     let tenant = Limits { max_running: None, max_depth: Some(1_000) };
@@ -467,7 +467,7 @@ async fn fairness_weights_are_written_to_every_shard_and_survive_a_snapshot_and_
     let mut leader = populated(a.path(), 2).await;
     let weight = |index: u64, key: &str, weight: u32| {
         let command = Command::SetFairnessWeight { tenant: "t".into(), queue: "q".into(), key: key.into(), weight };
-        entry(index, Request { time_ms: 1_400, seed: index, command })
+        entry(index, Request::new(1_400, index, command))
     };
     apply(&mut leader, vec![set_version(8, 2), weight(9, "k", 3), weight(10, "", 5), weight(11, "gone", 4)]).await;
     apply(&mut leader, vec![weight(12, "gone", 1)]).await;
@@ -497,7 +497,7 @@ async fn rate_buckets_are_identical_in_every_shard_and_survive_a_snapshot_and_a_
     let set = |index: u64, key: Option<&str>, milli_per_s: u64, burst: u32| {
         let limit = RateLimit { milli_per_s, burst };
         let command = Command::SetRateLimit { tenant: "t".into(), queue: "q".into(), key: key.map(Into::into), limit };
-        entry(index, Request { time_ms: 1_500, seed: index, command })
+        entry(index, Request::new(1_500, index, command))
     };
     // Tasks 8 (key "k") and 7 (no key) are ready; the claim charges the key's bucket and the queue's.
     let items = [8u64, 7]
@@ -516,7 +516,7 @@ async fn rate_buckets_are_identical_in_every_shard_and_survive_a_snapshot_and_a_
         tokens,
     };
     let charges = vec![charge(None, 2), charge(Some("k"), 1), charge(Some("gone"), 1)];
-    let claim = entry(14, Request { time_ms: 1_600, seed: 14, command: Command::RatedClaim { items, charges } });
+    let claim = entry(14, Request::new(1_600, 14, Command::RatedClaim { items, charges }));
     apply(
         &mut leader,
         vec![
@@ -576,9 +576,9 @@ async fn key_limit_overrides_are_in_every_shard_run_out_by_time_and_survive_a_sn
     let set = |index: u64, time_ms: TimeMs, key: &str, limit: Option<(u32, Option<TimeMs>)>| {
         let limit = limit.map(|(limit, expires_at)| KeyLimit { limit, expires_at });
         let command = Command::SetKeyLimit { tenant: "t".into(), key: key.into(), limit };
-        entry(index, Request { time_ms, seed: index, command })
+        entry(index, Request::new(time_ms, index, command))
     };
-    let tick = |index: u64, time_ms: TimeMs| entry(index, Request { time_ms, seed: index, command: Command::Tick });
+    let tick = |index: u64, time_ms: TimeMs| entry(index, Request::new(time_ms, index, Command::Tick));
     apply(
         &mut leader,
         vec![

@@ -1,6 +1,8 @@
 //! `Claim`: the leader chose which task goes to which worker (`queries.rs`); apply re-checks that each task is
 //! still claimable, leases it with a fencing token derived from the entry, and opens a run.
 
+use std::sync::Arc;
+
 use super::context::ApplyContext;
 use crate::queue::shard::ShardCore;
 use crate::queue::store::TaskStore;
@@ -12,7 +14,7 @@ impl ShardCore {
         store: &mut S,
         cx: &mut ApplyContext<'_>,
         items: &[ClaimItem],
-        slots: &mut [Option<ItemResult<Box<Task>>>],
+        slots: &mut [Option<ItemResult<Arc<Task>>>],
     ) -> Result<(), S::Error> {
         for (pos, (item, slot)) in items.iter().zip(slots.iter_mut()).enumerate() {
             if self.mine(&item.task_id) {
@@ -29,7 +31,7 @@ impl ShardCore {
         cx: &mut ApplyContext<'_>,
         item: &ClaimItem,
         token: LeaseToken,
-    ) -> Result<ItemResult<Box<Task>>, S::Error> {
+    ) -> Result<ItemResult<Arc<Task>>, S::Error> {
         let now = cx.now;
         let Some(before) = store.get(&item.task_id)? else {
             return Ok(Err(Rejected::NotFound));
@@ -77,6 +79,6 @@ impl ShardCore {
         if t.attempts == 1 {
             cx.fx.enqueue_to_claim_ms.push(now.saturating_sub(t.created_at));
         }
-        Ok(Ok(Box::new(Task::clone(&t))))
+        Ok(Ok(t))
     }
 }

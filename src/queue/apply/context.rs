@@ -2,6 +2,7 @@
 //! being filled shard by shard (`PartialResponse`) and the side effects the node reacts to (`Effects`).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::queue::types::*;
 
@@ -101,7 +102,7 @@ pub enum PartialResponse {
     #[default]
     None,
     Enqueued(Vec<Option<ItemResult<Enqueued>>>),
-    Claimed(Vec<Option<ItemResult<Box<Task>>>>),
+    Claimed(Vec<Option<ItemResult<Arc<Task>>>>),
     Acked(Vec<Option<ItemResult<AckOutcome>>>),
     Cancelled(Option<ItemResult<TaskState>>),
     Redriven(Vec<TaskId>),

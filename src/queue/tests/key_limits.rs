@@ -41,7 +41,8 @@ fn an_override_raises_the_limit_and_releases_held_tasks_at_once() {
             tenant: A.into(),
             key: "k".into(),
             limit: Some(KeyLimit { limit: 3, expires_at: None }),
-        },
+        }
+        .into(),
     };
     let (resp, fx) = h.m.apply(&req);
     assert_eq!(resp, Response::KeyLimit(Some(KeyLimit { limit: 3, expires_at: None })));

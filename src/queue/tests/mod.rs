@@ -9,6 +9,7 @@
 //! - `property`: a property test running random command sequences against the machine and the model.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 use super::*;
 
@@ -203,7 +204,7 @@ fn assert_indexes_match_records(m: &MemMachine) {
 /// After `before` (a copy of `m` taken just before an entry) applies a plain tick with the same time and seed,
 /// it equals `m`: the entry did nothing beyond what the passing of time does.
 fn assert_only_time_moved(mut before: MemMachine, m: &MemMachine, time_ms: TimeMs, seed: u64) {
-    before.apply(&Request { time_ms, seed, command: Command::Tick });
+    before.apply(&Request::new(time_ms, seed, Command::Tick));
     assert_eq!(records(&before), records(m), "a rejected command changed state");
     assert_eq!(task_index_sizes(&before), task_index_sizes(m), "a rejected command changed the indexes");
 }
@@ -262,7 +263,7 @@ impl Harness {
     fn apply_at(&mut self, time: TimeMs, command: Command) -> Response {
         self.time = time;
         let seed = 0x5eed_0000 ^ self.m.last_index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let req = Request { time_ms: time, seed, command };
+        let req = Request::new(time, seed, command);
         let (resp, _) = self.m.apply(&req);
         self.log.push(req);
         assert_indexes_match_records(&self.m);
@@ -329,7 +330,7 @@ impl Harness {
         self.enqueue(spec)
     }
 
-    fn claim_ids(&mut self, tenant: &str, ids: &[TaskId], lease_ms: u64) -> Vec<ItemResult<Box<Task>>> {
+    fn claim_ids(&mut self, tenant: &str, ids: &[TaskId], lease_ms: u64) -> Vec<ItemResult<Arc<Task>>> {
         let items = ids
             .iter()
             .map(|id| ClaimItem { task_id: *id, tenant: tenant.to_string(), worker_id: "w1".to_string(), lease_ms })
@@ -344,7 +345,7 @@ impl Harness {
     fn claim(&mut self, tenant: &str, queue_names: &[&str], count: usize, lease_ms: u64) -> Vec<Task> {
         let ids = self.m.pick(tenant, &queues(queue_names), count);
         let claimed = self.claim_ids(tenant, &ids, lease_ms);
-        claimed.into_iter().map(|r| *r.expect("a picked task is claimable")).collect()
+        claimed.into_iter().map(|r| Task::clone(&r.expect("a picked task is claimable"))).collect()
     }
 
     fn claim_one(&mut self, tenant: &str, lease_ms: u64) -> Task {

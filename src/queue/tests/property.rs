@@ -282,7 +282,7 @@ impl Sim {
     }
 
     fn apply(&mut self, time_ms: TimeMs, command: Command) -> Response {
-        let (resp, _) = self.m.apply(&Request { time_ms, seed: self.seed(), command });
+        let (resp, _) = self.m.apply(&Request::new(time_ms, self.seed(), command));
         self.model.begin(time_ms);
         resp
     }
@@ -745,7 +745,7 @@ impl Sim {
                 })
                 .collect();
             for cmd in [Command::Tick, Command::Claim(items)] {
-                let req = Request { time_ms: time, seed: self.seed(), command: cmd };
+                let req = Request::new(time, self.seed(), cmd);
                 let a = self.m.apply(&req).0;
                 let b = r.apply(&req).0;
                 self.model.begin(time);

@@ -1076,7 +1076,7 @@ impl Harness {
     /// Applies `command` at `time` and returns the deliveries it ended without their worker.
     fn revoked_by(&mut self, time: TimeMs, command: Command) -> Vec<RevokedLease> {
         self.time = time;
-        let (_, fx) = self.m.apply(&Request { time_ms: time, seed: 7, command });
+        let (_, fx) = self.m.apply(&Request::new(time, 7, command));
         assert_indexes_match_records(&self.m);
         fx.revoked
     }

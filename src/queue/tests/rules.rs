@@ -1142,4 +1142,14 @@ proptest::proptest! {
         proptest::prop_assert_eq!(TaskId(a).cmp(&TaskId(b)), a.cmp(&b));
         proptest::prop_assert_eq!(TaskId(a).partial_cmp(&TaskId(b)), Some(a.cmp(&b)));
     }
+
+    /// A printed id is its bytes as 32 lowercase hex digits, in order, and parses back to the same id (the API,
+    /// the CLI and stored cursors rely on both).
+    #[test]
+    fn task_ids_print_as_hex_and_parse_back(a in proptest::array::uniform16(proptest::num::u8::ANY)) {
+        let printed = TaskId(a).to_string();
+        let expected: String = a.iter().map(|b| format!("{b:02x}")).collect();
+        proptest::prop_assert_eq!(&printed, &expected);
+        proptest::prop_assert_eq!(printed.parse::<TaskId>(), Ok(TaskId(a)));
+    }
 }

@@ -65,7 +65,7 @@ impl StateMachine {
     fn apply_batch(shared: &SmShared, entries: &[Entry]) -> io::Result<(Vec<Response>, Effects)> {
         shared.before_apply()?;
         let mut g = shared.write();
-        let Shards { dbs, cores, metas, dirty, flushing, .. } = &mut *g;
+        let Shards { dbs, cores, metas, dirty, flushing, newest, .. } = &mut *g;
         let mut fx = Effects::default();
         let mut responses = Vec::with_capacity(entries.len());
         {
@@ -73,7 +73,8 @@ impl StateMachine {
                 .iter_mut()
                 .zip(flushing.iter())
                 .zip(dbs.iter())
-                .map(|((d, f), db)| CachedStore::new(d, f.as_deref(), db))
+                .zip(newest.iter_mut())
+                .map(|(((d, f), db), n)| CachedStore::new(d, f.as_deref(), db, n))
                 .collect();
             for entry in entries {
                 let log_id = entry.log_id;

@@ -54,6 +54,16 @@ pub fn open_db_cached(path: &Path, cache_bytes: Option<usize>) -> io::Result<Dat
     Ok(db)
 }
 
+/// The largest task id in a shard file's tasks table (keys are the ids' bytes, which order as the ids do).
+pub fn newest_task_id(db: &Database) -> io::Result<Option<TaskId>> {
+    let txn = db.begin_read().map_err(io_err)?;
+    let t = txn.open_table(TASKS).map_err(io_err)?;
+    let Some((k, _)) = t.last().map_err(io_err)? else { return Ok(None) };
+    let bytes: [u8; 16] =
+        k.value().try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a task key is not 16 bytes"))?;
+    Ok(Some(TaskId(bytes)))
+}
+
 pub fn read_meta(db: &Database) -> io::Result<ShardMeta> {
     let txn = db.begin_read().map_err(io_err)?;
     let t = txn.open_table(SHARD_META).map_err(io_err)?;
@@ -219,16 +229,26 @@ struct ReadTables {
 
 /// `TaskStore` for apply: writes go into the shard's newest layer; reads look there, then in the layer being
 /// flushed, then in the file (whose state is older than both layers).
+///
+/// `newest` bounds the ids the shard can hold (the file's largest when it was opened, raised by every task stored
+/// since): a read of a larger id, which is what every enqueue's check for a taken id is (ids begin with the
+/// leader's clock), is answered without looking in the layers or the file.
 pub struct CachedStore<'a> {
     dirty: &'a mut Layer,
     flushing: Option<&'a Layer>,
     db: &'a Database,
+    newest: &'a mut Option<TaskId>,
     read: Option<ReadTables>,
 }
 
 impl<'a> CachedStore<'a> {
-    pub fn new(dirty: &'a mut Layer, flushing: Option<&'a Layer>, db: &'a Database) -> Self {
-        CachedStore { dirty, flushing, db, read: None }
+    pub fn new(
+        dirty: &'a mut Layer,
+        flushing: Option<&'a Layer>,
+        db: &'a Database,
+        newest: &'a mut Option<TaskId>,
+    ) -> Self {
+        CachedStore { dirty, flushing, db, newest, read: None }
     }
 
     fn file(&mut self) -> io::Result<&ReadTables> {
@@ -248,6 +268,9 @@ impl TaskStore for CachedStore<'_> {
     type Error = io::Error;
 
     fn get(&mut self, id: &TaskId) -> io::Result<Option<std::sync::Arc<Task>>> {
+        if self.newest.is_none_or(|newest| *id > newest) {
+            return Ok(None);
+        }
         // A hit in a layer is the answer, a removal included.
         if let Some(v) = self.dirty.tasks.get(id).or_else(|| self.flushing.and_then(|f| f.tasks.get(id))) {
             return Ok(v.clone());
@@ -259,6 +282,9 @@ impl TaskStore for CachedStore<'_> {
     }
 
     fn put(&mut self, task: std::sync::Arc<Task>) -> io::Result<()> {
+        if self.newest.is_none_or(|newest| task.id > newest) {
+            *self.newest = Some(task.id);
+        }
         self.dirty.tasks.insert(task.id, Some(task));
         Ok(())
     }

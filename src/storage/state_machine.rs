@@ -38,6 +38,8 @@ pub struct Shards {
     pub(super) flushing: Vec<Option<Arc<Layer>>>,
     /// When every shard file was last synced (`flush.rs`).
     pub(super) last_sync: Instant,
+    /// Per shard, no task id above this is stored, in the file or the layers (`shard::CachedStore`).
+    pub(super) newest: Vec<Option<TaskId>>,
 }
 
 impl Shards {
@@ -53,12 +55,14 @@ impl Shards {
             dirty: (0..count).map(|_| Layer::default()).collect(),
             flushing: vec![None; count],
             last_sync: Instant::now(),
+            newest: vec![],
         };
         for i in 0..count {
             let db = shard::open_db_cached(&files::shard_path(sm, i), Some(shard::PAGE_CACHE_BYTES))?;
             let meta = shard::read_meta(&db)?;
             out.cores.push(shard::load_core(&db, i, count, meta.now)?);
             out.metas.push(meta);
+            out.newest.push(shard::newest_task_id(&db)?);
             out.dbs.push(Arc::new(db));
         }
         Ok(out)

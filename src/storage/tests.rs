@@ -351,6 +351,50 @@ async fn reads_see_unflushed_changes_and_a_reopen_finds_them_written() {
     assert_eq!(sm.shared.digest().expect("digest"), (applied, digest, tasks));
 }
 
+/// An enqueue whose id is taken changes nothing, whether the task is in the layers or only in the files (after a
+/// reopen), and an id below the newest stored one that is free is taken: the shard's bound on its ids
+/// (`shard::CachedStore`) only ever skips looking for ids above every stored one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_task_id_is_refused_from_the_layers_and_from_the_files_after_a_reopen() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut sm = StateMachine::open(dir.path(), 3).expect("open");
+    let task = |time: u64, i: u64, byte: u8| NewTask {
+        id: TaskId::new(time, i as u16, i),
+        payload: vec![byte; 4],
+        visible_at: 0,
+        idempotency_key: None,
+        webhook_url: None,
+        ..new_task(i, None)
+    };
+    let first: Vec<NewTask> = (0..6).map(|i| task(2_000, i, 1)).collect();
+    apply(&mut sm, vec![entry(1, Request::new(2_000, 1, Command::Enqueue(first)))]).await;
+    let cancel_0 = Command::Cancel { tenant: "t".into(), task_id: TaskId::new(2_000, 0, 0) };
+    apply(&mut sm, vec![entry(2, Request::new(2_001, 2, cancel_0))]).await;
+    let check = |sm: &StateMachine, label: &str| {
+        for i in 0..6u64 {
+            let t = sm.shared.get_task(&TaskId::new(2_000, i as u16, i)).expect("read").expect(label);
+            assert_eq!(t.payload, vec![1; 4], "{label}: task {i} kept its payload");
+            let state = if i == 0 { TaskState::Cancelled } else { TaskState::Pending };
+            assert_eq!(t.state, state, "{label}: task {i} kept its state");
+        }
+    };
+    // Taken ids, the tasks still in the layers.
+    let again: Vec<NewTask> = (0..6).map(|i| task(2_000, i, 2)).collect();
+    apply(&mut sm, vec![entry(3, Request::new(2_002, 3, Command::Enqueue(again.clone())))]).await;
+    check(&sm, "in the layers");
+    sm.shared.digest().expect("digest writes every layer");
+    drop(sm);
+    // Taken ids, the tasks only in the files; and a free id older than the newest stored one.
+    let mut sm = StateMachine::open(dir.path(), 3).expect("reopen");
+    let older = task(1_500, 9, 3);
+    let mut batch = again;
+    batch.push(older.clone());
+    apply(&mut sm, vec![entry(4, Request::new(2_003, 4, Command::Enqueue(batch)))]).await;
+    check(&sm, "in the files");
+    let t = sm.shared.get_task(&older.id).expect("read").expect("the free older id is taken");
+    assert_eq!((t.payload, t.state), (vec![3; 4], TaskState::Pending));
+}
+
 /// The snapshot file of a built snapshot, whole.
 async fn snapshot_bytes(sm: &mut StateMachine) -> (crate::raft::types::Snapshot, Vec<u8>) {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};

@@ -186,7 +186,12 @@ impl ShardIndex {
                 _ => {}
             }
         }
-        *self.counts.entry(qk.clone()).or_default().slot(t.state, delayed) += 1;
+        // The queue's counts exist but for its first task: look them up before cloning the names for a new entry.
+        let counts = match self.counts.get_mut(&qk) {
+            Some(c) => c,
+            None => self.counts.entry(qk.clone()).or_default(),
+        };
+        *counts.slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
                 self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));

@@ -3,17 +3,19 @@
 # leader), at the scenario's own load (`cycle-3`: its peak).
 #
 #   bench/profile-suite.sh [scenario] [seconds]      (default: cycle-3, 10 s)
+#   WARMUP=45 bench/profile-suite.sh cycle-3 10      (record from 45 s in, after the nodes' memory has grown)
 #
 # Builds the release binary (the suite's driver, with this tree's SDK) and the `profiling` profile with frame
-# pointers into target/profiling (the nodes, as the suite's --server-bin), runs the scenario once for seconds + 15 s,
-# and from 12 s in records `perf record -g` on every node and `top` over the same window. Prints the suite's row,
-# each process's CPU share and resident memory, the split by stage per node (bench/stages.py) and each node's
-# hottest symbols. bench/profile.sh is the other way: nodes it starts itself, loaded by `raftq bench` at a paced
+# pointers into target/profiling (the nodes, as the suite's --server-bin), runs the scenario once for
+# WARMUP + seconds + 3 s, and from WARMUP s in (default 12) records `perf record -g` on every node and `top` over the
+# same window. Prints the suite's row, each process's CPU share and resident memory, the split by stage per node
+# (bench/stages.py) and each node's hottest symbols. bench/profile.sh is the other way: nodes it starts itself, loaded by `raftq bench` at a paced
 # rate, with CPU microseconds per task; its raw clients stay on the node they reach.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:-cycle-3}
 secs=${2:-10}
+warmup=${WARMUP:-12}
 out=target/profiling
 mkdir -p "$out"
 cargo build --release --bin raftq >&2
@@ -21,10 +23,10 @@ RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=$out cargo build --prof
 server=$PWD/$out/profiling/raftq
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-target/release/raftq bench-suite --runs 1 --duration "$((secs + 15))s" --only "$scenario" --server-bin "$server" \
+target/release/raftq bench-suite --runs 1 --duration "$((warmup + secs + 3))s" --only "$scenario" --server-bin "$server" \
   > "$work/suite.txt" 2>&1 &
 suite=$!
-sleep 12
+sleep "$warmup"
 pids=$(pgrep -f "^$server serve" || true)
 [ -n "$pids" ] || { echo "no node of $server runs (scenario $scenario?)" >&2; cat "$work/suite.txt" >&2; exit 1; }
 recs=()

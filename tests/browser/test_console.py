@@ -323,6 +323,19 @@ def single_node(tmp, d):
         assert sorted(r[:4] for r in c.table_rows("#keys")) == want, c.table_rows("#keys")
         c.shot("queue-keys", docs=False)
 
+        # A concurrency key override shows on the overview, with what runs and waits under the key and its expiry,
+        # as the API lists it; cleared, it goes away.
+        ok(base, admin, "PUT", "/v1/concurrency-keys/eu", {"limit": 5, "ttl_s": 3600})
+        c.go("#/")
+        c.until("the override table", lambda: len(c.table_rows("#overrides")) == 1)
+        [o] = ok(base, admin, "GET", "/v1/concurrency-keys")["overrides"]
+        assert o["key"] == "eu" and o["limit"] == 5 and o["expires_at_ms"], o
+        row = c.table_rows("#overrides")[0]
+        assert row[:4] == ["eu", "5", str(o["running"]), str(o["pending"])], (row, o)
+        assert row[4] != "never", row
+        ok(base, admin, "DELETE", "/v1/concurrency-keys/eu")
+        c.until("the override table gone", lambda: not c.d.find_elements(By.CSS_SELECTOR, "#overrides"))
+
         c.go("#/schedules")
         c.wait_text("main", "nightly-report")
         c.shot("schedules")

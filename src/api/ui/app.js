@@ -210,9 +210,17 @@ function chart(points) {
   }
   return svg;
 }
+// Concurrency key overrides an operator set (`raftq queues concurrency-override set`, PUT /v1/concurrency-keys/KEY):
+// the limit in force instead of the tasks' own, what runs and waits under the key, and when the override runs out.
+function overrides(list) {
+  if (!list.length) return [];
+  const rows = list.map(o => [o.key, String(o.limit), String(o.running), String(o.pending), o.expires_at_ms ? when(o.expires_at_ms) : "never"]);
+  return [h("h2", {}, "Concurrency key overrides"), h("div", { id: "overrides" }, table(["Key", "Limit", "Running", "Pending", "Expires"], rows, [1, 2, 3]))];
+}
 async function overviewPage() {
   const draw = async () => {
-    const [qs, cap] = await Promise.all([api("GET", "/v1/queues"), api("GET", "/v1/capacity").catch(() => ({ queues: [] }))]);
+    const [qs, cap, ovr] = await Promise.all([api("GET", "/v1/queues"), api("GET", "/v1/capacity").catch(() => ({ queues: [] })),
+      api("GET", "/v1/concurrency-keys").catch(() => ({ overrides: [] }))]);
     sample(qs.queues);
     const r = rates(null), last = r[r.length - 1] || { enq: 0, done: 0 };
     const per = {};
@@ -236,7 +244,8 @@ async function overviewPage() {
         h("span", { class: "muted" }, "sampled by this page every " + POLL_MS / 1000 + " s while it is open")),
       chart(r),
       h("h2", {}, "Capacity"),
-      table(["Queue", "Ready", "Running", "Workers", "Rate (5m)/s", "Drain", "Workers for 1h / 4h / 8h"], capRows, [1, 2, 3, 4]));
+      table(["Queue", "Ready", "Running", "Workers", "Rate (5m)/s", "Drain", "Workers for 1h / 4h / 8h"], capRows, [1, 2, 3, 4]),
+      ...overrides(ovr.overrides));
   };
   await draw();
   poll(draw);

@@ -69,9 +69,7 @@ impl TaskId {
     pub fn shard(&self, shards: usize) -> usize {
         self.placement() as usize % shards.max(1)
     }
-}
 
-impl TaskId {
     /// The id as 32 lowercase hex digits. Every answer that names a task prints its id, so this does it with a
     /// table rather than the formatter's machinery per digit (which cost more than the rest of a claimed task's
     /// conversion).

@@ -268,7 +268,7 @@ impl TaskStore for CachedStore<'_> {
     type Error = io::Error;
 
     fn get(&mut self, id: &TaskId) -> io::Result<Option<std::sync::Arc<Task>>> {
-        if self.newest.is_none_or(|newest| *id > newest) {
+        if Some(*id) > *self.newest {
             return Ok(None);
         }
         // A hit in a layer is the answer, a removal included.
@@ -282,9 +282,7 @@ impl TaskStore for CachedStore<'_> {
     }
 
     fn put(&mut self, task: std::sync::Arc<Task>) -> io::Result<()> {
-        if self.newest.is_none_or(|newest| task.id > newest) {
-            *self.newest = Some(task.id);
-        }
+        *self.newest = (*self.newest).max(Some(task.id));
         self.dirty.tasks.insert(task.id, Some(task));
         Ok(())
     }

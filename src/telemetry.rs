@@ -2,13 +2,17 @@
 //!
 //! Task lifecycle counters and latency histograms are fed from what apply did (so every replica counts the same
 //! replicated events, in state-machine time); Raft and log figures are read when scraped. Labels come only from
-//! small closed sets (event, outcome, state, peer id) and the `MAX_QUEUE_SERIES` busiest queues, never a task id.
+//! small closed sets (event, outcome, state, peer id) and the `MAX_QUEUE_SERIES` busiest queues, tenants and
+//! overridden concurrency keys, never a task id.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub const TASKS_TOTAL: &str = "raftq_tasks_total";
 pub const QUEUE_TASKS: &str = "raftq_queue_tasks";
+pub const TENANT_TASKS: &str = "raftq_tenant_tasks";
+pub const KEY_LIMIT: &str = "raftq_concurrency_key_limit";
+pub const KEY_TASKS: &str = "raftq_concurrency_key_tasks";
 pub const ENQUEUE_TO_CLAIM: &str = "raftq_enqueue_to_claim_seconds";
 pub const CLAIM_TO_END: &str = "raftq_claim_to_end_seconds";
 pub const ENQUEUE_TO_END: &str = "raftq_enqueue_to_end_seconds";

@@ -55,6 +55,23 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
         }
     }
     gauge(&mut out, t::QUEUE_TASKS, "Tasks per state in the busiest queues.", &series);
+    let tenants = tenant_series(&counts);
+    gauge(&mut out, t::TENANT_TASKS, "Tasks waiting, running and dead-lettered per tenant (the busiest).", &tenants);
+
+    // Concurrency key overrides in force, every tenant's (the busiest keys when there are many).
+    let mut keys = p.shared.all_key_limits(crate::leader::proposer::wall_clock_ms());
+    keys.sort_by_key(|(_, r)| std::cmp::Reverse(r.running + r.pending));
+    keys.truncate(t::MAX_QUEUE_SERIES);
+    let mut limits = Vec::new();
+    let mut key_tasks = Vec::new();
+    for (tenant, r) in &keys {
+        let at = format!("tenant=\"{}\",key=\"{}\"", label(tenant), label(&r.key));
+        limits.push((at.clone(), f64::from(r.limit)));
+        key_tasks.push((format!("{at},state=\"running\""), r.running as f64));
+        key_tasks.push((format!("{at},state=\"pending\""), r.pending as f64));
+    }
+    gauge(&mut out, t::KEY_LIMIT, "Concurrency key overrides in force: the key's limit.", &limits);
+    gauge(&mut out, t::KEY_TASKS, "Running and pending tasks under a concurrency key override.", &key_tasks);
     let pending = p.shared.webhook_backlog().1 as f64;
     gauge(
         &mut out,
@@ -94,6 +111,32 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
         ),
     );
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// Per tenant, over all its queues: tasks pending, delayed, in progress and dead-lettered, for the tenants with
+/// the most waiting or running (`MAX_QUEUE_SERIES` of them). With many queues per tenant, the queue series show
+/// only the busiest queues; these show every tenant's whole load side by side.
+fn tenant_series(counts: &[(crate::queue::QueueKey, crate::queue::StateCounts)]) -> Vec<(String, f64)> {
+    use crate::telemetry::{label, MAX_QUEUE_SERIES};
+    let mut per: std::collections::BTreeMap<&str, crate::queue::StateCounts> = Default::default();
+    for (qk, c) in counts {
+        per.entry(qk.tenant.as_str()).or_default().add(c);
+    }
+    let mut per: Vec<_> = per.into_iter().collect();
+    per.sort_by_key(|(_, c)| std::cmp::Reverse(c.pending + c.delayed + c.in_progress));
+    let mut series = Vec::new();
+    for (tenant, c) in per.into_iter().take(MAX_QUEUE_SERIES) {
+        let tenant = label(tenant);
+        for (state, v) in [
+            ("pending", c.pending),
+            ("delayed", c.delayed),
+            ("in_progress", c.in_progress),
+            ("dead_lettered", c.dead_lettered),
+        ] {
+            series.push((format!("tenant=\"{tenant}\",state=\"{state}\""), v as f64));
+        }
+    }
+    series
 }
 
 async fn healthz() -> Json<serde_json::Value> {

@@ -57,6 +57,17 @@ pub struct KeyLimitRow {
     pub pending: u64,
 }
 
+/// An override's row: the key's running and pending tasks summed over the shards.
+fn key_limit_row(cores: &[queue::ShardCore], tenant: &str, key: &str, l: &queue::KeyLimit) -> KeyLimitRow {
+    KeyLimitRow {
+        key: key.to_string(),
+        limit: l.limit,
+        expires_at: l.expires_at,
+        running: cores.iter().map(|c| u64::from(c.running_with_key(tenant, key))).sum(),
+        pending: cores.iter().map(|c| c.pending_with_key(tenant, key)).sum(),
+    }
+}
+
 /// How far before `created_from` a listing starts scanning ids (see `SmShared::list_tasks`).
 const LIST_FLOOR_MARGIN_MS: u64 = 60_000;
 
@@ -142,15 +153,25 @@ impl SmShared {
         let mut rows: Vec<KeyLimitRow> = keys
             .iter()
             .filter(|(k, l)| key.is_none_or(|want| want == k.as_str()) && l.in_force(now))
-            .map(|(k, l)| KeyLimitRow {
-                key: k.clone(),
-                limit: l.limit,
-                expires_at: l.expires_at,
-                running: g.cores.iter().map(|c| u64::from(c.running_with_key(tenant, k))).sum(),
-                pending: g.cores.iter().map(|c| c.pending_with_key(tenant, k)).sum(),
-            })
+            .map(|(k, l)| key_limit_row(&g.cores, tenant, k, l))
             .collect();
         rows.sort_by(|a, b| a.key.cmp(&b.key));
+        rows
+    }
+
+    /// Every tenant's concurrency key overrides in force at `now` (the operators' view across tenants, for
+    /// `/metrics`), as `key_limits` shows one tenant's; sorted by tenant, key.
+    pub fn all_key_limits(&self, now: TimeMs) -> Vec<(String, KeyLimitRow)> {
+        let g = self.read();
+        let Some(first) = g.cores.first() else { return vec![] };
+        let mut rows: Vec<(String, KeyLimitRow)> = first
+            .key_limits()
+            .iter()
+            .flat_map(|(tenant, keys)| keys.iter().map(move |(k, l)| (tenant, k, l)))
+            .filter(|(_, _, l)| l.in_force(now))
+            .map(|(tenant, k, l)| (tenant.clone(), key_limit_row(&g.cores, tenant, k, l)))
+            .collect();
+        rows.sort_by(|a, b| (&a.0, &a.1.key).cmp(&(&b.0, &b.1.key)));
         rows
     }
 

@@ -82,3 +82,56 @@ async fn metrics_are_scraped_during_load_and_parse() {
     assert!(value(&s, "raftq_log_synced_entries_total", &[]) >= value(&s, "raftq_raft_applied_index", &[]) - 1.0);
     assert!(value(&s, "raftq_raft_applied_index", &[]) > 0.0);
 }
+
+const SECRET: &str = "an-hs256-secret-for-the-metrics-test-0123456789";
+
+/// A REST call as `tenant` with every scope.
+async fn as_tenant(a: std::net::SocketAddr, tenant: &str, method: &str, path: &str, body: serde_json::Value) -> u16 {
+    let tok = hs256_token(SECRET, tenant, &raftq::auth::Scope::ALL);
+    let bearer = format!("Bearer {tok}");
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    let (status, _, v) = crate::rest::http_with(a, method, path, &[("authorization", &bearer)], body).await;
+    assert!(status < 300, "{method} {path}: {status} {v}");
+    status
+}
+
+fn absent(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> bool {
+    !s.samples.iter().any(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tenants_load_and_key_overrides_show_side_by_side() {
+    let n = TestNode::start_with(|c| {
+        c.auth = raftq::config::AuthMode::Jwt;
+        c.auth_hs256_secret = Some(raftq::config::Secret(SECRET.into()));
+    })
+    .await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 3).await;
+    let a = n.node().http_addr;
+    let task = |queue: &str, key: &str| serde_json::json!({"queue": queue, "payload": "p", "concurrency_key": key});
+    // acme: three tasks in one queue (two under key k1), two in another; globex: one task, claimed.
+    for (q, k) in [("q1", "k1"), ("q1", "k1"), ("q1", ""), ("q2", ""), ("q2", "")] {
+        as_tenant(a, "acme", "POST", "/v1/tasks", task(q, k)).await;
+    }
+    as_tenant(a, "globex", "POST", "/v1/tasks", task("q1", "k1")).await;
+    let claim = serde_json::json!({"worker_id": "w", "queues": ["q1"], "wait_ms": 0});
+    as_tenant(a, "globex", "POST", "/v1/claim", claim).await;
+    as_tenant(a, "acme", "PUT", "/v1/concurrency-keys/k1", serde_json::json!({"limit": 2})).await;
+
+    let s = scrape(a).await;
+    let tenant =
+        |t: &'static str, state: &'static str| value(&s, "raftq_tenant_tasks", &[("tenant", t), ("state", state)]);
+    assert_eq!((tenant("acme", "pending"), tenant("acme", "in_progress")), (5.0, 0.0), "over both of acme's queues");
+    assert_eq!((tenant("globex", "pending"), tenant("globex", "in_progress")), (0.0, 1.0));
+    let at = [("tenant", "acme"), ("key", "k1")];
+    assert_eq!(value(&s, "raftq_concurrency_key_limit", &at), 2.0);
+    let key = |state: &'static str| value(&s, "raftq_concurrency_key_tasks", &[at[0], at[1], ("state", state)]);
+    assert_eq!((key("pending"), key("running")), (2.0, 0.0));
+    assert!(absent(&s, "raftq_concurrency_key_limit", &[("tenant", "globex")]), "globex set no override");
+
+    // Cleared: its series go.
+    as_tenant(a, "acme", "DELETE", "/v1/concurrency-keys/k1", serde_json::Value::Null).await;
+    let s = scrape(a).await;
+    assert!(absent(&s, "raftq_concurrency_key_limit", &at) && absent(&s, "raftq_concurrency_key_tasks", &at));
+}

@@ -58,18 +58,7 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
     let tenants = tenant_series(&counts);
     gauge(&mut out, t::TENANT_TASKS, "Tasks waiting, running and dead-lettered per tenant (the busiest).", &tenants);
 
-    // Concurrency key overrides in force, every tenant's (the busiest keys when there are many).
-    let mut keys = p.shared.all_key_limits(crate::leader::proposer::wall_clock_ms());
-    keys.sort_by_key(|(_, r)| std::cmp::Reverse(r.running + r.pending));
-    keys.truncate(t::MAX_QUEUE_SERIES);
-    let mut limits = Vec::new();
-    let mut key_tasks = Vec::new();
-    for (tenant, r) in &keys {
-        let at = format!("tenant=\"{}\",key=\"{}\"", label(tenant), label(&r.key));
-        limits.push((at.clone(), f64::from(r.limit)));
-        key_tasks.push((format!("{at},state=\"running\""), r.running as f64));
-        key_tasks.push((format!("{at},state=\"pending\""), r.pending as f64));
-    }
+    let (limits, key_tasks) = key_limit_series(&p.shared.all_key_limits(crate::leader::proposer::wall_clock_ms()));
     gauge(&mut out, t::KEY_LIMIT, "Concurrency key overrides in force: the key's limit.", &limits);
     gauge(&mut out, t::KEY_TASKS, "Running and pending tasks under a concurrency key override.", &key_tasks);
     let pending = p.shared.webhook_backlog().1 as f64;
@@ -116,7 +105,7 @@ async fn metrics(State((p, log)): State<(Arc<Proposer>, Arc<LogStats>)>) -> impl
 /// Per tenant, over all its queues: tasks pending, delayed, in progress and dead-lettered, for the tenants with
 /// the most waiting or running (`MAX_QUEUE_SERIES` of them). With many queues per tenant, the queue series show
 /// only the busiest queues; these show every tenant's whole load side by side.
-fn tenant_series(counts: &[(crate::queue::QueueKey, crate::queue::StateCounts)]) -> Vec<(String, f64)> {
+fn tenant_series(counts: &[(crate::queue::QueueKey, crate::queue::StateCounts)]) -> Series {
     use crate::telemetry::{label, MAX_QUEUE_SERIES};
     let mut per: std::collections::BTreeMap<&str, crate::queue::StateCounts> = Default::default();
     for (qk, c) in counts {
@@ -137,6 +126,25 @@ fn tenant_series(counts: &[(crate::queue::QueueKey, crate::queue::StateCounts)])
         }
     }
     series
+}
+
+/// A gauge's samples: labels and value.
+type Series = Vec<(String, f64)>;
+
+/// Every tenant's concurrency key overrides in force, the busiest keys (`MAX_QUEUE_SERIES` of them): each one's
+/// limit, and its running and pending tasks.
+fn key_limit_series(keys: &[(String, crate::storage::KeyLimitRow)]) -> (Series, Series) {
+    use crate::telemetry::{label, MAX_QUEUE_SERIES};
+    let mut keys: Vec<_> = keys.iter().collect();
+    keys.sort_by_key(|(_, r)| std::cmp::Reverse(r.running + r.pending));
+    let (mut limits, mut tasks) = (Vec::new(), Vec::new());
+    for (tenant, r) in keys.into_iter().take(MAX_QUEUE_SERIES) {
+        let at = format!("tenant=\"{}\",key=\"{}\"", label(tenant), label(&r.key));
+        limits.push((at.clone(), f64::from(r.limit)));
+        tasks.push((format!("{at},state=\"running\""), r.running as f64));
+        tasks.push((format!("{at},state=\"pending\""), r.pending as f64));
+    }
+    (limits, tasks)
 }
 
 async fn healthz() -> Json<serde_json::Value> {

@@ -85,14 +85,13 @@ async fn metrics_are_scraped_during_load_and_parse() {
 
 const SECRET: &str = "an-hs256-secret-for-the-metrics-test-0123456789";
 
-/// A REST call as `tenant` with every scope.
-async fn as_tenant(a: std::net::SocketAddr, tenant: &str, method: &str, path: &str, body: serde_json::Value) -> u16 {
+/// A REST call as `tenant` with every scope, which must succeed.
+async fn as_tenant(a: std::net::SocketAddr, tenant: &str, method: &str, path: &str, body: serde_json::Value) {
     let tok = hs256_token(SECRET, tenant, &raftq::auth::Scope::ALL);
     let bearer = format!("Bearer {tok}");
     let body = if body.is_null() { String::new() } else { body.to_string() };
     let (status, _, v) = crate::rest::http_with(a, method, path, &[("authorization", &bearer)], body).await;
     assert!(status < 300, "{method} {path}: {status} {v}");
-    status
 }
 
 fn absent(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> bool {

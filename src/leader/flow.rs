@@ -3,11 +3,14 @@
 //!
 //! The signal comes from the claim dispatcher: a worker's Ready that waits while every claim entry the leader
 //! allows in flight (`dispatcher::MAX_IN_FLIGHT`) is still being committed is a worker the server cannot keep
-//! fed. When that is so for more than half of the last half second ([`BLOCKED_ON_PERMILLE`]; pacing then goes on
-//! while it stays above a fifth, [`BLOCKED_STAY_PERMILLE`], and half of the backlog is left) and more than
-//! `flow_backlog` tasks are ready, accepting enqueues faster than tasks leave the ready set only takes capacity
-//! from the completions: each claimed task then earns one enqueue ([`Flow::claimed`]), and the enqueue coalescer
-//! waits for earned room before it proposes ([`Flow::take`]). A producer stream's creates are answered later, so
+//! fed. When that is so for more than a quarter of the last half second ([`BLOCKED_ON_PERMILLE`]; pacing then
+//! goes on while it stays above a tenth, [`BLOCKED_STAY_PERMILLE`], and half of the backlog is left) and more
+//! than `flow_backlog` tasks are ready, accepting enqueues faster than tasks leave the ready set only takes
+//! capacity from the completions: each claimed task then earns one enqueue ([`Flow::claimed`]), or three
+//! quarters of one while more than `flow_backlog` are ready ([`DRAIN_SHARE`]), so a backlog that grew before
+//! pacing started shrinks back (a larger ready set makes every task dearer: more of them are written to the
+//! shard files before they are claimed); the enqueue coalescer waits for earned room before it proposes
+//! ([`Flow::take`]). A producer stream's creates are answered later, so
 //! its window fills and the producer waits; an enqueue held longer than `flow_max_wait_ms` is refused with
 //! `RATE_LIMITED` and a retry-after (the SDKs wait and send it again). Nothing of this is replicated: it decides
 //! only when this leader proposes, never what apply does.
@@ -27,10 +30,14 @@ use crate::storage::SmShared;
 
 /// How long one measurement of the dispatcher's blocked time lasts.
 pub const WINDOW: Duration = Duration::from_millis(500);
-/// Blocked for more than this share (per mille) of a window: the server cannot keep its workers fed.
-pub const BLOCKED_ON_PERMILLE: u32 = 500;
+/// Blocked for more than this share (per mille) of a window: the server cannot keep its workers fed. Under an
+/// unpaced flood on one node the share sits at 30–50 %, and the ready set grows by tens of thousands a second.
+pub const BLOCKED_ON_PERMILLE: u32 = 250;
 /// Once pacing, it goes on while the blocked share stays above this (pacing itself shortens the waits).
-pub const BLOCKED_STAY_PERMILLE: u32 = 200;
+pub const BLOCKED_STAY_PERMILLE: u32 = 100;
+/// While pacing with more than `flow_backlog` tasks ready, a claimed task earns this much of an enqueue, so the
+/// ready set shrinks back towards the backlog at a quarter of the claim rate.
+pub const DRAIN_SHARE: f64 = 0.75;
 /// Earned room kept at most (tasks): a short pause in enqueues does not bank a burst.
 const MAX_CREDIT: f64 = 4096.0;
 /// How often the ready count is read again (it sums every shard's counts).
@@ -104,11 +111,13 @@ impl Flow {
         self.blocked(now) > BLOCKED_ON_PERMILLE
     }
 
-    /// `n` tasks were claimed: while pacing, each lets one more task in.
+    /// `n` tasks were claimed: while pacing, each lets one more task in, or [`DRAIN_SHARE`] of one while the
+    /// ready set (as last read) is above the backlog.
     pub fn claimed(&self, n: usize) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.pacing {
-            st.credit = (st.credit + n as f64).min(MAX_CREDIT);
+            let share = if st.ready > self.backlog { DRAIN_SHARE } else { 1.0 };
+            st.credit = (st.credit + n as f64 * share).min(MAX_CREDIT);
             drop(st);
             self.earned.notify_one();
         }
@@ -266,32 +275,32 @@ mod tests {
             clock.observe(&flow, t + WINDOW, false);
             t + WINDOW
         };
-        t = window(t, 200);
-        assert!(!flow.pacing(t, || 5_000), "40 %: not enough to start");
-        t = window(t, 300);
-        assert!(flow.pacing(t, || 5_000), "60 %: starts");
+        t = window(t, 100);
+        assert!(!flow.pacing(t, || 5_000), "20 %: not enough to start");
         t = window(t, 150);
-        assert!(flow.pacing(t, || 5_000), "30 % while pacing: stays on");
-        t = window(t, 50);
-        assert!(!flow.pacing(t, || 5_000), "10 %: off");
-        t = window(t, 150);
-        assert!(!flow.pacing(t, || 5_000), "30 % when not pacing: stays off");
+        assert!(flow.pacing(t, || 5_000), "30 %: starts");
+        t = window(t, 75);
+        assert!(flow.pacing(t, || 5_000), "15 % while pacing: stays on");
+        t = window(t, 25);
+        assert!(!flow.pacing(t, || 5_000), "5 %: off");
+        t = window(t, 75);
+        assert!(!flow.pacing(t, || 5_000), "15 % when not pacing: stays off");
     }
 
     #[test]
-    fn a_blocked_share_under_half_is_not_starved() {
+    fn a_blocked_share_under_a_quarter_is_not_starved() {
         let flow = Flow::new(1, Duration::from_secs(1));
         let now = Instant::now();
         let mut clock = BlockedClock::new(now);
         clock.observe(&flow, now, true);
-        clock.observe(&flow, now + Duration::from_millis(200), false);
+        clock.observe(&flow, now + Duration::from_millis(100), false);
         clock.observe(&flow, now + WINDOW, false);
-        assert_eq!(flow.blocked_permille.load(Relaxed), 400);
+        assert_eq!(flow.blocked_permille.load(Relaxed), 200);
         assert!(!flow.starved(now + WINDOW));
         clock.observe(&flow, now + WINDOW, true);
-        clock.observe(&flow, now + WINDOW + Duration::from_millis(300), false);
+        clock.observe(&flow, now + WINDOW + Duration::from_millis(150), false);
         clock.observe(&flow, now + 2 * WINDOW, false);
-        assert_eq!(flow.blocked_permille.load(Relaxed), 600);
+        assert_eq!(flow.blocked_permille.load(Relaxed), 300);
         assert!(flow.starved(now + 2 * WINDOW));
     }
 
@@ -302,7 +311,10 @@ mod tests {
         assert_eq!(flow.state.lock().unwrap().credit, 0.0, "not pacing: nothing banked");
         flow.state.lock().unwrap().pacing = true;
         flow.claimed(100);
-        assert_eq!(flow.state.lock().unwrap().credit, 100.0);
+        assert_eq!(flow.state.lock().unwrap().credit, 100.0, "ready set at most the backlog: one per claim");
+        flow.state.lock().unwrap().ready = 11;
+        flow.claimed(100);
+        assert_eq!(flow.state.lock().unwrap().credit, 175.0, "above the backlog: the ready set drains");
         flow.claimed(1_000_000);
         assert_eq!(flow.state.lock().unwrap().credit, MAX_CREDIT);
         flow.give_back(5);

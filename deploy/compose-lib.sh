@@ -110,7 +110,7 @@ leader_term() {
 }
 
 # Seconds the same leader must keep the same term to count as settled: more than twice the election timeout
-# (200-400 ms by default, after a 400 ms leader lease), so an election that a returning node is about to call has
+# (150-300 ms by default, after a 300 ms leader lease), so an election that a returning node is about to call has
 # happened by then.
 SETTLE_S=${SETTLE_S:-2}
 

@@ -31,7 +31,7 @@ use crate::storage::SmShared;
 /// How long one measurement of the dispatcher's blocked time lasts.
 pub const WINDOW: Duration = Duration::from_millis(500);
 /// Blocked for more than this share (per mille) of a window: the server cannot keep its workers fed. Under an
-/// unpaced flood on one node the share sits at 30–50 %, and the ready set grows by tens of thousands a second.
+/// unpaced flood on one node the share sits at 27–50 %, and the ready set grows by tens of thousands a second.
 pub const BLOCKED_ON_PERMILLE: u32 = 250;
 /// Once pacing, it goes on while the blocked share stays above this (pacing itself shortens the waits).
 pub const BLOCKED_STAY_PERMILLE: u32 = 100;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Alternating A/B of two server builds on one bench-suite scenario: ROUNDS pairs of single 10 s runs, A then B,
 # every run driven by B's suite driver (`--server-bin` picks the nodes' binary), so only the server differs and
-# both see the same machine. Prints one line per run: the build's file name and the suite's result line.
+# both see the same machine. Prints one line per run: the build's file name and the suite's result line (with the
+# enqueue->claim stages where the scenario measures them).
 #
 #   bench/ab-suite.sh SCENARIO ROUNDS BIN_A BIN_B [more bench-suite arguments]
 #
@@ -12,10 +13,14 @@ set -euo pipefail
 scenario=$1 rounds=$2 a=$(realpath "$3") b=$(realpath "$4")
 shift 4
 for bin in "$a" "$b"; do [ -x "$bin" ] || { echo "not an executable: $bin" >&2; exit 2; }; done
-for _ in $(seq 1 "$rounds"); do
+out=$(mktemp -d)
+for r in $(seq 1 "$rounds"); do
   for bin in "$a" "$b"; do
-    line=$("$b" bench-suite --runs 1 --duration 10s --only "$scenario" --server-bin "$bin" "$@" 2>&1 |
-      grep -E '^   [0-9]' | tr -s ' ' || true)
+    log="$out/round-$r-$(basename "$bin").log"
+    "$b" bench-suite --runs 1 --duration 10s --only "$scenario" --server-bin "$bin" "$@" > "$log" 2>&1 || true
+    line=$(grep -E '^   [0-9]|stages' "$log" | tr -s ' ' | tr '\n' ' ' || true)
+    # A run without a result line keeps its whole output.
+    if grep -qE '^   [0-9]' "$log"; then rm -f "$log"; else line="no result: $log"; fi
     echo "$bin $line"
   done
 done

@@ -156,7 +156,9 @@ impl Node {
         // replicated state, so a new leader serves at once.
         let (leadership, leader_watch) = Leadership::follow(&raft, shutdown.clone());
         let flow = crate::leader::flow::Flow::new(cfg.flow_backlog, Duration::from_millis(cfg.flow_max_wait_ms));
-        let proposer = Proposer::new(raft.clone(), shared.clone(), cfg.clone(), flow.clone(), &tasks, &shutdown);
+        let (handoff, handoff_rx) = crate::leader::dispatcher::handoff();
+        let proposer =
+            Proposer::new(raft.clone(), shared.clone(), cfg.clone(), flow.clone(), handoff, &tasks, &shutdown);
         let auth = Arc::new(crate::auth::Authenticator::from_config(&cfg).map_err(|e| StartError::Config(vec![e]))?);
         let limits = Arc::new(api::limits::Limits::new(&cfg));
 
@@ -192,6 +194,7 @@ impl Node {
             cfg.max_items_per_entry,
             Duration::from_millis(cfg.write_timeout_ms),
             flow,
+            handoff_rx,
             &tasks,
         );
         let fwd = Arc::new(api::forward::Forwarder::new(raft.clone(), cfg.node_id, tls.clone(), contact));

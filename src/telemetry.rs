@@ -122,6 +122,9 @@ pub struct Metrics {
     /// tasks it refused with `RATE_LIMITED` after they waited `flow_max_wait_ms` for room.
     pub enqueue_paced: AtomicU64,
     pub enqueue_refused_overload: AtomicU64,
+    /// Tasks this leader claimed for a waiting worker right behind their enqueue's entry (`leader::dispatcher`,
+    /// hand-off), before that entry applied.
+    pub handed_off: AtomicU64,
 }
 
 impl Metrics {
@@ -197,6 +200,11 @@ impl Metrics {
                 "raftq_enqueue_refused_overload_total",
                 "Tasks this leader refused (RATE_LIMITED) after they waited flow_max_wait_ms for room (flow control).",
                 &self.enqueue_refused_overload,
+            ),
+            (
+                "raftq_claims_handed_off_total",
+                "Tasks this leader claimed for a waiting worker right behind their enqueue's entry (hand-off).",
+                &self.handed_off,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Relaxed));

@@ -9,8 +9,20 @@
 //!
 //! The picks are fair across the fairness keys of each queue (`queue::fair`): the dispatcher owns the passes
 //! (`FairClock`), leader-local, and starts them over whenever leadership changes.
+//!
+//! **Hand-off.** A worker that waits here for an empty queue would otherwise get a new task only after two
+//! commits: the enqueue's entry, then (once it is applied and the dispatcher sees the work) the claim's. So while
+//! Readys are parked, the enqueue coalescer leaves an entry with tasks claimable at once (`Fresh`: no delay, no
+//! concurrency key, no dependencies) to the dispatcher, which gives them to the Readys parked for their queue and
+//! proposes the enqueue and the `Claim` together: Raft appends the claim right behind the enqueue, in the same
+//! append (one fsync, one replication round), so both commit at once. Apply re-checks every claim as always: a task the enqueue did not add (an idempotent duplicate, a refused or dropped entry) is not
+//! found, and its Ready waits again. Only without running caps and rate limits (they are counted on picks from
+//! the replicated state); a parked Ready exists only when no applied task was there for it, so handing it the
+//! newest task passes over none that waited (tasks of enqueue entries still in flight may be overtaken by a
+//! few milliseconds).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::flow::{BlockedClock, Flow};
-use super::proposer::{not_leader, wall_clock_ms, write, ProposeError};
+use super::proposer::{not_leader, wall_clock_ms, write, write_pair, ProposeError};
 use super::Leadership;
 use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
 use crate::raft::control;
@@ -29,6 +41,59 @@ const MAX_IN_FLIGHT: usize = 4;
 
 /// A claim's answer: the claimed tasks as stored (shared with the state machine's layer, not copied).
 pub type Claimed = Result<Vec<Arc<Task>>, ProposeError>;
+
+/// A task an enqueue entry about to commit adds, claimable at once (see "Hand-off" above).
+#[derive(Debug, Clone)]
+pub struct Fresh {
+    pub id: TaskId,
+    pub tenant: String,
+    pub queue: String,
+    pub priority: u8,
+}
+
+/// An enqueue entry the coalescer leaves to the dispatcher, with its fresh tasks and where its outcome goes.
+struct Joint {
+    command: Command,
+    fresh: Vec<Fresh>,
+    reply: oneshot::Sender<Result<Response, ProposeError>>,
+}
+
+/// The enqueue side of the hand-off: whether the dispatcher has Readys to hand fresh tasks to, and where to
+/// send an entry that has some.
+#[derive(Clone)]
+pub struct Handoff {
+    tx: mpsc::UnboundedSender<Joint>,
+    /// Readys parked while the dispatcher could propose a claim at once (0 otherwise).
+    open: Arc<AtomicUsize>,
+}
+
+/// The dispatcher's side of the hand-off.
+pub struct HandoffRx {
+    rx: mpsc::UnboundedReceiver<Joint>,
+    open: Arc<AtomicUsize>,
+}
+
+/// The two ends of the hand-off between the enqueue coalescer and the dispatcher.
+pub fn handoff() -> (Handoff, HandoffRx) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let open = Arc::new(AtomicUsize::new(0));
+    (Handoff { tx, open: open.clone() }, HandoffRx { rx, open })
+}
+
+impl Handoff {
+    /// Whether a Ready waits that fresh tasks could go to now.
+    pub fn wanted(&self) -> bool {
+        self.open.load(Relaxed) > 0
+    }
+
+    /// Has the dispatcher propose an enqueue entry (`command`) with the claims of its `fresh` tasks for parked
+    /// Readys right behind it (or alone, if no Ready takes any), and returns the enqueue's outcome.
+    pub async fn write(&self, command: Command, fresh: Vec<Fresh>) -> Result<Response, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Joint { command, fresh, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
+        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+    }
+}
 
 pub struct ClaimRequest {
     pub tenant: String,
@@ -87,12 +152,15 @@ struct Done {
     capped: HashMap<QueueKey, u64>,
     /// Tokens this claim takes (see `Dispatch::promised_tokens`).
     tokens: RateCounts,
+    /// A hand-off's claim (fresh tasks, proposed behind their enqueue).
+    handed_off: bool,
     result: Result<Response, ProposeError>,
 }
 
 impl Dispatcher {
     /// Starts the dispatcher for the node's life (until `leadership`'s shutdown): while this node does not lead,
     /// it answers every claim with `NotLeader`.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         raft: Raft,
         shared: Arc<SmShared>,
@@ -100,6 +168,7 @@ impl Dispatcher {
         max_items: usize,
         write_timeout: Duration,
         flow: Arc<Flow>,
+        handoff: HandoffRx,
         tasks: &tokio_util::task::TaskTracker,
     ) -> Dispatcher {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -119,8 +188,9 @@ impl Dispatcher {
             in_flight: 0,
             fair: FairClock::default(),
             flow,
+            handed_off: handoff.open,
         };
-        tasks.spawn(d.run(rx));
+        tasks.spawn(d.run(rx, handoff.rx));
         Dispatcher { tx, seen: Arc::default() }
     }
 
@@ -193,16 +263,24 @@ struct Dispatch {
     /// Promises of claim entries that failed with an unknown outcome, held until everything this node had
     /// appended by then is applied: (that last index, tasks per capped queue, tokens).
     unsettled: Vec<(u64, HashMap<QueueKey, u64>, RateCounts)>,
+    /// Claim entries in flight, up to `MAX_IN_FLIGHT` (a hand-off's claim is not counted: it shares its
+    /// enqueue's append, and the coalescer bounds those).
     in_flight: usize,
     /// The passes of the fair pick; leader-local, started over at each leadership change.
     fair: FairClock,
     /// Producer flow control: told how long Readys wait behind a full claim pipeline, and how many tasks are
     /// claimed.
     flow: Arc<Flow>,
+    /// How many Readys fresh tasks could be handed to now (`Handoff::open`).
+    handed_off: Arc<AtomicUsize>,
 }
 
 impl Dispatch {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<ClaimRequest>) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<ClaimRequest>,
+        mut joint_rx: mpsc::UnboundedReceiver<Joint>,
+    ) {
         let mut work = self.shared.work.subscribe();
         let mut applied = self.shared.applied.subscribe();
         let mut leading = self.leadership.clone();
@@ -220,6 +298,10 @@ impl Dispatch {
             // Readys waiting while every claim entry allowed is in flight: workers the server keeps waiting.
             let full = self.in_flight >= MAX_IN_FLIGHT && !self.parked.is_empty();
             blocked.observe(&self.flow, Instant::now(), full);
+            // With room in the claim pipeline, the parked Readys have had every task they could pick: a fresh
+            // task given to one passes over none that was ready.
+            let open = if self.in_flight < MAX_IN_FLIGHT && self.hand_off_allowed() { self.parked.len() } else { 0 };
+            self.handed_off.store(open, Relaxed);
             let next_deadline = self.parked.iter().map(|p| p.deadline).min();
             // A leader cut off from its quorum answers its parked Readys (`assign`) once that is so.
             let watch_quorum = !self.parked.is_empty() && self.leadership.is_leader() && !control::cut_off(&self.raft);
@@ -246,8 +328,11 @@ impl Dispatch {
                     self.fair.reset();
                     dirty = true;
                 }
+                Some(joint) = joint_rx.recv() => self.hand_off(joint, &done_tx),
                 Some(done) = done_rx.recv() => {
-                    self.in_flight -= 1;
+                    if !done.handed_off {
+                        self.in_flight -= 1;
+                    }
                     self.finish(done);
                     dirty = true;
                 }
@@ -354,17 +439,7 @@ impl Dispatch {
                 continue;
             }
             let req = self.parked.remove(i).expect("index in range");
-            let start = items.len();
-            for id in ids {
-                self.reserved.insert(id);
-                items.push(ClaimItem {
-                    task_id: id,
-                    tenant: req.tenant.clone(),
-                    worker_id: req.worker_id.clone(),
-                    lease_ms: req.lease_ms,
-                });
-            }
-            groups.push((req, start..items.len()));
+            take(&mut self.reserved, req, ids, &mut items, &mut groups);
         }
         let tokens = match budget {
             None => RateCounts::default(),
@@ -379,7 +454,25 @@ impl Dispatch {
             return;
         }
         self.promised_tokens.merge(&tokens);
-        self.in_flight += 1;
+        self.propose(items, groups, capped, tokens, None, done_tx);
+    }
+
+    /// Proposes one claim entry, right behind a hand-off's enqueue entry if one is given; the claim's answer
+    /// comes back as a `Done`, the enqueue's to its coalescer.
+    fn propose(
+        &mut self,
+        items: Vec<ClaimItem>,
+        groups: Vec<(ClaimRequest, std::ops::Range<usize>)>,
+        capped: HashMap<QueueKey, u64>,
+        tokens: RateCounts,
+        joint: Option<Joint>,
+        done_tx: &mpsc::UnboundedSender<Done>,
+    ) {
+        let handed_off = joint.is_some();
+        // A hand-off's claim shares its enqueue's append: it takes no place in the claim pipeline.
+        if !handed_off {
+            self.in_flight += 1;
+        }
         let ids: Vec<TaskId> = items.iter().map(|c| c.task_id).collect();
         let raft = self.raft.clone();
         let timeout = self.write_timeout;
@@ -391,9 +484,53 @@ impl Dispatch {
             Command::RatedClaim { items, charges: tokens.charges() }
         };
         tokio::spawn(async move {
-            let result = write(&raft, command, timeout).await;
-            let _ = done_tx.send(Done { groups, ids, capped, tokens, result });
+            let result = match joint {
+                None => write(&raft, command, timeout).await,
+                Some(j) => {
+                    let [enqueued, claimed] = write_pair(&raft, j.command, command, timeout).await;
+                    let _ = j.reply.send(enqueued);
+                    claimed
+                }
+            };
+            let _ = done_tx.send(Done { groups, ids, capped, tokens, handed_off, result });
         });
+    }
+
+    /// Whether fresh tasks may be handed to parked Readys: leading with a quorum, and no running cap or rate
+    /// limit anywhere (those are counted on picks from the applied state).
+    fn hand_off_allowed(&self) -> bool {
+        !self.parked.is_empty()
+            && !self.shared.any_limits()
+            && !self.shared.any_rates()
+            && self.leadership.is_leader()
+            && !control::cut_off(&self.raft)
+    }
+
+    /// Proposes a hand-off's enqueue entry: with the claims of its fresh tasks for the Readys parked for their
+    /// queues (`hand_out`) right behind it, or alone when no Ready takes any (see "Hand-off"). Tasks no Ready
+    /// takes are picked as usual once the entry applies.
+    fn hand_off(&mut self, mut joint: Joint, done_tx: &mpsc::UnboundedSender<Done>) {
+        let given = if self.in_flight < MAX_IN_FLIGHT && self.hand_off_allowed() {
+            self.parked.retain(|p| !p.reply.is_closed());
+            hand_out(&self.parked, std::mem::take(&mut joint.fresh), &self.reserved, self.max_items)
+        } else {
+            vec![]
+        };
+        if given.is_empty() {
+            let (raft, timeout) = (self.raft.clone(), self.write_timeout);
+            tokio::spawn(async move {
+                let _ = joint.reply.send(write(&raft, joint.command, timeout).await);
+            });
+            return;
+        }
+        let mut items: Vec<ClaimItem> = Vec::new();
+        let mut groups = Vec::new();
+        // Indexes ascend: each removal shifts the later ones down by one.
+        for (removed, (i, ids)) in given.into_iter().enumerate() {
+            let req = self.parked.remove(i - removed).expect("index in range");
+            take(&mut self.reserved, req, ids, &mut items, &mut groups);
+        }
+        self.propose(items, groups, HashMap::new(), RateCounts::default(), Some(joint), done_tx);
     }
 
     /// Releases the promises of failed claims whose outcome is settled (see `finish`).
@@ -427,7 +564,11 @@ impl Dispatch {
                         crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
                     }
                 }
-                self.flow.claimed(results.iter().filter(|r| r.is_ok()).count());
+                let claimed = results.iter().filter(|r| r.is_ok()).count();
+                self.flow.claimed(claimed);
+                if done.handed_off {
+                    self.shared.metrics.handed_off.fetch_add(claimed as u64, Relaxed);
+                }
                 // The groups cover the results in order: hand each its share without gathering them all first
                 // (a whole entry's tasks in one vector cost a large allocation per entry).
                 let now = Instant::now();
@@ -456,6 +597,81 @@ impl Dispatch {
             }
         }
     }
+}
+
+/// Adds a request's claims of `ids` to an entry being built, and reserves the tasks.
+fn take(
+    reserved: &mut HashSet<TaskId>,
+    req: ClaimRequest,
+    ids: Vec<TaskId>,
+    items: &mut Vec<ClaimItem>,
+    groups: &mut Vec<(ClaimRequest, std::ops::Range<usize>)>,
+) {
+    let start = items.len();
+    for id in ids {
+        reserved.insert(id);
+        items.push(ClaimItem {
+            task_id: id,
+            tenant: req.tenant.clone(),
+            worker_id: req.worker_id.clone(),
+            lease_ms: req.lease_ms,
+        });
+    }
+    groups.push((req, start..items.len()));
+}
+
+/// Which parked Readys take which fresh tasks: Readys in arrival order, each up to its count (all together up to
+/// `max_items`), from the fresh tasks of its tenant's queues, higher priority first and in the entry's order
+/// within a priority; tasks in `reserved` are passed over. Returns the takers' indexes in `parked`, ascending,
+/// each with its tasks.
+fn hand_out(
+    parked: &VecDeque<ClaimRequest>,
+    mut fresh: Vec<Fresh>,
+    reserved: &HashSet<TaskId>,
+    max_items: usize,
+) -> Vec<(usize, Vec<TaskId>)> {
+    // Stable: the entry's order stays within a priority.
+    fresh.sort_by_key(|f| std::cmp::Reverse(f.priority));
+    // Per (tenant, queue): its fresh tasks, best first.
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut lists: Vec<VecDeque<(TaskId, u8)>> = Vec::new();
+    for f in fresh.iter().filter(|f| !reserved.contains(&f.id)) {
+        let at = *index.entry((f.tenant.as_str(), f.queue.as_str())).or_insert_with(|| {
+            lists.push(VecDeque::new());
+            lists.len() - 1
+        });
+        lists[at].push_back((f.id, f.priority));
+    }
+    let mut left: usize = lists.iter().map(VecDeque::len).sum();
+    let mut given = Vec::new();
+    let mut total = 0;
+    for (i, p) in parked.iter().enumerate() {
+        if total >= max_items || left == 0 {
+            break;
+        }
+        let room = (max_items - total).min(p.count);
+        let mine: Vec<usize> =
+            p.queues.iter().filter_map(|q| index.get(&(p.tenant.as_str(), q.as_str())).copied()).collect();
+        let mut ids = Vec::new();
+        while ids.len() < room {
+            // The best front among the request's queues (the first named on a tie).
+            let best = mine.iter().filter_map(|&l| Some((l, lists[l].front()?.1))).fold(
+                None,
+                |best: Option<(usize, u8)>, (l, pr)| match best {
+                    Some((_, b)) if b >= pr => best,
+                    _ => Some((l, pr)),
+                },
+            );
+            let Some((l, _)) = best else { break };
+            ids.push(lists[l].pop_front().expect("has a front").0);
+            left -= 1;
+        }
+        if !ids.is_empty() {
+            total += ids.len();
+            given.push((i, ids));
+        }
+    }
+    given
 }
 
 /// The pick for one request when limits exist: queues without a cap as usual; a capped queue gets at most
@@ -520,5 +736,59 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u64) -> TaskId {
+        TaskId::new(1_000, 0, n)
+    }
+
+    fn fresh(n: u64, tenant: &str, queue: &str, priority: u8) -> Fresh {
+        Fresh { id: id(n), tenant: tenant.into(), queue: queue.into(), priority }
+    }
+
+    fn ready(tenant: &str, queues: &[&str], count: usize) -> ClaimRequest {
+        ClaimRequest {
+            tenant: tenant.into(),
+            worker_id: "w".into(),
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            count,
+            lease_ms: 1_000,
+            deadline: Instant::now() + Duration::from_secs(10),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn fresh_tasks_go_to_readys_in_arrival_order_best_priority_first_within_tenant_and_queue() {
+        let parked: VecDeque<ClaimRequest> =
+            [ready("t", &["a"], 2), ready("u", &["a"], 5), ready("t", &["b", "a"], 5), ready("t", &["c"], 1)].into();
+        let new = vec![
+            fresh(1, "t", "a", 0),
+            fresh(2, "t", "a", 5),
+            fresh(3, "t", "b", 5),
+            fresh(4, "t", "a", 5),
+            fresh(5, "t", "b", 9),
+            fresh(6, "u", "a", 0),
+        ];
+        let given = hand_out(&parked, new, &HashSet::new(), 100);
+        // The first Ready: a's two priority-5 tasks in the entry's order. The other tenant's Ready: its own task.
+        // The third: b's 9, then the 5s (b named first wins the tie), then a's 0. Queue c has nothing.
+        assert_eq!(given, vec![(0, vec![id(2), id(4)]), (1, vec![id(6)]), (2, vec![id(5), id(3), id(1)])]);
+    }
+
+    #[test]
+    fn a_hand_out_stops_at_max_items_and_passes_over_reserved_tasks() {
+        let parked: VecDeque<ClaimRequest> = [ready("t", &["a"], 3), ready("t", &["a"], 3)].into();
+        let new = (1..=6).map(|n| fresh(n, "t", "a", 0)).collect();
+        let reserved: HashSet<TaskId> = [id(2)].into();
+        let given = hand_out(&parked, new, &reserved, 4);
+        assert_eq!(given, vec![(0, vec![id(1), id(3), id(4)]), (1, vec![id(5)])]);
+        // Nothing fresh for the Readys' queues: nobody takes anything.
+        assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &HashSet::new(), 4).is_empty());
     }
 }

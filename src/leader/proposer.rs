@@ -19,6 +19,8 @@ use crate::raft::types::NodeId;
 use crate::storage::{Raft, SmShared};
 use crate::telemetry;
 
+pub use super::dispatcher::{Fresh, Handoff};
+
 /// Entries in flight per coalescer: enough to keep the log writer busy while earlier entries replicate.
 const IN_FLIGHT_ENTRIES: usize = 8;
 
@@ -81,6 +83,21 @@ struct Pending<I, T> {
 /// What paces a coalescer (enqueues only): producer flow control and the state it reads.
 type Paced = Option<(Arc<super::flow::Flow>, Arc<SmShared>)>;
 
+/// Where a coalescer (enqueues only) tells the dispatcher of the tasks its entry adds that a parked worker could
+/// take at once, and how it finds them among its items.
+type HandsOff<I> = Option<(Handoff, fn(&[I], TimeMs) -> Vec<Fresh>)>;
+
+/// The tasks of an enqueue that a worker could claim as soon as the entry applies: visible now, without a
+/// concurrency (fairness) key or dependencies. The dispatcher may claim them for parked workers in an entry
+/// appended right behind the enqueue's (`dispatcher::Handoff`).
+fn fresh_tasks(items: &[NewTask], now: TimeMs) -> Vec<Fresh> {
+    items
+        .iter()
+        .filter(|t| t.visible_at <= now && t.concurrency.is_none() && t.depends_on.is_empty())
+        .map(|t| Fresh { id: t.id, tenant: t.tenant.clone(), queue: t.queue.clone(), priority: t.priority })
+        .collect()
+}
+
 pub struct Proposer {
     pub raft: Raft,
     pub shared: Arc<SmShared>,
@@ -109,11 +126,13 @@ pub async fn linearize(raft: &Raft, shared: &SmShared, timeout: Duration) -> Res
 }
 
 impl Proposer {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         raft: Raft,
         shared: Arc<SmShared>,
         cfg: Arc<Config>,
         flow: Arc<super::flow::Flow>,
+        handoff: Handoff,
         tasks: &tokio_util::task::TaskTracker,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Arc<Self> {
@@ -124,13 +143,21 @@ impl Proposer {
         let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx, admission });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
-        tasks.spawn(coalesce(raft.clone(), shutdown.clone(), enqueue_rx, paced, max, timeout, Command::Enqueue, |r| {
-            match r {
+        let handoff: HandsOff<NewTask> = Some((handoff, fresh_tasks));
+        tasks.spawn(coalesce(
+            raft.clone(),
+            shutdown.clone(),
+            enqueue_rx,
+            (paced, handoff),
+            max,
+            timeout,
+            Command::Enqueue,
+            |r| match r {
                 Response::Enqueued(v) => Some(v),
                 _ => None,
-            }
-        }));
-        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, None, max, timeout, Command::Ack, |r| match r {
+            },
+        ));
+        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, (None, None), max, timeout, Command::Ack, |r| match r {
             Response::Acked(v) => Some(v),
             _ => None,
         }));
@@ -325,22 +352,66 @@ pub(crate) async fn write(raft: &Raft, command: Command, timeout: Duration) -> R
     match written {
         Err(_) => Err(ProposeError::Unknown("timed out waiting for the write to apply".into())),
         Ok(Ok(resp)) => Ok(resp.data),
-        Ok(Err(e)) => Err(match RaftFailure::from(e) {
-            RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
-            // Anything else may have been appended before it failed (also when Raft stopped): unknown.
-            f => ProposeError::Unknown(f.to_string()),
-        }),
+        Ok(Err(e)) => Err(failure(RaftFailure::from(e))),
     }
 }
 
+fn failure(f: RaftFailure) -> ProposeError {
+    match f {
+        RaftFailure::NotLeader { leader_id, leader_addr } => not_leader(leader_id, leader_addr),
+        // Anything else may have been appended before it failed (also when Raft stopped): unknown.
+        f => ProposeError::Unknown(f.to_string()),
+    }
+}
+
+/// Two commands proposed together, as [`write`] proposes one: Raft appends them next to each other, `second`
+/// right after `first`, in one append (one fsync, one replication round). The outcomes come back in order.
+pub(crate) async fn write_pair(
+    raft: &Raft,
+    first: Command,
+    second: Command,
+    timeout: Duration,
+) -> [Result<Response, ProposeError>; 2] {
+    use futures::StreamExt;
+    let cut_off = control::quorum_silence_limit(raft);
+    if control::cut_off(raft) {
+        return [Err(not_leader(None, None)), Err(not_leader(None, None))];
+    }
+    let now = wall_clock_ms();
+    let reqs = [Request::new(now, rand::random(), first), Request::new(now, rand::random(), second)];
+    let written = async {
+        let results: Vec<_> = raft.client_write_many(reqs).await.map_err(RaftFailure::from)?.collect().await;
+        Ok::<_, RaftFailure>(results)
+    };
+    let unknown =
+        |why: &str| [Err(ProposeError::Unknown(why.to_string())), Err(ProposeError::Unknown(why.to_string()))];
+    let written = tokio::select! {
+        r = tokio::time::timeout(timeout, written) => r,
+        why = control::write_stranded(raft, cut_off, STEPPED_DOWN_GRACE) => return unknown(&why),
+    };
+    let results = match written {
+        Err(_) => return unknown("timed out waiting for the write to apply"),
+        Ok(Err(f)) => return [Err(failure(f.clone())), Err(failure(f))],
+        Ok(Ok(results)) => results,
+    };
+    let mut out = results.into_iter().map(|r| match r {
+        Ok(Ok(resp)) => Ok(resp.response),
+        Ok(Err(e)) => Err(failure(RaftFailure::from(e))),
+        Err(fatal) => Err(failure(RaftFailure::from(fatal))),
+    });
+    let mut next = || out.next().unwrap_or_else(|| Err(ProposeError::Unknown("no outcome".into())));
+    [next(), next()]
+}
+
 /// Drains queued requests into one command per entry, with up to `IN_FLIGHT_ENTRIES` entries in flight. With
-/// `paced` (enqueues), each entry first waits for the room producer flow control gives (`leader::flow`).
+/// `paced` (enqueues), each entry first waits for the room producer flow control gives (`leader::flow`); with
+/// `handoff` (enqueues), an entry with fresh tasks goes through the dispatcher while Readys wait there.
 #[allow(clippy::too_many_arguments)]
 async fn coalesce<I: Send + 'static, T: Send + 'static>(
     raft: Raft,
     shutdown: tokio_util::sync::CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Pending<I, T>>,
-    paced: Paced,
+    (paced, handoff): (Paced, HandsOff<I>),
     max_items: usize,
     timeout: Duration,
     make: fn(Vec<I>) -> Command,
@@ -395,6 +466,7 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
             flow.give_back(room.saturating_sub(n));
         }
         let raft = raft.clone();
+        let handoff = handoff.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut sizes = Vec::with_capacity(batch.len());
@@ -405,7 +477,18 @@ async fn coalesce<I: Send + 'static, T: Send + 'static>(
                 items.extend(p.items);
                 replies.push(p.reply);
             }
-            match write(&raft, make(items), timeout).await {
+            // While workers wait on the dispatcher, it proposes the entry itself with their claims of its fresh
+            // tasks right behind (`dispatcher::Handoff`).
+            let fresh = handoff
+                .as_ref()
+                .filter(|(h, _)| h.wanted())
+                .map(|(h, find)| (h, find(&items, wall_clock_ms())))
+                .filter(|(_, f)| !f.is_empty());
+            let written = match fresh {
+                Some((h, fresh)) => h.write(make(items), fresh).await,
+                None => write(&raft, make(items), timeout).await,
+            };
+            match written {
                 Ok(resp) => match take(resp) {
                     Some(results) => {
                         let mut it = results.into_iter();

@@ -228,3 +228,39 @@ async fn an_empty_producer_event_is_refused() {
         }
     }
 }
+
+/// A Ready parked on an empty queue gets a new task claimed right behind the enqueue's entry (the dispatcher's
+/// hand-off, counted in `handed_off`). An idempotent duplicate is handed off too, under the id its enqueue would
+/// have had: apply finds no such task, and the Ready waits on and takes the next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_ready_takes_a_new_task_behind_its_enqueue_and_a_duplicate_leaves_it_waiting() {
+    let n = TestNode::start().await;
+    let handed = || n.node().shared.metrics.handed_off.load(std::sync::atomic::Ordering::Relaxed);
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    let mut first = open(&addr, hello()).await.expect("open");
+    first.ready(1, "h", 1).await;
+    // The Ready is parked once the dispatcher has it; nothing tells the client, so give it a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let keyed = pb::EnqueueRequest { idempotency_key: "order-7".into(), ..enq("h", "one") };
+    let id = c.enqueue(keyed.clone()).await.expect("enqueue").into_inner().task_id;
+    let pb::server_event::Event::TaskBatch(b) = first.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (1, 1, id.as_str()));
+    wait_until(Duration::from_secs(5), || handed() == 1).await;
+
+    let mut second =
+        open(&addr, pb::worker_event::Event::Hello(pb::Hello { token: String::new(), worker_id: "w-2".into() }))
+            .await
+            .expect("open");
+    second.ready(2, "h", 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dup = c.enqueue(keyed).await.expect("enqueue").into_inner();
+    assert_eq!(dup.task_id, id, "the key's task, not a new one");
+    // The duplicate's claim finds nothing; the Ready is parked again (no task, no answer yet).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(handed(), 1, "no task was claimed for the duplicate");
+    let id2 = c.enqueue(enq("h", "two")).await.expect("enqueue").into_inner().task_id;
+    let pb::server_event::Event::TaskBatch(b) = second.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (2, 1, id2.as_str()));
+    wait_until(Duration::from_secs(5), || handed() == 2).await;
+}

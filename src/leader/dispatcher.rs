@@ -12,14 +12,15 @@
 //!
 //! **Hand-off.** A worker that waits here for an empty queue would otherwise get a new task only after two
 //! commits: the enqueue's entry, then (once it is applied and the dispatcher sees the work) the claim's. So while
-//! Readys are parked, the enqueue coalescer leaves an entry with tasks claimable at once (`Fresh`: no delay, no
-//! concurrency key, no dependencies) to the dispatcher, which gives them to the Readys parked for their queue and
-//! proposes the enqueue and the `Claim` together: Raft appends the claim right behind the enqueue, in the same
-//! append (one fsync, one replication round), so both commit at once. Apply re-checks every claim as always: a task the enqueue did not add (an idempotent duplicate, a refused or dropped entry) is not
-//! found, and its Ready waits again. Only without running caps and rate limits (they are counted on picks from
-//! the replicated state); a parked Ready exists only when no applied task was there for it, so handing it the
-//! newest task passes over none that waited (tasks of enqueue entries still in flight may be overtaken by a
-//! few milliseconds).
+//! Readys are parked with room in the claim pipeline, the enqueue coalescer leaves an entry with tasks claimable
+//! at once (`Fresh`: no delay, no concurrency key, no dependencies) to the dispatcher, which gives them to the
+//! Readys parked for their queue and proposes the enqueue and the `Claim` together: Raft appends the claim right
+//! behind the enqueue, in the same append (one fsync, one replication round), so both commit at once. Apply
+//! re-checks every claim as always: a task the enqueue did not add (an idempotent duplicate, a refused or dropped
+//! entry) is not found, and its Ready waits again. Only without running caps and rate limits (they are counted on
+//! picks from the replicated state). With room in the pipeline every parked Ready has had every task it could
+//! pick, so handing it the newest task passes over none that waited (tasks of enqueue entries still in flight
+//! may be overtaken by a few milliseconds).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -188,7 +189,7 @@ impl Dispatcher {
             in_flight: 0,
             fair: FairClock::default(),
             flow,
-            handed_off: handoff.open,
+            open: handoff.open,
         };
         tasks.spawn(d.run(rx, handoff.rx));
         Dispatcher { tx, seen: Arc::default() }
@@ -272,7 +273,7 @@ struct Dispatch {
     /// claimed.
     flow: Arc<Flow>,
     /// How many Readys fresh tasks could be handed to now (`Handoff::open`).
-    handed_off: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
 }
 
 impl Dispatch {
@@ -301,7 +302,7 @@ impl Dispatch {
             // With room in the claim pipeline, the parked Readys have had every task they could pick: a fresh
             // task given to one passes over none that was ready.
             let open = if self.in_flight < MAX_IN_FLIGHT && self.hand_off_allowed() { self.parked.len() } else { 0 };
-            self.handed_off.store(open, Relaxed);
+            self.open.store(open, Relaxed);
             let next_deadline = self.parked.iter().map(|p| p.deadline).min();
             // A leader cut off from its quorum answers its parked Readys (`assign`) once that is so.
             let watch_quorum = !self.parked.is_empty() && self.leadership.is_leader() && !control::cut_off(&self.raft);

@@ -83,8 +83,8 @@ struct Pending<I, T> {
 /// What paces a coalescer (enqueues only): producer flow control and the state it reads.
 type Paced = Option<(Arc<super::flow::Flow>, Arc<SmShared>)>;
 
-/// Where a coalescer (enqueues only) tells the dispatcher of the tasks its entry adds that a parked worker could
-/// take at once, and how it finds them among its items.
+/// Where a coalescer (enqueues only) leaves an entry with tasks a parked worker could take at once (the
+/// dispatcher proposes it with their claims), and how it finds those tasks among its items.
 type HandsOff<I> = Option<(Handoff, fn(&[I], TimeMs) -> Vec<Fresh>)>;
 
 /// The tasks of an enqueue that a worker could claim as soon as the entry applies: visible now, without a

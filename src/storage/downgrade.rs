@@ -4,7 +4,8 @@
 //! release finds a state it knows. Once the node has applied the switch, or holds it in its log, the downgrade is
 //! refused and nothing is written.
 //!
-//! Every check reads only (the files are opened read-only, the log scanned) before the first write. Each redb
+//! Every check reads only (the files are opened read-only, the log scanned) before the first write; a node that
+//! was killed rather than stopped (its log's journal holds writes, see `journal.rs`) is refused. Each redb
 //! file is rewritten in one transaction that also removes its marker; the directory's marker goes last. A crash
 //! part way leaves some files v0 and some v1 under a v1 directory marker: the new binary upgrades the v0 ones
 //! again at its next start, and the downgrade can be run again.
@@ -44,6 +45,7 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
     }
     files::recover_install(dir)?;
     let log = files::log_path(dir);
+    let journal = super::files::journal_path(&log);
     let sm = files::sm_dir(dir);
     let shards: Vec<_> = (0..).map(|i| files::shard_path(&sm, i)).take_while(|p| p.exists()).collect();
 
@@ -60,6 +62,17 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
     }
     if log.exists() {
         let db = redb::ReadOnlyDatabase::open(&log).map_err(|e| open_failed(&log, e))?;
+        // A directory of version 2 has the log's journal. A stopped node checkpointed it into the log file; one
+        // that was killed left writes there that only its next start puts into the log file.
+        let pending = super::journal::count(&journal, journal_generation(&db)? + 1)?;
+        if pending > 0 {
+            return Err(refused(format!(
+                "{}: the node did not stop cleanly, and its log's journal holds {pending} records not yet in the \
+                 log file: start the node once with this binary and stop it (SIGTERM), then downgrade; nothing \
+                 was changed",
+                journal.display()
+            )));
+        }
         if let Some((index, required)) = first_newer_entry(&db, &log)? {
             return Err(refused(format!(
                 "the log holds, at index {index}, a command of cluster version {required} (the switch or newer): \
@@ -88,6 +101,9 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
         out.files += 1;
     }
     snapshot::downgrade_current_meta(dir)?;
+    if journal.exists() {
+        fs::remove_file(&journal)?;
+    }
     fs::remove_file(dir.join(format::DATA_DIR_MARKER))?;
     sync_dir(dir)?;
     Ok(Some(out))
@@ -99,6 +115,20 @@ fn open_failed(path: &Path, e: impl std::fmt::Display) -> io::Error {
          binary to be repaired)",
         path.display()
     ))
+}
+
+/// The last generation of the log's journal the log file holds (0: none, a directory of version 1 or older).
+fn journal_generation(db: &redb::ReadOnlyDatabase) -> io::Result<u64> {
+    let txn = db.begin_read().map_err(io::Error::other)?;
+    let meta = match txn.open_table(LOG_META) {
+        Ok(t) => t,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(io::Error::other(e)),
+    };
+    match meta.get(META_JOURNAL).map_err(io::Error::other)? {
+        Some(v) => format::decode(v.value(), "journal generation"),
+        None => Ok(0),
+    }
 }
 
 /// The cluster version a shard file holds (`None`: none recorded, version 0).

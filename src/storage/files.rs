@@ -4,6 +4,7 @@
 //! ```text
 //! <data_dir>/
 //!   raft-log.redb          the Raft log (`LogStore`)
+//!   raft-log.journal       the log's journal: writes since its last checkpoint (`storage::journal`)
 //!   sm/SHARDS              the shard count, fixed when the directory is created
 //!   sm/shard-<N>.redb      shard N of the state machine (`storage::shard`)
 //!   sm.new/                a snapshot install being written; it replaces sm/ once sm.new/COMPLETE exists
@@ -21,6 +22,11 @@ use super::codec::io_err;
 /// The Raft log's file.
 pub fn log_path(dir: &Path) -> PathBuf {
     dir.join("raft-log.redb")
+}
+
+/// The journal of the log file at `log_path` (`raft-log.redb`): `raft-log.journal`, beside it.
+pub fn journal_path(log_path: &Path) -> PathBuf {
+    log_path.with_extension("journal")
 }
 
 /// The directory of the state machine's shard files.

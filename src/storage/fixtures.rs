@@ -259,8 +259,9 @@ async fn a_v0_data_dir_opens_with_its_tasks_and_is_upgraded_to_v1() {
         let cur = sm.get_current_snapshot().await.expect("current").expect("the v0 snapshot");
         assert_eq!(cur.meta.last_log_id, Some(log_id(7)));
     }
-    // Upgraded: the directory and every file say v1, and a reopen (v1 decoding only) finds the same.
-    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::V1));
+    // Upgraded: the directory says version 2 (v1 files and the log's journal), every file v1, and a reopen (v1
+    // decoding only) finds the same.
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V2));
     for path in [files::log_path(dir), files::shard_path(&files::sm_dir(dir), 0)] {
         let db = super::codec::open_db(&path).expect("open");
         let meta = if path == files::log_path(dir) { super::tables::LOG_META } else { super::tables::SHARD_META };
@@ -325,7 +326,7 @@ fn a_newer_data_dir_is_refused_at_start_and_left_byte_identical() {
     std::fs::write(dir.join(format::DATA_DIR_MARKER), "99\n").expect("write marker");
     let before = all_bytes(dir);
     let err = super::open_data_dir(dir, 1).err().expect("a v99 directory is refused");
-    assert_newer(&err, "99", "1");
+    assert_newer(&err, "99", "2");
     assert!(err.to_string().contains("data directory"), "{err}");
     assert_unchanged(dir, &before);
 }
@@ -503,4 +504,30 @@ async fn a_downgrade_is_refused_while_the_log_holds_the_switch_unapplied() {
     let msg = super::downgrade::downgrade_data_dir(dir).expect_err("logged switch").to_string();
     assert!(msg.contains("at index 10") && msg.contains("cluster version 1"), "{msg}");
     assert_unchanged(dir, &before);
+}
+
+/// A node killed between checkpoints left writes in its log's journal that only its next start puts into the
+/// log file: a downgrade then would lose them, so it is refused, reading only; after one start and a clean stop
+/// it goes through and removes the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_is_refused_while_the_journal_holds_writes_of_a_killed_node() {
+    let tmp = copy_v0();
+    let dir = tmp.path();
+    let journal = super::files::journal_path(&files::log_path(dir));
+    {
+        let (log, _sm) = super::open_data_dir(dir, 1).expect("upgrade");
+        let mut log2 = log.clone();
+        log2.save_committed(Some(log_id(9))).await.expect("committed");
+        drop(log2);
+        log.close_as_crashed();
+    }
+    assert!(journal.exists());
+    let before = all_bytes(dir);
+    let msg = super::downgrade::downgrade_data_dir(dir).expect_err("a journal to replay").to_string();
+    assert!(msg.contains("did not stop cleanly") && msg.contains("nothing was changed"), "{msg}");
+    assert_unchanged(dir, &before);
+    drop(super::open_data_dir(dir, 1).expect("one start"));
+    super::downgrade::downgrade_data_dir(dir).expect("downgrade").expect("was v2");
+    assert!(!journal.exists(), "the downgrade removes the journal");
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::V0));
 }

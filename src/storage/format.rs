@@ -23,7 +23,8 @@
 //!   with an `Option` tag (0 or 1), never with `R`, so the two are told apart by the first byte;
 //! - the data directory holds [`DATA_DIR_MARKER`] (`FORMAT`), the directory's version, written when the
 //!   directory is created or once every file in it has been upgraded. A directory with raftq files and no
-//!   marker is v0.
+//!   marker is v0. Version 2 ([`DIR_CURRENT`]) holds v1 files and the Raft log's journal: nothing is converted
+//!   from version 1, but a build of version 1 must not open it, since it would not replay the journal.
 //!
 //! # Refusal
 //! Data of a version newer than [`CURRENT`] (a directory marker, a file marker, a record, a log entry, a
@@ -57,6 +58,12 @@ pub const V0: Version = 0;
 pub const V1: Version = 1;
 /// The version this binary writes, and the newest it reads.
 pub const CURRENT: Version = V1;
+/// The data directory's version 2: v1 files, and the Raft log's journal (`storage::journal`) beside the log
+/// file, which holds writes the log file may not yet hold. A build that knows only version 1 would not read it,
+/// so it must refuse the directory.
+pub const DIR_V2: Version = 2;
+/// The data directory's version this binary writes, and the newest it reads.
+pub const DIR_CURRENT: Version = DIR_V2;
 
 /// The data directory's marker file: the directory's format version in ASCII decimal.
 pub const DATA_DIR_MARKER: &str = "FORMAT";
@@ -308,6 +315,8 @@ pub fn downgrade_file(
     }
     let mut m = txn.open_table(meta).map_err(|e| invalid("meta", e))?;
     m.remove(META_FORMAT).map_err(|e| invalid("meta", e))?;
+    // The journal's generation: the downgrade replayed the journal and removes it.
+    m.remove(META_JOURNAL).map_err(|e| invalid("meta", e))?;
     let keys: Vec<String> = m
         .iter()
         .map_err(|e| invalid("meta", e))?
@@ -511,8 +520,8 @@ pub fn data_dir_version(dir: &Path) -> io::Result<Option<Version>> {
         .parse()
         .map_err(|_| invalid(&what, format!("unreadable format marker {DATA_DIR_MARKER}: {:?}", text.trim())))?;
     match Version::try_from(found) {
-        Ok(v) if v <= CURRENT => Ok(Some(v)),
-        _ => Err(newer(what, found, CURRENT.into())),
+        Ok(v) if v <= DIR_CURRENT => Ok(Some(v)),
+        _ => Err(newer(what, found, DIR_CURRENT.into())),
     }
 }
 
@@ -520,7 +529,7 @@ pub fn data_dir_version(dir: &Path) -> io::Result<Option<Version>> {
 pub fn mark_data_dir(dir: &Path) -> io::Result<()> {
     let path = dir.join(DATA_DIR_MARKER);
     let tmp = dir.join(format!("{DATA_DIR_MARKER}.tmp"));
-    fs::write(&tmp, format!("{CURRENT}\n"))?;
+    fs::write(&tmp, format!("{DIR_CURRENT}\n"))?;
     fs::File::open(&tmp)?.sync_all()?;
     fs::rename(&tmp, &path)?;
     fs::File::open(dir)?.sync_all()
@@ -598,16 +607,18 @@ mod tests {
     }
 
     #[test]
-    fn the_data_dir_marker_says_new_v0_v1_or_refuses() {
+    fn the_data_dir_marker_says_new_v0_v1_v2_or_refuses() {
         let dir = tempfile::tempdir().expect("dir");
         assert_eq!(data_dir_version(dir.path()).expect("new"), None);
         fs::create_dir(dir.path().join("sm")).expect("mkdir");
         assert_eq!(data_dir_version(dir.path()).expect("v0"), Some(V0));
-        mark_data_dir(dir.path()).expect("mark");
+        fs::write(dir.path().join(DATA_DIR_MARKER), "1\n").expect("write");
         assert_eq!(data_dir_version(dir.path()).expect("v1"), Some(V1));
+        mark_data_dir(dir.path()).expect("mark");
+        assert_eq!(data_dir_version(dir.path()).expect("v2"), Some(DIR_V2));
         fs::write(dir.path().join(DATA_DIR_MARKER), "300\n").expect("write");
         let msg = data_dir_version(dir.path()).expect_err("newer").to_string();
-        assert!(msg.contains("format version 300") && msg.contains("(version 1)"), "{msg}");
+        assert!(msg.contains("format version 300") && msg.contains("(version 2)"), "{msg}");
         fs::write(dir.path().join(DATA_DIR_MARKER), "one\n").expect("write");
         assert!(data_dir_version(dir.path()).expect_err("garbage").to_string().contains("unreadable"));
     }

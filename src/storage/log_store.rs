@@ -1,14 +1,18 @@
-//! The Raft log on redb, with group commit and an in-memory tail.
+//! The Raft log on redb and its journal, with group commit and an in-memory tail.
 //!
 //! Appends, truncations and purges take effect at once in `LogCache`, the newest entries as appended, which is
 //! where apply and replication read them (no redb read, no decoding). One writer thread owns every write to the
-//! file: it takes all operations queued since its last turn, encodes the entries and writes everything in one
-//! transaction, committed with `Durability::Immediate` (one fsync) when it holds an append or a vote. Only then
-//! are the append callbacks fired and `save_vote` answered: nothing is acknowledged before it is on disk, and one
-//! fsync covers every append queued meanwhile. All writes go through the one thread in submission order, so vote,
-//! append, truncate and purge are ordered writes; `save_committed`, truncations and purges return once queued (a
-//! later fsync hardens them, and openraft needs no more). The cache keeps `CACHE_ENTRIES` entries and never
-//! drops one the writer has not yet written.
+//! files: it takes all operations queued since its last turn, encodes the entries and writes everything in one
+//! redb transaction. A turn that holds an append is made durable by one record in the journal (`journal.rs`:
+//! one `pwrite`, one `fdatasync`) while its redb commit is not synced; every `CHECKPOINT_EVERY` (and for a vote)
+//! a turn is a checkpoint instead, one redb commit with `Durability::Immediate` that covers every journal record
+//! before it. Only once a turn is durable are the append callbacks fired and `save_vote` answered: nothing is
+//! acknowledged before it is on disk, and one fsync covers every append queued meanwhile. All writes go through
+//! the one thread in submission order, so vote, append, truncate and purge are ordered writes (each turn's
+//! operations are journaled, synced or not, so the journal replays them in order); `save_committed`,
+//! truncations and purges return once queued (a later fsync hardens them, and openraft needs no more). At open,
+//! the journal's records since the last checkpoint are applied to redb and made durable before anything else.
+//! The cache keeps `CACHE_ENTRIES` entries and never drops one the writer has not yet written.
 
 use std::fmt::Debug;
 use std::io;
@@ -25,11 +29,18 @@ use tokio::sync::oneshot;
 
 use super::codec::io_err;
 use super::format::{self, decode, encode, encode_into};
+use super::journal::Journal;
 use super::tables::*;
 use crate::raft::types::{Entry, LogId, TypeConfig, Vote};
 
 /// How many queued operations one writer turn takes at most, so a turn's transaction stays bounded.
 const MAX_OPS_PER_TURN: usize = 4096;
+/// A durable turn this long after the last checkpoint is a checkpoint (a synced redb commit), so the journal
+/// stays short and redb's unsynced commits few.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// A turn that finds the journal this long is a checkpoint, however recent the last one (the file stays about
+/// this size: each generation overwrites the last one's blocks).
+const CHECKPOINT_BYTES: u64 = 8 << 20;
 
 /// A write for the writer thread. Appends, truncations and purges take effect in the cache before they are
 /// sent (so readers see them at once); the writer makes them durable in submission order.
@@ -127,6 +138,9 @@ impl LogCache {
 struct Writer {
     tx: Option<mpsc::Sender<Op>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Cleared to close without the last checkpoint, as a crash would (tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    checkpoint_at_close: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Writer {
@@ -153,6 +167,11 @@ impl LogStore {
     /// Opens (or creates) the log file and starts its writer thread. The thread ends when the last `LogStore`
     /// clone is dropped.
     pub fn open(path: &Path) -> io::Result<LogStore> {
+        Self::open_checkpointing(path, CHECKPOINT_EVERY)
+    }
+
+    /// [`LogStore::open`] with checkpoints `every` (tests: none but at open, for a vote or at close).
+    pub(crate) fn open_checkpointing(path: &Path, every: std::time::Duration) -> io::Result<LogStore> {
         // The version is read before anything is written: a file of a newer format is left as it was.
         format::refuse_newer_file(path, LOG_META)?;
         let db = Arc::new(super::codec::open_db_cached(path, Some(LOG_PAGE_CACHE_BYTES))?);
@@ -165,6 +184,7 @@ impl LogStore {
             format::upgrade_log_file(&txn, found)?;
             txn.commit().map_err(io_err)?;
         }
+        let journal = open_journal(&db, path)?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(LogStats::default());
         let (last, purged) = {
@@ -181,15 +201,25 @@ impl LogStore {
         let cache =
             Arc::new(Mutex::new(LogCache { last, purged, written: last.unwrap_or(0), entries: Default::default() }));
         let (wdb, wstats, wcache) = (db.clone(), stats.clone(), cache.clone());
+        let checkpoint_at_close = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let at_close = checkpoint_at_close.clone();
         let thread = std::thread::Builder::new()
             .name("raftq-log-writer".into())
-            .spawn(move || writer_loop(wdb, rx, wstats, wcache))?;
-        Ok(LogStore { db, writer: Arc::new(Writer { tx: Some(tx), thread: Some(thread) }), cache, stats })
+            .spawn(move || writer_loop(wdb, journal, rx, wstats, wcache, at_close, every))?;
+        let writer = Writer { tx: Some(tx), thread: Some(thread), checkpoint_at_close };
+        Ok(LogStore { db, writer: Arc::new(writer), cache, stats })
     }
 
     /// A handle that tells when the log file has been closed (every clone and reader dropped).
     pub fn closed_watch(&self) -> std::sync::Weak<Database> {
         Arc::downgrade(&self.db)
+    }
+
+    /// Closes without the checkpoint a clean close makes, leaving what the journal holds for the next open to
+    /// replay, as after a crash (the process killed; redb's unsynced commits are not on disk either).
+    #[cfg(test)]
+    pub(crate) fn close_as_crashed(self) {
+        self.writer.checkpoint_at_close.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn send(&self, op: Op) -> io::Result<()> {
@@ -210,10 +240,42 @@ impl LogStore {
     }
 }
 
-fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>, cache: Arc<Mutex<LogCache>>) {
+/// Applies the journal's records since the last checkpoint to redb and records their generation, in one synced
+/// commit (always, so the journal then writes a generation never written before), and returns the journal.
+fn open_journal(db: &Database, path: &Path) -> io::Result<Journal> {
+    let done: u64 = {
+        let txn = db.begin_read().map_err(io_err)?;
+        let meta = txn.open_table(LOG_META).map_err(io_err)?;
+        match meta.get(META_JOURNAL).map_err(io_err)? {
+            Some(v) => decode(v.value(), "journal generation")?,
+            None => 0,
+        }
+    };
+    let (journal, records) = Journal::open(&super::files::journal_path(path), done + 1)?;
+    let mut ops = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        decode_record(r, &mut ops).map_err(|e| io::Error::other(format!("raft log journal record {i}: {e}")))?;
+    }
+    if !records.is_empty() {
+        tracing::info!(records = records.len(), writes = ops.len(), "raft log: replayed the journal");
+    }
+    write_ops(db, ops.iter().map(Replayed::as_write), Durability::Immediate, Some(done + 1))?;
+    Ok(journal)
+}
+
+fn writer_loop(
+    db: Arc<Database>,
+    mut journal: Journal,
+    rx: mpsc::Receiver<Op>,
+    stats: Arc<LogStats>,
+    cache: Arc<Mutex<LogCache>>,
+    checkpoint_at_close: Arc<std::sync::atomic::AtomicBool>,
+    checkpoint_every: std::time::Duration,
+) {
     use std::sync::atomic::Ordering::Relaxed;
     // After an I/O error every later operation fails too: openraft stops the node on the first one.
     let mut broken: Option<String> = None;
+    let mut checkpointed = std::time::Instant::now();
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < MAX_OPS_PER_TURN {
@@ -222,11 +284,25 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>, 
                 Err(_) => break,
             }
         }
-        let durable = ops.iter().any(|op| matches!(op, Op::Append { .. } | Op::Meta { done: Some(_), .. }));
+        let vote = ops.iter().any(|op| matches!(op, Op::Meta { done: Some(_), .. }));
+        let durable = vote || ops.iter().any(|op| matches!(op, Op::Append { .. }));
+        let checkpoint =
+            vote || journal.written() >= CHECKPOINT_BYTES || (durable && checkpointed.elapsed() >= checkpoint_every);
         let started = std::time::Instant::now();
         let result = match &broken {
             Some(e) => Err(io::Error::other(e.clone())),
-            None => write_ops(&db, &ops, durable),
+            None if checkpoint => {
+                let r = write_ops(&db, writes(&ops), Durability::Immediate, Some(journal.generation()));
+                if r.is_ok() {
+                    journal.next_generation();
+                    checkpointed = started;
+                }
+                r
+            }
+            None => journal
+                .write(|b| encode_record(&ops, b))
+                .and_then(|()| write_ops(&db, writes(&ops), Durability::None, None))
+                .and_then(|()| if durable { journal.sync() } else { Ok(()) }),
         };
         let mut n_entries = 0u64;
         let mut last_written = None;
@@ -258,6 +334,125 @@ fn writer_loop(db: Arc<Database>, rx: mpsc::Receiver<Op>, stats: Arc<LogStats>, 
             c.evict();
         }
     }
+    // Closed: a last checkpoint, so the next open has nothing to replay.
+    if broken.is_none() && journal.written() > 0 && checkpoint_at_close.load(Relaxed) {
+        if let Err(e) = write_ops(&db, std::iter::empty(), Durability::Immediate, Some(journal.generation())) {
+            tracing::warn!(error = %e, "raft log: the checkpoint at close failed (the journal is replayed at open)");
+        }
+    }
+}
+
+/// One write of a turn, in order: the unit that redb gets and the journal replays.
+enum Write<'a> {
+    Entry(u64, &'a [u8]),
+    Meta(&'a str, &'a [u8]),
+    TruncateAfter(Option<u64>),
+    Purge(u64, &'a [u8]),
+}
+
+fn writes(ops: &[Op]) -> impl Iterator<Item = Write<'_>> {
+    ops.iter().flat_map(|op| -> Box<dyn Iterator<Item = Write<'_>> + '_> {
+        match op {
+            Op::Append { bytes, spans, .. } => Box::new(spans.iter().enumerate().map(move |(i, (index, end))| {
+                let start = if i == 0 { 0 } else { spans[i - 1].1 };
+                Write::Entry(*index, &bytes[start..*end])
+            })),
+            Op::Meta { key, value, .. } => Box::new(std::iter::once(Write::Meta(key, value))),
+            Op::TruncateAfter { index } => Box::new(std::iter::once(Write::TruncateAfter(*index))),
+            Op::Purge { log_id, upto } => Box::new(std::iter::once(Write::Purge(*upto, log_id))),
+        }
+    })
+}
+
+// ---- journal records: a turn's writes ---------------------------------------------------------------------------
+// Each write: a tag byte, then its fields (integers little-endian, byte strings behind a u32 length):
+// 1 entry (index, bytes), 2 meta (key, value), 3 truncate after (0, or 1 and an index), 4 purge (upto, log id).
+
+fn put_bytes(b: &mut Vec<u8>, v: &[u8]) {
+    b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    b.extend_from_slice(v);
+}
+
+fn encode_record(ops: &[Op], b: &mut Vec<u8>) {
+    for w in writes(ops) {
+        match w {
+            Write::Entry(index, v) => {
+                b.push(1);
+                b.extend_from_slice(&index.to_le_bytes());
+                put_bytes(b, v);
+            }
+            Write::Meta(key, v) => {
+                b.push(2);
+                put_bytes(b, key.as_bytes());
+                put_bytes(b, v);
+            }
+            Write::TruncateAfter(index) => {
+                b.push(3);
+                b.push(index.is_some() as u8);
+                b.extend_from_slice(&index.unwrap_or(0).to_le_bytes());
+            }
+            Write::Purge(upto, log_id) => {
+                b.push(4);
+                b.extend_from_slice(&upto.to_le_bytes());
+                put_bytes(b, log_id);
+            }
+        }
+    }
+}
+
+/// A journaled write read back (owning its bytes).
+enum Replayed {
+    Entry(u64, Vec<u8>),
+    Meta(String, Vec<u8>),
+    TruncateAfter(Option<u64>),
+    Purge(u64, Vec<u8>),
+}
+
+impl Replayed {
+    fn as_write(&self) -> Write<'_> {
+        match self {
+            Replayed::Entry(i, v) => Write::Entry(*i, v),
+            Replayed::Meta(k, v) => Write::Meta(k, v),
+            Replayed::TruncateAfter(i) => Write::TruncateAfter(*i),
+            Replayed::Purge(u, v) => Write::Purge(*u, v),
+        }
+    }
+}
+
+fn decode_record(mut b: &[u8], out: &mut Vec<Replayed>) -> Result<(), &'static str> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], &'static str> {
+        if b.len() < n {
+            return Err("cut short");
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Ok(head)
+    }
+    fn u64_(b: &mut &[u8]) -> Result<u64, &'static str> {
+        Ok(u64::from_le_bytes(take(b, 8)?.try_into().expect("8 bytes")))
+    }
+    fn bytes(b: &mut &[u8]) -> Result<Vec<u8>, &'static str> {
+        let n = u32::from_le_bytes(take(b, 4)?.try_into().expect("4 bytes")) as usize;
+        Ok(take(b, n)?.to_vec())
+    }
+    while !b.is_empty() {
+        let tag = take(&mut b, 1)?[0];
+        out.push(match tag {
+            1 => Replayed::Entry(u64_(&mut b)?, bytes(&mut b)?),
+            2 => {
+                let key = String::from_utf8(bytes(&mut b)?).map_err(|_| "a meta key is not UTF-8")?;
+                Replayed::Meta(key, bytes(&mut b)?)
+            }
+            3 => {
+                let some = take(&mut b, 1)?[0] == 1;
+                let index = u64_(&mut b)?;
+                Replayed::TruncateAfter(some.then_some(index))
+            }
+            4 => Replayed::Purge(u64_(&mut b)?, bytes(&mut b)?),
+            _ => return Err("unknown write"),
+        });
+    }
+    Ok(())
 }
 
 fn clone_result(r: &io::Result<()>) -> io::Result<()> {
@@ -267,36 +462,39 @@ fn clone_result(r: &io::Result<()>) -> io::Result<()> {
     }
 }
 
-/// Writes one turn's operations in one transaction, in submission order; `durable` commits it with an fsync.
-fn write_ops(db: &Database, ops: &[Op], durable: bool) -> io::Result<()> {
+/// Writes one turn's writes in one transaction, in order. `journal`: this commit covers the journal's records
+/// up to that generation (a checkpoint, with `Durability::Immediate`).
+fn write_ops<'a>(
+    db: &Database,
+    writes: impl Iterator<Item = Write<'a>>,
+    durability: Durability,
+    journal: Option<u64>,
+) -> io::Result<()> {
     let mut txn = db.begin_write().map_err(io_err)?;
-    if !durable {
-        txn.set_durability(Durability::None).map_err(io_err)?;
-    }
+    txn.set_durability(durability).map_err(io_err)?;
     {
         let mut log = txn.open_table(LOG).map_err(io_err)?;
         let mut meta = txn.open_table(LOG_META).map_err(io_err)?;
-        for op in ops {
-            match op {
-                Op::Append { bytes, spans, .. } => {
-                    let mut start = 0;
-                    for (index, end) in spans {
-                        log.insert(*index, &bytes[start..*end]).map_err(io_err)?;
-                        start = *end;
-                    }
+        for w in writes {
+            match w {
+                Write::Entry(index, v) => {
+                    log.insert(index, v).map_err(io_err)?;
                 }
-                Op::Meta { key, value, .. } => {
-                    meta.insert(*key, value.as_slice()).map_err(io_err)?;
+                Write::Meta(key, value) => {
+                    meta.insert(key, value).map_err(io_err)?;
                 }
-                Op::TruncateAfter { index } => {
+                Write::TruncateAfter(index) => {
                     let from = index.map(|i| i + 1).unwrap_or(0);
                     log.retain_in(from.., |_, _| false).map_err(io_err)?;
                 }
-                Op::Purge { log_id, upto } => {
-                    meta.insert(META_LAST_PURGED, log_id.as_slice()).map_err(io_err)?;
-                    log.retain_in(..=*upto, |_, _| false).map_err(io_err)?;
+                Write::Purge(upto, log_id) => {
+                    meta.insert(META_LAST_PURGED, log_id).map_err(io_err)?;
+                    log.retain_in(..=upto, |_, _| false).map_err(io_err)?;
                 }
             }
+        }
+        if let Some(g) = journal {
+            meta.insert(META_JOURNAL, encode(&g)?.as_slice()).map_err(io_err)?;
         }
     }
     txn.commit().map_err(io_err)

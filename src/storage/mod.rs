@@ -10,6 +10,7 @@ pub mod downgrade;
 pub mod files;
 mod flush;
 pub mod format;
+pub mod journal;
 pub mod log_store;
 mod read_view;
 pub mod shard;
@@ -45,7 +46,7 @@ pub fn open_data_dir(dir: &std::path::Path, shards: usize) -> std::io::Result<(L
     snapshot::check_current(dir)?;
     let log = LogStore::open(&files::log_path(dir))?;
     let sm = StateMachine::open(dir, shards)?;
-    if found != Some(format::CURRENT) {
+    if found != Some(format::DIR_CURRENT) {
         format::mark_data_dir(dir)?;
     }
     Ok((log, sm))

@@ -7,7 +7,7 @@ use crate::queue::{DeliveryId, QueueKey, TaskId};
 
 /// Raft log entries by index, openraft entries encoded by `storage::format`.
 pub const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-/// Raft log metadata: `vote`, `committed`, `last_purged`.
+/// Raft log metadata: `vote`, `committed`, `last_purged`, `journal_generation`.
 pub const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_log_meta");
 /// Task records of one shard by 16-byte task id.
 pub const TASKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tasks");
@@ -27,6 +27,8 @@ pub const META_LAST_PURGED: &str = "last_purged";
 pub const META_LAST_APPLIED: &str = "last_applied";
 pub const META_MEMBERSHIP: &str = "membership";
 pub const META_NOW: &str = "now";
+/// In `LOG_META`: the last generation of the log's journal whose records this file holds (`storage::journal`).
+pub const META_JOURNAL: &str = "journal_generation";
 /// In `LOG_META` and `SHARD_META`: the format version of the file's records (one byte, see `storage::format`).
 pub const META_FORMAT: &str = "format_version";
 

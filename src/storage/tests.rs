@@ -248,6 +248,65 @@ async fn log_store_reopens_with_entries_vote_and_purge() {
     assert_eq!(log.read_vote().await.expect("vote"), Some(openraft::impls::Vote::new(7, 1)));
 }
 
+/// Appends `entries` and waits until the writer reports them durable.
+async fn append_synced(log: &LogStore, entries: Vec<Entry>) {
+    let mut log = log.clone();
+    let (tx, rx) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
+    log.append(entries, openraft::storage::IOFlushed::signal(tx)).await.expect("append");
+    rx.await.expect("flushed").expect("flush ok");
+}
+
+/// A node killed between checkpoints: the log file has only what its last synced commit wrote (here, as it was
+/// at open), and the journal holds every turn since, synced or not. The reopen replays them in order: appends,
+/// a truncation and the entries of a new term over it, a purge, the committed id; a torn record after them is
+/// ignored. Then the next crash finds the replayed writes in the log file itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_checkpoints_is_replayed_from_the_journal() {
+    use openraft::RaftLogReader;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("raft-log.redb");
+    let hour = std::time::Duration::from_secs(3600);
+    let tick = |i: u64| Request::new(i, i, Command::Tick);
+    let term2 = |i: u64| Entry { log_id: log_id(2, i), payload: openraft::EntryPayload::Normal(tick(i)) };
+    let want: Vec<(u64, u64)> = (4..=7).map(|i| (1, i)).chain((8..=10).map(|i| (2, i))).collect();
+    let indexes = |v: &[Entry]| v.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
+    let at_open = {
+        let mut log = LogStore::open_checkpointing(&path, hour).expect("open");
+        let at_open = std::fs::read(&path).expect("the log file as its open left it");
+        append_synced(&log, (1..=9).map(|i| entry(i, tick(i))).collect()).await;
+        log.truncate_after(Some(log_id(1, 7))).await.expect("truncate");
+        append_synced(&log, vec![term2(8), term2(9)]).await;
+        log.purge(log_id(1, 3)).await.expect("purge");
+        log.save_committed(Some(log_id(2, 9))).await.expect("committed");
+        append_synced(&log, vec![term2(10)]).await;
+        assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
+        log.close_as_crashed();
+        at_open
+    };
+    // The crash: redb's unsynced commits are lost (the file as the open left it), and a torn record follows.
+    std::fs::write(&path, &at_open).expect("restore the synced log file");
+    let journal = super::files::journal_path(&path);
+    // The file ends with the last record (one generation was written, from the start of a new file).
+    let mut bytes = std::fs::read(&journal).expect("journal");
+    bytes.extend_from_slice(&[7u8; 40]);
+    std::fs::write(&journal, &bytes).expect("torn tail");
+    let check = |mut log: LogStore| {
+        let want = want.clone();
+        async move {
+            assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
+            let state = log.get_log_state().await.expect("state");
+            assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(1, 3)), Some(log_id(2, 10))));
+            assert_eq!(log.read_committed().await.expect("committed"), Some(log_id(2, 9)));
+            log
+        }
+    };
+    let log = check(LogStore::open_checkpointing(&path, hour).expect("reopen")).await;
+    // The replay was checkpointed at open: a second crash with the journal gone loses nothing.
+    log.close_as_crashed();
+    std::fs::remove_file(&journal).expect("remove the journal");
+    check(LogStore::open_checkpointing(&path, hour).expect("reopen again")).await;
+}
+
 /// Entries past the in-memory tail are read back from the file; a truncation inside the tail and the entries
 /// appended over it (a new term) read back the same before and after a reopen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,20 +316,12 @@ async fn log_reads_span_the_file_and_the_cached_tail_across_truncation_and_reope
     let path = dir.path().join("raft-log.redb");
     let total = super::log_store::CACHE_ENTRIES as u64 + 5_000;
     let tick = |i: u64| Request::new(i, i, Command::Tick);
-    let append = |log: &mut LogStore, entries: Vec<Entry>| {
-        let mut log = log.clone();
-        async move {
-            let (tx, rx) = <TypeConfig as openraft::type_config::TypeConfigExt>::oneshot();
-            log.append(entries, openraft::storage::IOFlushed::signal(tx)).await.expect("append");
-            rx.await.expect("flushed").expect("flush ok");
-        }
-    };
     let indexes = |v: &[Entry]| v.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
     let want: Vec<(u64, u64)> = (1..=total - 10).map(|i| (1, i)).chain((total - 9..=total).map(|i| (2, i))).collect();
     {
         let mut log = LogStore::open(&path).expect("open");
         for chunk in (1..=total).collect::<Vec<_>>().chunks(1000) {
-            append(&mut log, chunk.iter().map(|i| entry(*i, tick(*i))).collect()).await;
+            append_synced(&log, chunk.iter().map(|i| entry(*i, tick(*i))).collect()).await;
         }
         // The writer has written everything it was given, so the oldest entries left the cache.
         let all = log.try_get_log_entries(1..=total).await.expect("read all");
@@ -285,7 +336,7 @@ async fn log_reads_span_the_file_and_the_cached_tail_across_truncation_and_reope
         let new: Vec<Entry> = (total - 9..=total)
             .map(|i| Entry { log_id: log_id(2, i), payload: openraft::EntryPayload::Normal(tick(i)) })
             .collect();
-        append(&mut log, new).await;
+        append_synced(&log, new).await;
         assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
         assert_eq!(log.get_log_state().await.expect("state").last_log_id, Some(log_id(2, total)));
     }

@@ -64,7 +64,7 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
         let db = redb::ReadOnlyDatabase::open(&log).map_err(|e| open_failed(&log, e))?;
         // A directory of version 2 has the log's journal. A stopped node checkpointed it into the log file; one
         // that was killed left writes there that only its next start puts into the log file.
-        let pending = super::journal::count(&journal, journal_generation(&db)? + 1)?;
+        let pending = super::journal::count(&journal, super::log_store::journal_generation(&db)? + 1)?;
         if pending > 0 {
             return Err(refused(format!(
                 "{}: the node did not stop cleanly, and its log's journal holds {pending} records not yet in the \
@@ -115,20 +115,6 @@ fn open_failed(path: &Path, e: impl std::fmt::Display) -> io::Error {
          binary to be repaired)",
         path.display()
     ))
-}
-
-/// The last generation of the log's journal the log file holds (0: none, a directory of version 1 or older).
-fn journal_generation(db: &redb::ReadOnlyDatabase) -> io::Result<u64> {
-    let txn = db.begin_read().map_err(io::Error::other)?;
-    let meta = match txn.open_table(LOG_META) {
-        Ok(t) => t,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(0),
-        Err(e) => return Err(io::Error::other(e)),
-    };
-    match meta.get(META_JOURNAL).map_err(io::Error::other)? {
-        Some(v) => format::decode(v.value(), "journal generation"),
-        None => Ok(0),
-    }
 }
 
 /// The cluster version a shard file holds (`None`: none recorded, version 0).

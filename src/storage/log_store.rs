@@ -243,14 +243,7 @@ impl LogStore {
 /// Applies the journal's records since the last checkpoint to redb and records their generation, in one synced
 /// commit (always, so the journal then writes a generation never written before), and returns the journal.
 fn open_journal(db: &Database, path: &Path) -> io::Result<Journal> {
-    let done: u64 = {
-        let txn = db.begin_read().map_err(io_err)?;
-        let meta = txn.open_table(LOG_META).map_err(io_err)?;
-        match meta.get(META_JOURNAL).map_err(io_err)? {
-            Some(v) => decode(v.value(), "journal generation")?,
-            None => 0,
-        }
-    };
+    let done = journal_generation(db)?;
     let (journal, records) = Journal::open(&super::files::journal_path(path), done + 1)?;
     let mut ops = Vec::new();
     for (i, r) in records.iter().enumerate() {
@@ -261,6 +254,21 @@ fn open_journal(db: &Database, path: &Path) -> io::Result<Journal> {
     }
     write_ops(db, ops.iter().map(Replayed::as_write), Durability::Immediate, Some(done + 1))?;
     Ok(journal)
+}
+
+/// The last generation of the log's journal that the log file holds (0: none, a directory older than the
+/// journal).
+pub(super) fn journal_generation(db: &impl ReadableDatabase) -> io::Result<u64> {
+    let txn = db.begin_read().map_err(io_err)?;
+    let meta = match txn.open_table(LOG_META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(io_err(e)),
+    };
+    match meta.get(META_JOURNAL).map_err(io_err)? {
+        Some(v) => decode(v.value(), "journal generation"),
+        None => Ok(0),
+    }
 }
 
 fn writer_loop(
@@ -292,17 +300,20 @@ fn writer_loop(
         let result = match &broken {
             Some(e) => Err(io::Error::other(e.clone())),
             None if checkpoint => {
-                let r = write_ops(&db, writes(&ops), Durability::Immediate, Some(journal.generation()));
+                let r = write_ops(&db, writes(&ops).into_iter(), Durability::Immediate, Some(journal.generation()));
                 if r.is_ok() {
                     journal.next_generation();
                     checkpointed = started;
                 }
                 r
             }
-            None => journal
-                .write(|b| encode_record(&ops, b))
-                .and_then(|()| write_ops(&db, writes(&ops), Durability::None, None))
-                .and_then(|()| if durable { journal.sync() } else { Ok(()) }),
+            None => {
+                let writes = writes(&ops);
+                journal
+                    .write(|b| encode_record(&writes, b))
+                    .and_then(|()| write_ops(&db, writes.into_iter(), Durability::None, None))
+                    .and_then(|()| if durable { journal.sync() } else { Ok(()) })
+            }
         };
         let mut n_entries = 0u64;
         let mut last_written = None;
@@ -343,6 +354,7 @@ fn writer_loop(
 }
 
 /// One write of a turn, in order: the unit that redb gets and the journal replays.
+#[derive(Clone, Copy)]
 enum Write<'a> {
     Entry(u64, &'a [u8]),
     Meta(&'a str, &'a [u8]),
@@ -350,18 +362,24 @@ enum Write<'a> {
     Purge(u64, &'a [u8]),
 }
 
-fn writes(ops: &[Op]) -> impl Iterator<Item = Write<'_>> {
-    ops.iter().flat_map(|op| -> Box<dyn Iterator<Item = Write<'_>> + '_> {
+/// A turn's operations as its writes, in order (an append gives one write per entry).
+fn writes(ops: &[Op]) -> Vec<Write<'_>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
         match op {
-            Op::Append { bytes, spans, .. } => Box::new(spans.iter().enumerate().map(move |(i, (index, end))| {
-                let start = if i == 0 { 0 } else { spans[i - 1].1 };
-                Write::Entry(*index, &bytes[start..*end])
-            })),
-            Op::Meta { key, value, .. } => Box::new(std::iter::once(Write::Meta(key, value))),
-            Op::TruncateAfter { index } => Box::new(std::iter::once(Write::TruncateAfter(*index))),
-            Op::Purge { log_id, upto } => Box::new(std::iter::once(Write::Purge(*upto, log_id))),
+            Op::Append { bytes, spans, .. } => {
+                let mut start = 0;
+                for (index, end) in spans {
+                    out.push(Write::Entry(*index, &bytes[start..*end]));
+                    start = *end;
+                }
+            }
+            Op::Meta { key, value, .. } => out.push(Write::Meta(key, value)),
+            Op::TruncateAfter { index } => out.push(Write::TruncateAfter(*index)),
+            Op::Purge { log_id, upto } => out.push(Write::Purge(*upto, log_id)),
         }
-    })
+    }
+    out
 }
 
 // ---- journal records: a turn's writes ---------------------------------------------------------------------------
@@ -373,9 +391,9 @@ fn put_bytes(b: &mut Vec<u8>, v: &[u8]) {
     b.extend_from_slice(v);
 }
 
-fn encode_record(ops: &[Op], b: &mut Vec<u8>) {
-    for w in writes(ops) {
-        match w {
+fn encode_record(writes: &[Write<'_>], b: &mut Vec<u8>) {
+    for w in writes {
+        match *w {
             Write::Entry(index, v) => {
                 b.push(1);
                 b.extend_from_slice(&index.to_le_bytes());

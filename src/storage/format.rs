@@ -315,7 +315,7 @@ pub fn downgrade_file(
     }
     let mut m = txn.open_table(meta).map_err(|e| invalid("meta", e))?;
     m.remove(META_FORMAT).map_err(|e| invalid("meta", e))?;
-    // The journal's generation: the downgrade replayed the journal and removes it.
+    // The journal's generation: the downgrade runs only on a journal with nothing to replay, and removes it.
     m.remove(META_JOURNAL).map_err(|e| invalid("meta", e))?;
     let keys: Vec<String> = m
         .iter()

@@ -17,8 +17,32 @@ use crate::queue::{ApplyContext, Command, Effects, Response};
 use crate::raft::types::{Entry, StoredMembership, TypeConfig};
 use crate::raft::version;
 
+/// Task items (creates, claims, acks) a batch may hold and still be applied on the async runtime's thread.
+const INLINE_ITEMS: usize = 64;
+
+/// Whether `batch` is cheap to apply: only the per-task commands, at most `INLINE_ITEMS` items in all. Others (a
+/// tick's expiries, redrives, purges) may touch any number of tasks, and go to a blocking thread.
+fn light(batch: &[Entry]) -> bool {
+    let mut items = 0;
+    for e in batch {
+        items += match &e.payload {
+            EntryPayload::Blank | EntryPayload::Membership(_) => 0,
+            EntryPayload::Normal(req) => match &*req.command {
+                Command::Enqueue(v) => v.len(),
+                Command::Claim(v) => v.len(),
+                Command::Ack(v) => v.len(),
+                _ => return false,
+            },
+        };
+        if items > INLINE_ITEMS {
+            return false;
+        }
+    }
+    true
+}
+
 impl StateMachine {
-    /// `RaftStateMachine::apply`: applies the entries off the async runtime, answers each entry's responder,
+    /// `RaftStateMachine::apply`: applies the entries (off the async runtime unless `light`), answers each entry's responder,
     /// then notifies the node (metrics, result waiters, parked claims, the webhook sender, the applied index).
     pub(super) async fn apply_entries<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
     where
@@ -36,8 +60,13 @@ impl StateMachine {
         }
         let last = batch.last().map(|e| e.log_id.index).unwrap_or(0);
         let shared = self.shared.clone();
-        let (responses, fx) =
-            tokio::task::spawn_blocking(move || Self::apply_batch(&shared, &batch)).await.map_err(io_err)??;
+        // A light batch is applied right here: handing it to a blocking thread and back costs two thread wake-ups,
+        // more than applying a few commands.
+        let (responses, fx) = if light(&batch) && !shared.flush_behind() {
+            Self::apply_batch(&shared, &batch)?
+        } else {
+            tokio::task::spawn_blocking(move || Self::apply_batch(&shared, &batch)).await.map_err(io_err)??
+        };
         for (responder, resp) in responders.into_iter().zip(responses) {
             if let Some(r) = responder {
                 r.send(resp);

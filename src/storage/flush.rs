@@ -111,10 +111,15 @@ impl SmShared {
         }
     }
 
+    /// Whether apply would wait for a flush now (see [`SmShared::before_apply`]).
+    pub(super) fn flush_behind(&self) -> bool {
+        self.dirty_records.load(Ordering::Relaxed) >= MAX_DIRTY_RECORDS
+    }
+
     /// Before apply takes more changes into memory: waits for a flush when the flusher fell far behind, and fails
     /// once a flush has failed (which stops the node, as a failed write always did).
     pub(super) fn before_apply(&self) -> io::Result<()> {
-        if self.dirty_records.load(Ordering::Relaxed) >= MAX_DIRTY_RECORDS {
+        if self.flush_behind() {
             self.flush(false)?;
         }
         match self.broken.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {

@@ -2,11 +2,10 @@
 //!
 //! Appends, truncations and purges take effect at once in `LogCache`, the newest entries as appended, which is
 //! where apply and replication read them (no redb read, no decoding). One writer thread owns every write to the
-//! files: it takes all operations queued since its last turn, encodes the entries and writes everything in one
-//! redb transaction. A turn that holds an append is made durable by one record in the journal (`journal.rs`:
-//! one `pwrite`, one `fdatasync`) while its redb commit is not synced; every `CHECKPOINT_EVERY` (and for a vote)
-//! a turn is a checkpoint instead, one redb commit with `Durability::Immediate` that covers every journal record
-//! before it. Only once a turn is durable are the append callbacks fired and `save_vote` answered: nothing is
+//! files: it takes all operations queued since its last turn and writes them as one record to the journal
+//! (`journal.rs`: one `pwrite`, and one `fdatasync` when the turn holds an append), keeping them in memory; every
+//! `CHECKPOINT_EVERY` (and for a vote) a turn is a checkpoint instead: every write kept since the last one and the
+//! turn's own go to redb in one commit with `Durability::Immediate`, and the journal starts over. Only once a turn is durable are the append callbacks fired and `save_vote` answered: nothing is
 //! acknowledged before it is on disk, and one fsync covers every append queued meanwhile. All writes go through
 //! the one thread in submission order, so vote, append, truncate and purge are ordered writes (each turn's
 //! operations are journaled, synced or not, so the journal replays them in order); `save_committed`,
@@ -35,8 +34,8 @@ use crate::raft::types::{Entry, LogId, TypeConfig, Vote};
 
 /// How many queued operations one writer turn takes at most, so a turn's transaction stays bounded.
 const MAX_OPS_PER_TURN: usize = 4096;
-/// A durable turn this long after the last checkpoint is a checkpoint (a synced redb commit), so the journal
-/// stays short and redb's unsynced commits few.
+/// A durable turn this long after the last checkpoint is a checkpoint (a synced redb commit of every write since
+/// the last one), so the journal and the writes kept in memory stay short.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// A turn that finds the journal this long is a checkpoint, however recent the last one (the file stays about
 /// this size: each generation overwrites the last one's blocks).
@@ -44,27 +43,43 @@ const CHECKPOINT_BYTES: u64 = 8 << 20;
 
 /// A write for the writer thread. Appends, truncations and purges take effect in the cache before they are
 /// sent (so readers see them at once); the writer makes them durable in submission order.
-enum Op {
+struct Op {
+    data: OpData,
+    reply: Reply,
+}
+
+/// What an operation writes, owned: the writer keeps it from its journal record until the checkpoint that puts it
+/// in redb.
+enum OpData {
     /// Entries encoded by `append` (which moves the entries themselves into the cache): `bytes` holds them one
     /// after the other, `spans` each one's index and end offset.
     Append {
         bytes: Vec<u8>,
         spans: Vec<(u64, usize)>,
-        flushed: IOFlushed<TypeConfig>,
     },
-    /// `done` is answered after the fsync (a vote); without it the write is only ordered (committed).
     Meta {
         key: &'static str,
         value: Vec<u8>,
-        done: Option<oneshot::Sender<io::Result<()>>>,
     },
+    /// `epoch`: the cache's count of truncations, this one included.
     TruncateAfter {
         index: Option<u64>,
+        epoch: u64,
     },
     Purge {
         log_id: Vec<u8>,
         upto: u64,
     },
+}
+
+/// Who waits for an operation to be durable.
+enum Reply {
+    /// An append's callback, fired after the fsync.
+    Flushed(IOFlushed<TypeConfig>),
+    /// A vote, answered after the fsync.
+    Done(oneshot::Sender<io::Result<()>>),
+    /// Nobody: the write is only ordered (committed, truncate, purge).
+    None,
 }
 
 /// Group-commit statistics, for metrics and the benchmark.
@@ -98,6 +113,9 @@ struct LogCache {
     last: Option<u64>,
     /// The last purged log id, as purged (the writer stores it in order).
     purged: Option<LogId>,
+    /// How many truncations the cache has taken: the writer raises `written` only when none is queued after
+    /// what it wrote (an entry truncated and appended again at the same index is not the one written).
+    truncations: u64,
 }
 
 impl LogCache {
@@ -119,6 +137,7 @@ impl LogCache {
     fn truncate_after(&mut self, index: Option<u64>) {
         let from = index.map_or(0, |i| i + 1);
         self.entries.split_off(&from);
+        self.truncations += 1;
         self.written = self.written.min(index.unwrap_or(0));
         self.last = match (self.last, index) {
             (Some(l), Some(i)) => Some(l.min(i)),
@@ -198,8 +217,13 @@ impl LogStore {
             let last = log.last().map_err(io_err)?.map(|(k, _)| k.value());
             (last.or(purged.map(|p| p.index)), purged)
         };
-        let cache =
-            Arc::new(Mutex::new(LogCache { last, purged, written: last.unwrap_or(0), entries: Default::default() }));
+        let cache = Arc::new(Mutex::new(LogCache {
+            last,
+            purged,
+            written: last.unwrap_or(0),
+            entries: Default::default(),
+            truncations: 0,
+        }));
         let (wdb, wstats, wcache) = (db.clone(), stats.clone(), cache.clone());
         let checkpoint_at_close = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let at_close = checkpoint_at_close.clone();
@@ -284,6 +308,11 @@ fn writer_loop(
     // After an I/O error every later operation fails too: openraft stops the node on the first one.
     let mut broken: Option<String> = None;
     let mut checkpointed = std::time::Instant::now();
+    // The writes journaled since the last checkpoint, in order: redb gets them at the next checkpoint, in one
+    // synced commit (a commit per turn, even unsynced, rewrote the same pages turn after turn).
+    let mut pending: Vec<OpData> = Vec::new();
+    // The cache's truncation count as of the last truncation written to redb.
+    let mut truncations_written = 0u64;
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < MAX_OPS_PER_TURN {
@@ -292,46 +321,58 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let vote = ops.iter().any(|op| matches!(op, Op::Meta { done: Some(_), .. }));
-        let durable = vote || ops.iter().any(|op| matches!(op, Op::Append { .. }));
+        let (data, replies): (Vec<OpData>, Vec<Reply>) = ops.into_iter().map(|op| (op.data, op.reply)).unzip();
+        let vote = replies.iter().any(|r| matches!(r, Reply::Done(_)));
+        let durable = vote || data.iter().any(|d| matches!(d, OpData::Append { .. }));
         let checkpoint =
             vote || journal.written() >= CHECKPOINT_BYTES || (durable && checkpointed.elapsed() >= checkpoint_every);
+        let n_entries: u64 =
+            data.iter().map(|d| if let OpData::Append { spans, .. } = d { spans.len() as u64 } else { 0 }).sum();
         let started = std::time::Instant::now();
         let result = match &broken {
             Some(e) => Err(io::Error::other(e.clone())),
             None if checkpoint => {
-                let r = write_ops(&db, writes(&ops).into_iter(), Durability::Immediate, Some(journal.generation()));
+                let writes = writes(pending.iter().chain(&data));
+                let r = write_ops(&db, writes.iter().copied(), Durability::Immediate, Some(journal.generation()));
                 if r.is_ok() {
                     journal.next_generation();
                     checkpointed = started;
+                    let (top, truncated) = written_by(pending.iter().chain(&data));
+                    truncations_written = truncated.unwrap_or(truncations_written);
+                    if let Some(i) = top {
+                        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        if c.truncations == truncations_written {
+                            c.written = c.written.max(i);
+                            c.evict();
+                        }
+                    }
                 }
+                drop(writes);
+                pending.clear();
                 r
             }
             None => {
-                let writes = writes(&ops);
+                let writes = writes(data.iter());
                 journal
                     .write(|b| encode_record(&writes, b))
-                    .and_then(|()| write_ops(&db, writes.into_iter(), Durability::None, None))
                     .and_then(|()| if durable { journal.sync() } else { Ok(()) })
             }
         };
-        let mut n_entries = 0u64;
-        let mut last_written = None;
+        if !checkpoint && result.is_ok() {
+            pending.extend(data);
+        }
         if let Err(e) = &result {
             tracing::error!(error = %e, "raft log write failed");
             broken.get_or_insert_with(|| e.to_string());
+            pending.clear();
         }
-        for op in ops {
-            match op {
-                Op::Append { spans, flushed, .. } => {
-                    n_entries += spans.len() as u64;
-                    last_written = spans.last().map(|(index, _)| *index).or(last_written);
-                    flushed.io_completed(clone_result(&result));
-                }
-                Op::Meta { done: Some(done), .. } => {
+        for r in replies {
+            match r {
+                Reply::Flushed(flushed) => flushed.io_completed(clone_result(&result)),
+                Reply::Done(done) => {
                     let _ = done.send(clone_result(&result));
                 }
-                Op::Meta { done: None, .. } | Op::TruncateAfter { .. } | Op::Purge { .. } => {}
+                Reply::None => {}
             }
         }
         if result.is_ok() && durable {
@@ -339,18 +380,34 @@ fn writer_loop(
             stats.entries.fetch_add(n_entries, Relaxed);
             stats.fsync_latency.observe_us(started.elapsed().as_micros() as u64);
         }
-        if let (Ok(()), Some(i)) = (&result, last_written) {
-            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-            c.written = c.written.max(i);
-            c.evict();
-        }
     }
     // Closed: a last checkpoint, so the next open has nothing to replay.
     if broken.is_none() && journal.written() > 0 && checkpoint_at_close.load(Relaxed) {
-        if let Err(e) = write_ops(&db, std::iter::empty(), Durability::Immediate, Some(journal.generation())) {
+        let writes = writes(pending.iter());
+        if let Err(e) = write_ops(&db, writes.into_iter(), Durability::Immediate, Some(journal.generation())) {
             tracing::warn!(error = %e, "raft log: the checkpoint at close failed (the journal is replayed at open)");
         }
     }
+}
+
+/// What a checkpoint's writes leave in redb: the index of the log's last entry they wrote (`None`: no entry),
+/// and the cache's truncation count as of the last truncation among them.
+fn written_by<'a>(data: impl Iterator<Item = &'a OpData>) -> (Option<u64>, Option<u64>) {
+    let (mut top, mut truncated) = (None, None);
+    for d in data {
+        match d {
+            OpData::Append { spans, .. } => top = spans.last().map(|(i, _)| *i).or(top),
+            OpData::TruncateAfter { index, epoch } => {
+                top = match (top, index) {
+                    (Some(t), Some(i)) => Some(t.min(*i)),
+                    _ => None,
+                };
+                truncated = Some(*epoch);
+            }
+            OpData::Meta { .. } | OpData::Purge { .. } => {}
+        }
+    }
+    (top, truncated)
 }
 
 /// One write of a turn, in order: the unit that redb gets and the journal replays.
@@ -362,21 +419,21 @@ enum Write<'a> {
     Purge(u64, &'a [u8]),
 }
 
-/// A turn's operations as its writes, in order (an append gives one write per entry).
-fn writes(ops: &[Op]) -> Vec<Write<'_>> {
-    let mut out = Vec::with_capacity(ops.len());
+/// Operations as their writes, in order (an append gives one write per entry).
+fn writes<'a>(ops: impl Iterator<Item = &'a OpData>) -> Vec<Write<'a>> {
+    let mut out = Vec::new();
     for op in ops {
         match op {
-            Op::Append { bytes, spans, .. } => {
+            OpData::Append { bytes, spans } => {
                 let mut start = 0;
                 for (index, end) in spans {
                     out.push(Write::Entry(*index, &bytes[start..*end]));
                     start = *end;
                 }
             }
-            Op::Meta { key, value, .. } => out.push(Write::Meta(key, value)),
-            Op::TruncateAfter { index } => out.push(Write::TruncateAfter(*index)),
-            Op::Purge { log_id, upto } => out.push(Write::Purge(*upto, log_id)),
+            OpData::Meta { key, value } => out.push(Write::Meta(key, value)),
+            OpData::TruncateAfter { index, .. } => out.push(Write::TruncateAfter(*index)),
+            OpData::Purge { log_id, upto } => out.push(Write::Purge(*upto, log_id)),
         }
     }
     out
@@ -541,20 +598,23 @@ impl RaftLogReader<TypeConfig> for LogReader {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        // Exclusive end, never past the log's last entry (redb may still hold entries truncated from the cache).
+        // Exclusive end.
         let end = match range.end_bound() {
             Bound::Included(i) => i.saturating_add(1),
             Bound::Excluded(i) => *i,
             Bound::Unbounded => u64::MAX,
         };
-        let (from_cache, cache_first) = {
+        let (from_cache, cache_first, start) = {
             let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            // Nothing at or below the last purge, nor past the log's last entry: redb may still hold entries
+            // purged or truncated since the last checkpoint.
+            let start = start.max(c.purged.map_or(0, |p| p.index + 1));
             let end = end.min(c.last.map_or(0, |l| l + 1));
             let first = c.first().unwrap_or(end);
             let lo = start.max(first);
             let cached: Vec<Entry> =
                 if lo < end { c.entries.range(lo..end).map(|(_, e)| e.clone()).collect() } else { vec![] };
-            (cached, first.min(end))
+            (cached, first.min(end), start)
         };
         let mut out = Vec::new();
         if start < cache_first {
@@ -618,13 +678,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         let (done, rx) = oneshot::channel();
-        self.send(Op::Meta { key: META_VOTE, value: encode(vote)?, done: Some(done) })?;
+        self.send(Op { data: OpData::Meta { key: META_VOTE, value: encode(vote)? }, reply: Reply::Done(done) })?;
         rx.await.map_err(|_| io::Error::other("log writer stopped"))?
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         // Not synced on its own: it only lets a restart re-apply sooner, and a later fsync hardens it.
-        self.send(Op::Meta { key: META_COMMITTED, value: encode(&committed)?, done: None })
+        self.send(Op { data: OpData::Meta { key: META_COMMITTED, value: encode(&committed)? }, reply: Reply::None })
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
@@ -650,17 +710,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             spans.push((e.log_id().index, bytes.len()));
         }
         self.cache().append(entries);
-        self.send(Op::Append { bytes, spans, flushed: callback })
+        self.send(Op { data: OpData::Append { bytes, spans }, reply: Reply::Flushed(callback) })
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let index = last_log_id.map(|l| l.index);
-        self.cache().truncate_after(index);
-        self.send(Op::TruncateAfter { index })
+        // Truncated in the cache and queued under one lock, so the writer's epochs follow the cache's.
+        let mut c = self.cache();
+        c.truncate_after(index);
+        self.send(Op { data: OpData::TruncateAfter { index, epoch: c.truncations }, reply: Reply::None })
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         self.cache().purge(log_id);
-        self.send(Op::Purge { upto: log_id.index, log_id: encode(&log_id)? })
+        self.send(Op { data: OpData::Purge { upto: log_id.index, log_id: encode(&log_id)? }, reply: Reply::None })
     }
 }

@@ -307,6 +307,52 @@ async fn a_crash_between_checkpoints_is_replayed_from_the_journal() {
     check(LogStore::open_checkpointing(&path, hour).expect("reopen again")).await;
 }
 
+/// Between checkpoints the log file gets nothing: the tail keeps every entry since the last one, past its size,
+/// and serves them. A checkpoint (here, each vote) writes them all, after which the oldest leave the tail and are
+/// read back from the file, also across a truncation whose new entries replaced ones the file held; a crash after
+/// the last checkpoint loses nothing (the journal has the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_wait_in_the_tail_for_the_next_checkpoint_and_are_read_from_the_file_after_it() {
+    use openraft::RaftLogReader;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("raft-log.redb");
+    let hour = std::time::Duration::from_secs(3600);
+    let total = super::log_store::CACHE_ENTRIES as u64 + 5_000;
+    let tick = |i: u64| Request::new(i, i, Command::Tick);
+    let term = |t: u64, i: u64| Entry { log_id: log_id(t, i), payload: openraft::EntryPayload::Normal(tick(i)) };
+    let indexes = |v: &[Entry]| v.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
+    let file_len = |p: &std::path::Path| std::fs::metadata(p).expect("log file").len();
+    let mut log = LogStore::open_checkpointing(&path, hour).expect("open");
+    let empty = file_len(&path);
+    for chunk in (1..=total).collect::<Vec<_>>().chunks(1000) {
+        append_synced(&log, chunk.iter().map(|i| term(1, *i)).collect()).await;
+    }
+    assert_eq!(file_len(&path), empty, "no checkpoint yet: the log file was not written");
+    let want: Vec<(u64, u64)> = (1..=total).map(|i| (1, i)).collect();
+    assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want, "all served by the tail");
+    log.save_vote(&openraft::impls::Vote::new(1, 1)).await.expect("vote: a checkpoint");
+    assert!(file_len(&path) > empty, "the checkpoint wrote the entries");
+    // A conflict: the last 5,000 entries are replaced by a new term's, which the next checkpoint writes over the
+    // ones the file holds.
+    log.truncate_after(Some(log_id(1, total - 5_000))).await.expect("truncate");
+    append_synced(&log, (total - 4_999..=total).map(|i| term(2, i)).collect()).await;
+    log.save_vote(&openraft::impls::Vote::new(2, 1)).await.expect("vote: a checkpoint");
+    // More entries than the tail holds since, so the oldest have left it: they come from the file.
+    for chunk in (total + 1..=total + 100).collect::<Vec<_>>().chunks(50) {
+        append_synced(&log, chunk.iter().map(|i| term(2, *i)).collect()).await;
+    }
+    let want: Vec<(u64, u64)> =
+        (1..=total - 5_000).map(|i| (1, i)).chain((total - 4_999..=total + 100).map(|i| (2, i))).collect();
+    let all = log.try_get_log_entries(..).await.expect("read");
+    assert_eq!(indexes(&all), want);
+    assert!(all.iter().all(|e| e.payload == openraft::EntryPayload::Normal(tick(e.log_id.index))));
+    // Killed after the last checkpoint: the last 100 entries are only in the journal.
+    log.close_as_crashed();
+    let mut log = LogStore::open_checkpointing(&path, hour).expect("reopen");
+    assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want);
+    assert_eq!(log.get_log_state().await.expect("state").last_log_id, Some(log_id(2, total + 100)));
+}
+
 /// Entries past the in-memory tail are read back from the file; a truncation inside the tail and the entries
 /// appended over it (a new term) read back the same before and after a reopen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +369,7 @@ async fn log_reads_span_the_file_and_the_cached_tail_across_truncation_and_reope
         for chunk in (1..=total).collect::<Vec<_>>().chunks(1000) {
             append_synced(&log, chunk.iter().map(|i| entry(*i, tick(*i))).collect()).await;
         }
-        // The writer has written everything it was given, so the oldest entries left the cache.
+        // Written at a checkpoint (every 100 ms), the oldest entries leave the cache; before, the cache holds them.
         let all = log.try_get_log_entries(1..=total).await.expect("read all");
         assert_eq!(all.len() as u64, total);
         assert!(all

@@ -157,9 +157,15 @@ pub fn is_ready(m: &RaftStatus) -> bool {
     m.leader.is_some() && m.committed_index.saturating_sub(m.applied_index) <= READY_MAX_LAG_ENTRIES
 }
 
-/// Whether the node is ready now (see [`is_ready`]).
+/// Whether the node is ready now (see [`is_ready`]), read from its metrics in place: the health loop asks at
+/// every metrics change (each append and apply), where building the whole status cloned the membership.
 pub fn node_ready(raft: &crate::storage::Raft) -> bool {
-    is_ready(&crate::raft::control::status(raft))
+    use openraft::type_config::async_runtime::watch::WatchReceiver;
+    let m = raft.metrics();
+    let m = m.borrow_watched();
+    let index = |l: &Option<crate::raft::types::LogId>| l.as_ref().map_or(0, |l| l.index);
+    m.current_leader.is_some()
+        && index(&m.local_committed).saturating_sub(index(&m.last_applied)) <= READY_MAX_LAG_ENTRIES
 }
 
 async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {

@@ -409,13 +409,14 @@ impl Dispatch {
         let budget = rated.then(|| RateBudget::new(now_ms, caught_up != Some(false), &self.promised_tokens));
         let budget = budget.as_ref();
         let limited = self.shared.any_limits();
-        // (tenant, queues) already found empty in this pass: skip their other requests.
-        let mut empty: HashSet<(String, Vec<String>)> = HashSet::new();
+        // Requests found empty in this pass, by index (all below `i`, which only requests at `i` are removed
+        // from): another request for the same (tenant, queues) is skipped.
+        let mut empty: Vec<usize> = Vec::new();
         let mut i = 0;
         while i < self.parked.len() && items.len() < self.max_items {
             let p = &self.parked[i];
-            let key = (p.tenant.clone(), p.queues.clone());
-            if empty.contains(&key) {
+            let same = |j: &usize| self.parked[*j].tenant == p.tenant && self.parked[*j].queues == p.queues;
+            if empty.iter().any(same) {
                 i += 1;
                 continue;
             }
@@ -435,7 +436,7 @@ impl Dispatch {
                 ),
             };
             if ids.is_empty() {
-                empty.insert(key);
+                empty.push(i);
                 i += 1;
                 continue;
             }

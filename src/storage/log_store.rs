@@ -5,8 +5,9 @@
 //! files: it takes all operations queued since its last turn and writes them as one record to the journal
 //! (`journal.rs`: one `pwrite`, and one `fdatasync` when the turn holds an append), keeping them in memory; every
 //! `CHECKPOINT_EVERY` (and for a vote) a turn is a checkpoint instead: every write kept since the last one and the
-//! turn's own go to redb in one commit with `Durability::Immediate`, and the journal starts over. Only once a turn is durable are the append callbacks fired and `save_vote` answered: nothing is
-//! acknowledged before it is on disk, and one fsync covers every append queued meanwhile. All writes go through
+//! turn's own go to redb in one commit with `Durability::Immediate`, and the journal starts over. Only once a turn
+//! is durable are the append callbacks fired and `save_vote` answered: nothing is acknowledged before it is on
+//! disk, and one fsync covers every append queued meanwhile. All writes go through
 //! the one thread in submission order, so vote, append, truncate and purge are ordered writes (each turn's
 //! operations are journaled, synced or not, so the journal replays them in order); `save_committed`,
 //! truncations and purges return once queued (a later fsync hardens them, and openraft needs no more). At open,

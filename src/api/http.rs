@@ -154,7 +154,12 @@ async fn healthz() -> Json<serde_json::Value> {
 /// Ready: the node knows a leader and has applied what it knows to be committed (within a bound). The same rule
 /// answers `/readyz` and the gRPC health service.
 pub fn is_ready(m: &RaftStatus) -> bool {
-    m.leader.is_some() && m.committed_index.saturating_sub(m.applied_index) <= READY_MAX_LAG_ENTRIES
+    ready(m.leader.is_some(), m.committed_index, m.applied_index)
+}
+
+/// The readiness rule: a leader is known and apply is at most `READY_MAX_LAG_ENTRIES` behind the commit.
+fn ready(has_leader: bool, committed: u64, applied: u64) -> bool {
+    has_leader && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES
 }
 
 /// Whether the node is ready now (see [`is_ready`]), read from its metrics in place: the health loop asks at
@@ -164,8 +169,7 @@ pub fn node_ready(raft: &crate::storage::Raft) -> bool {
     let m = raft.metrics();
     let m = m.borrow_watched();
     let index = |l: &Option<crate::raft::types::LogId>| l.as_ref().map_or(0, |l| l.index);
-    m.current_leader.is_some()
-        && index(&m.local_committed).saturating_sub(index(&m.last_applied)) <= READY_MAX_LAG_ENTRIES
+    ready(m.current_leader.is_some(), index(&m.local_committed), index(&m.last_applied))
 }
 
 async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {

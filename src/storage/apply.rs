@@ -42,8 +42,9 @@ fn light(batch: &[Entry]) -> bool {
 }
 
 impl StateMachine {
-    /// `RaftStateMachine::apply`: applies the entries (off the async runtime unless `light`), answers each entry's responder,
-    /// then notifies the node (metrics, result waiters, parked claims, the webhook sender, the applied index).
+    /// `RaftStateMachine::apply`: applies the entries (off the async runtime unless `light`), answers each entry's
+    /// responder, then notifies the node (metrics, result waiters, parked claims, the webhook sender, the applied
+    /// index).
     pub(super) async fn apply_entries<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
     where
         Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,

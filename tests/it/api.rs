@@ -195,15 +195,17 @@ async fn heartbeat_keeps_the_lease_alive() {
     let n = TestNode::start_with(fast).await;
     let mut c = n.client().await;
     c.enqueue(enq("q", "x")).await.expect("enqueue");
-    let t = claim(&mut c, "q", 1, 300, 0).await.remove(0);
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 300, progress: None }))
+    // Heartbeats every 250 ms on a 1 s lease: room for a slow commit on a loaded debug build, and the task is
+    // held well past the lease it was claimed with.
+    let t = claim(&mut c, "q", 1, 1_000, 0).await.remove(0);
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let r = ack(&mut c, &t, token(&t), Action::Heartbeat(pb::Heartbeat { extend_ms: 1_000, progress: None }))
             .await
             .expect("hb");
         assert_eq!(r.state, pb::TaskState::InProgress as i32);
     }
-    ack(&mut c, &t, token(&t), complete("ok")).await.expect("still ours after 600 ms on a 300 ms lease");
+    ack(&mut c, &t, token(&t), complete("ok")).await.expect("still ours after 1.5 s on a 1 s lease");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -331,8 +331,12 @@ async fn the_sdk_stream_waits_out_a_full_queue_and_gives_up_after_its_timeout() 
         creates.push(s.create(NewTask::new("sq", format!("t{i}"))).await.expect("on the stream"));
     }
     let all = tokio::spawn(futures::future::join_all(creates));
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut c = n.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while pending(&mut c, "sq").await < 5 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(pending(&mut c, "sq").await, 5, "five got in, three wait");
     assert!(!all.is_finished(), "the refused creates are still waiting for room");
     for t in claim_now(&mut c, "sq", 3).await {

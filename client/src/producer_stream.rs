@@ -26,7 +26,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::backoff::Backoff;
 use crate::connection::{outbound, HELLO_TIMEOUT, MAX_MESSAGE_BYTES, STREAM_SEND_BUFFER};
 use crate::error::{Error, Result};
-use crate::producer::{enqueue_results, next_step, Kind, Next, Producer};
+use crate::producer::{enqueue_results, next_step, Kind, Next, Producer, ProducerInner};
 use crate::task::{Enqueued, NewTask};
 
 /// A create refused with NOT_LEADER (so not applied) is sent again on a stream to the leader at most this
@@ -374,7 +374,8 @@ impl Session {
             }
         };
         let pending: PendingMap = Arc::default();
-        let reader = tokio::spawn(read_acks(inbound, pending.clone(), packed, closed.clone()));
+        let lost = Lost { producer: producer.inner.clone(), addr: addr.clone() };
+        let reader = tokio::spawn(read_acks(inbound, pending.clone(), packed, closed.clone(), lost));
         tracing::debug!(addr = %addr, "producer stream opened");
         Ok(Arc::new(Session { addr, tx, pending, closed, _reader: AbortOnDropHandle::new(reader) }))
     }
@@ -386,6 +387,28 @@ impl Drop for Session {
     }
 }
 
+/// Where a stream's node is told apart when the stream breaks under it.
+struct Lost {
+    producer: Arc<ProducerInner>,
+    addr: String,
+}
+
+impl Lost {
+    /// The stream broke without the client closing it: the next stream goes to the leader the node named, or
+    /// to the next address. Without this, the connector kept the broken node's channel, and the next stream
+    /// went back to a node that had stopped answering (a paused or cut-off leader) and waited out another
+    /// keepalive timeout there before moving on.
+    fn broke(&self, e: Option<Error>) {
+        let conn = &self.producer.conn;
+        match e {
+            Some(Error::NotLeader { leader }) => {
+                conn.redirect(&self.addr, leader.as_deref());
+            }
+            _ => conn.failed(&self.addr),
+        }
+    }
+}
+
 /// Hands each CreateAck to the create waiting for its sequence number. When the stream ends, whatever is
 /// still waiting gets an unknown outcome: it was sent and may have been applied.
 async fn read_acks(
@@ -393,6 +416,7 @@ async fn read_acks(
     pending: PendingMap,
     packed: PackedMap,
     closed: CancellationToken,
+    lost: Lost,
 ) {
     let why = loop {
         let msg = tokio::select! {
@@ -412,8 +436,15 @@ async fn read_acks(
                 }
             }
             Ok(Some(other)) => tracing::debug!(event = ?other, "ignoring an unexpected producer stream event"),
-            Ok(None) => break "the server ended the producer stream".to_string(),
-            Err(status) => break format!("the producer stream failed: {status}"),
+            Ok(None) => {
+                lost.broke(None);
+                break "the server ended the producer stream".to_string();
+            }
+            Err(status) => {
+                let why = format!("the producer stream failed: {status}");
+                lost.broke(Some(Error::from_status(status, false)));
+                break why;
+            }
         }
     };
     let n = fail_pending(&pending, &closed, &why);

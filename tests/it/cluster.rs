@@ -477,6 +477,54 @@ async fn sdk_worker_whose_node_dies_reconnects_to_another_listed_node() {
     assert_eq!(summary.rejected, 0, "{summary:?}");
 }
 
+/// The SDK's producer stream is on the leader when it is paused (SIGSTOP: its sockets stay open, it only falls
+/// silent). Once the stream breaks on the keepalive, the next create opens its stream on a live node at once:
+/// going back to the paused one, as the SDK did, cost another keepalive timeout (1.5 s) before moving on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_producer_stream_leaves_a_paused_leader_for_a_live_node() {
+    use raftq_client::{Error, NewTask, Producer, ProducerConfig};
+
+    let mut c = ProcCluster::start(3, FAST).await;
+    let victim = c.wait_leader(Duration::from_secs(10)).await;
+    let mut addrs: Vec<String> = vec![c.node(victim).grpc.clone()];
+    addrs.extend(c.nodes.iter().filter(|n| n.id != victim).map(|n| n.grpc.clone()));
+    let producer = Producer::connect(ProducerConfig { addrs, ..Default::default() }).await.expect("producer");
+    let s = producer.stream().await.expect("stream");
+    s.create(NewTask::new("paused", "before")).await.expect("sent").await.expect("the leader acknowledges");
+
+    c.node(victim).signal("STOP");
+    let paused_at = Instant::now();
+    // A create sent into the pause breaks with the stream: unknown outcome, never a plain failure.
+    let into = s.create(NewTask::new("paused", "into").idempotency_key("into")).await.expect("sent");
+    match into.await {
+        Err(Error::UnknownOutcome { .. }) => {}
+        other => panic!("a create on the paused leader's stream: {other:?}"),
+    }
+    let broke_after = paused_at.elapsed();
+    // Another node leads before the next create is sent, so the time it takes is the SDK's choice of node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut leads = false;
+        for n in c.nodes.iter().filter(|n| n.id != victim) {
+            leads |= n.status().await.is_some_and(|st| st.role == "LEADER");
+        }
+        if leads {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Instant::now();
+    s.create(NewTask::new("paused", "after")).await.expect("sent").await.expect("a live node acknowledges");
+    let took = sent.elapsed();
+    c.node(victim).signal("CONT");
+    assert!(
+        took < Duration::from_millis(1200),
+        "the next create took {took:?} (the stream broke {broke_after:?} into the pause): it went back to the \
+         paused node and waited out its keepalive"
+    );
+}
+
 /// Opens a worker stream on `addr` (asking for redirects or not): its HelloAck's stream, or the refusal.
 async fn open_worker_stream(
     addr: &str,

@@ -281,6 +281,18 @@ impl Connector {
         true
     }
 
+    /// A stream on `addr` broke without the client closing it (`None`: the server ended it): the next stream
+    /// goes to the leader the node named, or to the next address, never back to a node that may have stopped
+    /// answering (a paused or cut-off leader would cost another keepalive timeout first).
+    pub(crate) fn stream_broke(&self, addr: &str, error: Option<&Error>) {
+        match error {
+            Some(Error::NotLeader { leader }) => {
+                self.redirect(addr, leader.as_deref());
+            }
+            _ => self.failed(addr),
+        }
+    }
+
     async fn connect(&self, addr: &str) -> Result<Channel> {
         #[allow(unused_mut)] // Only the `tls` feature changes it.
         let mut ep = Endpoint::from_shared(addr.to_string()).map_err(Error::transport_error)?;

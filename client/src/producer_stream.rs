@@ -387,26 +387,10 @@ impl Drop for Session {
     }
 }
 
-/// Where a stream's node is told apart when the stream breaks under it.
+/// The stream's node, for the connector to move on from when the stream breaks under it.
 struct Lost {
     producer: Arc<ProducerInner>,
     addr: String,
-}
-
-impl Lost {
-    /// The stream broke without the client closing it: the next stream goes to the leader the node named, or
-    /// to the next address. Without this, the connector kept the broken node's channel, and the next stream
-    /// went back to a node that had stopped answering (a paused or cut-off leader) and waited out another
-    /// keepalive timeout there before moving on.
-    fn broke(&self, e: Option<Error>) {
-        let conn = &self.producer.conn;
-        match e {
-            Some(Error::NotLeader { leader }) => {
-                conn.redirect(&self.addr, leader.as_deref());
-            }
-            _ => conn.failed(&self.addr),
-        }
-    }
 }
 
 /// Hands each CreateAck to the create waiting for its sequence number. When the stream ends, whatever is
@@ -437,12 +421,12 @@ async fn read_acks(
             }
             Ok(Some(other)) => tracing::debug!(event = ?other, "ignoring an unexpected producer stream event"),
             Ok(None) => {
-                lost.broke(None);
+                lost.producer.conn.stream_broke(&lost.addr, None);
                 break "the server ended the producer stream".to_string();
             }
             Err(status) => {
                 let why = format!("the producer stream failed: {status}");
-                lost.broke(Some(Error::from_status(status, false)));
+                lost.producer.conn.stream_broke(&lost.addr, Some(&Error::from_status(status, false)));
                 break why;
             }
         }

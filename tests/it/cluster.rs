@@ -298,22 +298,7 @@ async fn paused_leader_is_replaced_and_replicas_agree_after_it_resumes() {
     let old = c.wait_leader(Duration::from_secs(10)).await;
     c.node(old).signal("STOP");
     // The others elect a new leader and keep serving.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let new = loop {
-        let mut found = None;
-        for n in c.nodes.iter().filter(|n| n.id != old) {
-            if let Some(s) = n.status().await {
-                if s.role == "LEADER" {
-                    found = Some(n.id);
-                }
-            }
-        }
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let new = c.wait_leader_besides(old, Duration::from_secs(20)).await;
     let mut live = c.node(new).client().await;
     let during = live.enqueue(enq("pause", "during")).await.expect("the new leader serves").into_inner().task_id;
 
@@ -502,18 +487,7 @@ async fn sdk_producer_stream_leaves_a_paused_leader_for_a_live_node() {
     }
     let broke_after = paused_at.elapsed();
     // Another node leads before the next create is sent, so the time it takes is the SDK's choice of node.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut leads = false;
-        for n in c.nodes.iter().filter(|n| n.id != victim) {
-            leads |= n.status().await.is_some_and(|st| st.role == "LEADER");
-        }
-        if leads {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.wait_leader_besides(victim, Duration::from_secs(20)).await;
     let sent = Instant::now();
     s.create(NewTask::new("paused", "after")).await.expect("sent").await.expect("a live node acknowledges");
     let took = sent.elapsed();
@@ -604,22 +578,7 @@ async fn a_worker_on_a_follower_is_served_by_the_new_leader_while_the_old_one_is
     // Nothing to claim yet: the worker's Ready is forwarded to the leader and parked there when it stops.
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.node(old).signal("STOP");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let new = loop {
-        let mut found = None;
-        for n in c.nodes.iter().filter(|n| n.id != old) {
-            if let Some(s) = n.status().await {
-                if s.role == "LEADER" {
-                    found = Some(n.id);
-                }
-            }
-        }
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(Instant::now() < deadline, "no new leader while the old one is paused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let new = c.wait_leader_besides(old, Duration::from_secs(20)).await;
     let mut client = c.node(new).client().await;
     // Through the node that was seen leading (it forwards if an election moved the leadership again meanwhile).
     for i in 0..10 {

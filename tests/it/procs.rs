@@ -300,6 +300,20 @@ impl ProcCluster {
         }
     }
 
+    /// The leader the nodes other than `old` (a paused node, say) elected, waited for up to `limit`.
+    pub async fn wait_leader_besides(&self, old: u64, limit: Duration) -> u64 {
+        let deadline = Instant::now() + limit;
+        loop {
+            for n in self.nodes.iter().filter(|n| n.id != old) {
+                if n.status().await.is_some_and(|s| s.role == "LEADER") {
+                    return n.id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader besides node {old} within {limit:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until every running node has applied the same index with the same state digest.
     pub async fn wait_digests_agree(&self, limit: Duration) -> BTreeMap<u64, pb::DigestResponse> {
         let deadline = Instant::now() + limit;

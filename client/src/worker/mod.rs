@@ -656,17 +656,12 @@ async fn read_events(ctx: &Ctx, session: &Session, mut inbound: tonic::Streaming
             Ok(Some(pb::ServerEvent { event: Some(e) })) => e,
             Ok(Some(pb::ServerEvent { event: None })) => continue,
             Ok(None) => {
-                ctx.conn.failed(&session.addr);
+                ctx.conn.stream_broke(&session.addr, None);
                 return End::Lost("the server ended the stream".into());
             }
             Err(status) => {
                 let e = Error::from_status(status, false);
-                match &e {
-                    Error::NotLeader { leader } => {
-                        ctx.conn.redirect(&session.addr, leader.as_deref());
-                    }
-                    _ => ctx.conn.failed(&session.addr),
-                }
+                ctx.conn.stream_broke(&session.addr, Some(&e));
                 return End::Lost(e.to_string());
             }
         };

@@ -260,7 +260,9 @@ pub fn new_task(cfg: &Config, tenant: &str, req: pb::EnqueueRequest, now: TimeMs
         id: TaskId::new(now, placement, rand::random()),
         tenant: tenant.to_string(),
         queue,
-        payload: payload.to_vec(),
+        // A copy of its own: the request's bytes may be a slice of a whole received frame, which the stored
+        // task would keep alive.
+        payload: bytes::Bytes::copy_from_slice(&payload),
         priority: priority as u8,
         visible_at,
         max_attempts: if max_attempts == 0 { cfg.max_attempts_default } else { max_attempts },
@@ -394,7 +396,7 @@ fn follow_ups(
 fn follow_up_to_pb(n: &NewTask, now: TimeMs) -> pb::EnqueueRequest {
     pb::EnqueueRequest {
         queue: n.queue.clone(),
-        payload: n.payload.clone().into(),
+        payload: n.payload.clone(),
         priority: n.priority as u32,
         delay_ms: 0,
         run_at_ms: n.visible_at.min(i64::MAX as u64) as i64,
@@ -585,7 +587,7 @@ pub fn task(t: &Task) -> pb::Task {
     pb::Task {
         id: id.to_string(),
         queue: queue.clone(),
-        payload: payload.clone().into(),
+        payload: payload.clone(),
         priority: *priority as u32,
         state: state(*st) as i32,
         attempts: *attempts,

@@ -219,7 +219,7 @@ mod schedule_tests {
             id: TaskId::new(0, 0, 0),
             tenant: "t".into(),
             queue: "q".into(),
-            payload: vec![],
+            payload: Default::default(),
             priority: 0,
             visible_at: 0,
             max_attempts: 1,

@@ -30,7 +30,7 @@ fn new_task(i: u16, max_attempts: u32) -> NewTask {
         id: task_id(i),
         tenant: "t".into(),
         queue: "q".into(),
-        payload: format!("payload-{i}").into_bytes(),
+        payload: format!("payload-{i}").into_bytes().into(),
         priority: i as u8,
         visible_at: if i == 6 { 900_000 } else { 0 },
         max_attempts,
@@ -216,7 +216,7 @@ fn assert_fixture_state(sm: &StateMachine, with_task_7: bool) {
     let t1 = task(sm, 1);
     assert_eq!((t1.state, t1.result.as_deref(), t1.attempts), (Completed, Some(b"done".as_slice()), 1));
     assert_eq!(t1.idempotency_key.as_deref(), Some("key-1"));
-    assert_eq!(t1.payload, b"payload-1");
+    assert_eq!(&t1.payload[..], b"payload-1");
     let t2 = task(sm, 2);
     assert_eq!(t2.state, InProgress);
     let lease = t2.lease.expect("task 2 is leased");

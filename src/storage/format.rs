@@ -540,6 +540,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_shared_payload_is_encoded_as_the_bytes_of_a_vec_were() {
+        // Task and NewTask payloads were `Vec<u8>`: records, log entries and snapshots of either build must read
+        // in the other (older nodes in a rolling upgrade, older files, a downgrade).
+        let v: Vec<u8> = (0..=255).collect();
+        let shared = bytes::Bytes::from(v.clone());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode_into(&mut a, &("q", &v, 3u8)).expect("encode vec");
+        encode_into(&mut b, &("q", &shared, 3u8)).expect("encode bytes");
+        assert_eq!(a, b);
+        let back: (String, bytes::Bytes, u8) = decode(&a, "record").expect("decode");
+        assert_eq!((back.0.as_str(), &back.1[..], back.2), ("q", &v[..], 3));
+        let empty: (Vec<u8>, u8) = decode(&encode(&(bytes::Bytes::new(), 1u8)).expect("encode"), "r").expect("decode");
+        assert_eq!(empty, (vec![], 1));
+    }
+
+    #[test]
     fn a_record_is_its_version_byte_then_bincode_and_round_trips() {
         let v = (7u64, "seven".to_string());
         let mut buf = Vec::with_capacity(64);

@@ -546,11 +546,8 @@ impl Shards {
     fn layered_tasks(&self, i: usize, start: Option<TaskId>) -> Changes {
         let mut over = BTreeMap::new();
         for l in self.flushing[i].as_deref().into_iter().chain([&self.dirty[i]]) {
-            let range = match start {
-                Some(s) => l.tasks.range(s..),
-                None => l.tasks.range(..),
-            };
-            over.extend(range.map(|(id, t)| (*id, t.as_deref().cloned())));
+            let from = |id: &TaskId| start.is_none_or(|s| *id >= s);
+            over.extend(l.tasks.iter().filter(|(id, _)| from(id)).map(|(id, t)| (*id, t.as_deref().cloned())));
         }
         over
     }

@@ -3,7 +3,7 @@
 //! (`Layer`, read through `CachedStore`); the flusher writes each layer with the meta it reached in one
 //! transaction, so a file always holds a state some `last_applied` produced.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use super::codec::io_err;
 use super::format::{self, decode, encode, encode_into};
 use super::tables::*;
 use crate::queue::{
-    DeliveryId, KeyLimit, KeyRecord, Limits, QueueKey, RateBucket, Schedule, ShardCore, Task, TaskId, TaskStore,
+    DeliveryId, IdMap, KeyLimit, KeyRecord, Limits, QueueKey, RateBucket, Schedule, ShardCore, Task, TaskId, TaskStore,
     TimeMs, WebhookDelivery,
 };
 use crate::raft::types::{LogId, StoredMembership};
@@ -162,7 +162,8 @@ pub fn get_task(db: &Database, id: &TaskId) -> io::Result<Option<Task>> {
 /// shard's newest layer; the flusher (`flush.rs`) writes a layer into the file in one transaction.
 #[derive(Default)]
 pub struct Layer {
-    pub tasks: BTreeMap<TaskId, Option<std::sync::Arc<Task>>>,
+    /// Hashed, not ordered: apply looks a task up here at every claim and ack; the flush sorts it once.
+    pub tasks: IdMap<Option<std::sync::Arc<Task>>>,
     pub keys: HashMap<Vec<u8>, Option<KeyRecord>>,
     pub outbox: HashMap<DeliveryId, Option<WebhookDelivery>>,
     /// `shard_records` rows by key (schedules, paused queues, weights), encoded.
@@ -183,7 +184,10 @@ impl Layer {
     pub fn write_to(&self, txn: &redb::WriteTransaction) -> io::Result<()> {
         let mut tasks = txn.open_table(TASKS).map_err(io_err)?;
         let mut buf = Vec::new();
-        for (id, t) in &self.tasks {
+        // In id order: redb's inserts then go along its tree instead of jumping about it.
+        let mut sorted: Vec<_> = self.tasks.iter().collect();
+        sorted.sort_unstable_by_key(|(id, _)| **id);
+        for (id, t) in sorted {
             match t {
                 Some(t) => {
                     buf.clear();

@@ -39,7 +39,7 @@ fn new_task(i: u64, key: Option<&str>) -> NewTask {
         id: TaskId::new(1_000, i as u16, i),
         tenant: "t".into(),
         queue: "q".into(),
-        payload: vec![i as u8; 10],
+        payload: vec![i as u8; 10].into(),
         priority: (i % 10) as u8,
         visible_at: if i.is_multiple_of(3) { 5_000 } else { 0 },
         max_attempts: 3,
@@ -457,7 +457,7 @@ async fn a_taken_task_id_is_refused_from_the_layers_and_from_the_files_after_a_r
     let mut sm = StateMachine::open(dir.path(), 3).expect("open");
     let task = |time: u64, i: u64, byte: u8| NewTask {
         id: TaskId::new(time, i as u16, i),
-        payload: vec![byte; 4],
+        payload: vec![byte; 4].into(),
         visible_at: 0,
         idempotency_key: None,
         webhook_url: None,
@@ -489,7 +489,7 @@ async fn a_taken_task_id_is_refused_from_the_layers_and_from_the_files_after_a_r
     apply(&mut sm, vec![entry(4, Request::new(2_003, 4, Command::Enqueue(batch)))]).await;
     check(&sm, "in the files");
     let t = sm.shared.get_task(&older.id).expect("read").expect("the free older id is taken");
-    assert_eq!((t.payload, t.state), (vec![3; 4], TaskState::Pending));
+    assert_eq!((t.payload.to_vec(), t.state), (vec![3; 4], TaskState::Pending));
 }
 
 /// The snapshot file of a built snapshot, whole.

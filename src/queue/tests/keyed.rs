@@ -46,7 +46,7 @@ impl Harness {
     /// Enqueues one keyed task of `A`/`Q` with `payload`; its id and the answer.
     fn keyed(&mut self, mode: KeyMode, payload: &[u8]) -> (TaskId, ItemResult<Enqueued>) {
         let mut task = self.keyed_spec(A, Q, &mode);
-        task.payload = payload.to_vec();
+        task.payload = payload.to_vec().into();
         let id = task.id;
         (id, self.enqueue_keyed(vec![KeyedTask { task, mode: Some(mode) }]).remove(0))
     }
@@ -62,7 +62,7 @@ fn debounce_replaces_the_pending_tasks_payload_and_pushes_its_start_back() {
     let (_, r) = h.keyed(debounce("k", 0), b"two");
     assert_eq!(r, Ok(Enqueued { task_id: first, duplicate: true }), "the pending task took it");
     let t = h.task(first);
-    assert_eq!((t.payload.as_slice(), t.visible_at, t.created_at), (&b"two"[..], T0 + 600 + DELAY, T0));
+    assert_eq!((&t.payload[..], t.visible_at, t.created_at), (&b"two"[..], T0 + 600 + DELAY, T0));
     assert_eq!(h.m.tasks().count(), 1, "nothing was created");
     h.advance(600);
     assert_eq!(h.pick(A, &[Q], 10), vec![], "the start moved: not claimable at the first start");
@@ -72,7 +72,7 @@ fn debounce_replaces_the_pending_tasks_payload_and_pushes_its_start_back() {
     let (_, r) = h.keyed(debounce("k", 0), b"three");
     assert_eq!(r, Ok(Enqueued { task_id: first, duplicate: true }));
     assert_eq!(h.pick(A, &[Q], 10), vec![], "pushed back again");
-    assert_eq!(h.task(first).payload, b"three");
+    assert_eq!(&h.task(first).payload[..], b"three");
 }
 
 #[test]
@@ -117,13 +117,13 @@ fn a_claimed_task_is_not_debounced_a_new_one_is_created() {
     let (second, r) = h.keyed(debounce("k", 0), b"two");
     assert_eq!(r, Ok(Enqueued { task_id: second, duplicate: false }));
     assert_ne!(second, first);
-    assert_eq!(h.task(first).payload, b"one", "the running task is left alone");
+    assert_eq!(&h.task(first).payload[..], b"one", "the running task is left alone");
     assert_eq!(h.task(second).visible_at, h.now() + DELAY);
     // The key now names the new task, and stays on it even after the first is retried back to pending.
     h.ack(first, A, token(&t), nack(Some(0))).expect("current token");
     let (_, r) = h.keyed(debounce("k", 0), b"three");
     assert_eq!(r, Ok(Enqueued { task_id: second, duplicate: true }));
-    assert_eq!((h.task(second).payload.as_slice(), h.task(first).payload.as_slice()), (&b"three"[..], &b"one"[..]));
+    assert_eq!((&h.task(second).payload[..], &h.task(first).payload[..]), (&b"three"[..], &b"one"[..]));
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn singleton_refuses_or_skips_while_the_task_is_pending_or_running() {
     let (_, r) = h.keyed(singleton("s", true), b"three");
     assert_eq!(r, Ok(Enqueued { task_id: first, duplicate: true }), "skipped while in progress");
     assert_eq!(h.m.tasks().count(), 1);
-    assert_eq!(h.task(first).payload, b"one", "a singleton never changes the task");
+    assert_eq!(&h.task(first).payload[..], b"one", "a singleton never changes the task");
     // A delayed (retried) task still holds the key.
     h.ack(first, A, token(&t), nack(Some(5_000))).expect("current token");
     let (_, r) = h.keyed(singleton("s", false), b"four");
@@ -213,7 +213,7 @@ fn keys_are_scoped_by_tenant_queue_mode_and_concurrency_key() {
     let shard_of_c1 = a1_id.shard(SHARDS);
     let recs = key_records(&h.m);
     assert!(recs.iter().any(|(i, _, _, r)| r.task_id == a1_id && *i == shard_of_c1), "{recs:?}");
-    assert_eq!(h.task(first).payload, b"a");
+    assert_eq!(&h.task(first).payload[..], b"a");
     assert_eq!(recs.len(), 6, "one record per key: {recs:?}");
 }
 

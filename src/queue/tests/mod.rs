@@ -293,7 +293,7 @@ impl Harness {
             id: TaskId::new(self.time, self.next_id as u16, self.next_id),
             tenant: tenant.to_string(),
             queue: queue.to_string(),
-            payload: self.next_id.to_be_bytes().to_vec(),
+            payload: self.next_id.to_be_bytes().to_vec().into(),
             priority: 0,
             visible_at: self.time,
             max_attempts: 3,

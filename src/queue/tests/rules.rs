@@ -211,7 +211,7 @@ fn enqueue_with_existing_id_is_rejected() {
     let spec = h.spec(A, Q);
     let id = h.enqueue(spec.clone());
     let before = h.task(id);
-    let again = NewTask { payload: b"other".to_vec(), priority: 9, ..spec };
+    let again = NewTask { payload: b"other".to_vec().into(), priority: 9, ..spec };
     assert_eq!(h.enqueue_all(vec![again]), vec![Err(Rejected::IdExists)]);
     assert_eq!(h.task(id), before);
 }

@@ -12,7 +12,8 @@
 //! operations are journaled, synced or not, so the journal replays them in order); `save_committed`,
 //! truncations and purges return once queued (a later fsync hardens them, and openraft needs no more). At open,
 //! the journal's records since the last checkpoint are applied to redb and made durable before anything else.
-//! The cache keeps `CACHE_ENTRIES` entries and never drops one the writer has not yet written.
+//! The cache keeps `CACHE_ENTRIES` entries and `CACHE_BYTES` of them (encoded), whichever is less, and never drops
+//! one the writer has not yet written.
 
 use std::fmt::Debug;
 use std::io;
@@ -102,12 +103,21 @@ pub struct LogStore {
 /// Entries kept in memory once the log holds this many more (newest kept): apply and replication read the
 /// recent tail, so they are served without touching redb or decoding.
 pub(crate) const CACHE_ENTRIES: usize = 20_000;
+/// And at most this many bytes of entries (their encoded size, which their decoded size follows): an entry carries
+/// a batch of commands (a create of a hundred tasks, a claim of as many), so a count alone would let the tail
+/// hold gigabytes of large payloads, and under a full cycle it held hundreds of megabytes of entries already
+/// in the file. At the full cycle's peak this is a few seconds of the log, far more than apply and the
+/// replication of a follower in step lag behind; older entries are read from the file.
+pub(crate) const CACHE_BYTES: usize = 64 << 20;
 
 /// The newest entries of the log, contiguous by index, as appended. It holds every entry not yet written to
 /// redb, so a reader finds an appended entry at once (before the writer thread's commit).
 #[derive(Default)]
 struct LogCache {
-    entries: std::collections::BTreeMap<u64, Entry>,
+    /// Each entry with its encoded size.
+    entries: std::collections::BTreeMap<u64, (Entry, usize)>,
+    /// The encoded sizes of `entries`, summed.
+    bytes: usize,
     /// Entries at or below this index are in redb (written by the writer thread), so they may be evicted.
     written: u64,
     /// The index of the log's last entry (`None`: empty, nothing ever appended or purged).
@@ -124,20 +134,29 @@ impl LogCache {
         self.entries.first_key_value().map(|(i, _)| *i)
     }
     fn evict(&mut self) {
-        while self.entries.len() > CACHE_ENTRIES && self.first().is_some_and(|i| i <= self.written) {
-            self.entries.pop_first();
+        while (self.entries.len() > CACHE_ENTRIES || self.bytes > CACHE_BYTES)
+            && self.first().is_some_and(|i| i <= self.written)
+        {
+            if let Some((_, (_, size))) = self.entries.pop_first() {
+                self.bytes -= size;
+            }
         }
     }
-    fn append(&mut self, entries: Vec<Entry>) {
-        for e in entries {
+    /// `sizes`: each entry's encoded size, in the same order.
+    fn append(&mut self, entries: Vec<Entry>, sizes: impl Iterator<Item = usize>) {
+        for (e, size) in entries.into_iter().zip(sizes) {
             let index = e.log_id().index;
-            self.entries.insert(index, e);
+            self.bytes += size;
+            if let Some((_, old)) = self.entries.insert(index, (e, size)) {
+                self.bytes -= old;
+            }
             self.last = Some(index);
         }
     }
     fn truncate_after(&mut self, index: Option<u64>) {
         let from = index.map_or(0, |i| i + 1);
-        self.entries.split_off(&from);
+        let gone = self.entries.split_off(&from);
+        self.bytes -= gone.values().map(|(_, size)| size).sum::<usize>();
         self.truncations += 1;
         self.written = self.written.min(index.unwrap_or(0));
         self.last = match (self.last, index) {
@@ -147,7 +166,9 @@ impl LogCache {
     }
     fn purge(&mut self, log_id: LogId) {
         let upto = log_id.index;
-        self.entries = self.entries.split_off(&(upto + 1));
+        let kept = self.entries.split_off(&(upto + 1));
+        let gone = std::mem::replace(&mut self.entries, kept);
+        self.bytes -= gone.values().map(|(_, size)| size).sum::<usize>();
         self.last = Some(self.last.map_or(upto, |l| l.max(upto)));
         self.purged = Some(log_id);
     }
@@ -223,6 +244,7 @@ impl LogStore {
             purged,
             written: last.unwrap_or(0),
             entries: Default::default(),
+            bytes: 0,
             truncations: 0,
         }));
         let (wdb, wstats, wcache) = (db.clone(), stats.clone(), cache.clone());
@@ -233,6 +255,13 @@ impl LogStore {
             .spawn(move || writer_loop(wdb, journal, rx, wstats, wcache, at_close, every))?;
         let writer = Writer { tx: Some(tx), thread: Some(thread), checkpoint_at_close };
         Ok(LogStore { db, writer: Arc::new(writer), cache, stats })
+    }
+
+    /// How many entries the in-memory tail holds, and their encoded bytes (tests).
+    #[cfg(test)]
+    pub(crate) fn cached(&self) -> (usize, usize) {
+        let c = self.cache();
+        (c.entries.len(), c.bytes)
     }
 
     /// A handle that tells when the log file has been closed (every clone and reader dropped).
@@ -614,7 +643,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
             let first = c.first().unwrap_or(end);
             let lo = start.max(first);
             let cached: Vec<Entry> =
-                if lo < end { c.entries.range(lo..end).map(|(_, e)| e.clone()).collect() } else { vec![] };
+                if lo < end { c.entries.range(lo..end).map(|(_, (e, _))| e.clone()).collect() } else { vec![] };
             (cached, first.min(end), start)
         };
         let mut out = Vec::new();
@@ -654,7 +683,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let (purged, last, cached) = {
             let c = self.cache();
-            (c.purged, c.last, c.entries.last_key_value().map(|(_, e)| e.log_id()))
+            (c.purged, c.last, c.entries.last_key_value().map(|(_, (e, _))| e.log_id()))
         };
         let last_log_id = match (cached, last) {
             (Some(l), _) => Some(l),
@@ -710,7 +739,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             encode_into(&mut bytes, e)?;
             spans.push((e.log_id().index, bytes.len()));
         }
-        self.cache().append(entries);
+        let ends = spans.iter().map(|(_, end)| *end);
+        let sizes = ends.clone().zip(std::iter::once(0).chain(ends)).map(|(end, start)| end - start);
+        self.cache().append(entries, sizes);
         self.send(Op { data: OpData::Append { bytes, spans }, reply: Reply::Flushed(callback) })
     }
 

@@ -353,6 +353,44 @@ async fn entries_wait_in_the_tail_for_the_next_checkpoint_and_are_read_from_the_
     assert_eq!(log.get_log_state().await.expect("state").last_log_id, Some(log_id(2, total + 100)));
 }
 
+/// The tail is bounded by its entries' bytes, not only their count: entries of large payloads leave it once a
+/// checkpoint has written them and are read back from the file whole; a truncation and a purge
+/// keep its byte count in step with what it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_tail_holds_at_most_its_byte_bound_of_written_entries() {
+    use openraft::RaftLogReader;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("raft-log.redb");
+    let hour = std::time::Duration::from_secs(3600);
+    let big = |i: u64| {
+        let mut t = new_task(i, None);
+        t.payload = vec![i as u8; 1 << 20].into();
+        entry(i, Request::new(1_000 + i, i, Command::Enqueue(vec![t])))
+    };
+    let total = (super::log_store::CACHE_BYTES >> 20) as u64 + 40;
+    let mut log = LogStore::open_checkpointing(&path, hour).expect("open");
+    for chunk in (1..=total).collect::<Vec<_>>().chunks(8) {
+        append_synced(&log, chunk.iter().map(|i| big(*i)).collect()).await;
+    }
+    // Journaling 8 MiB makes a checkpoint too; a vote makes one now.
+    log.save_vote(&openraft::impls::Vote::new(1, 1)).await.expect("vote: a checkpoint");
+    let (n, bytes) = log.cached();
+    assert!(bytes <= super::log_store::CACHE_BYTES && (n as u64) < total, "{n} entries, {bytes} bytes held");
+    assert!(n > 0, "the newest entries stay");
+    let all = log.try_get_log_entries(..).await.expect("read");
+    assert_eq!(all.len() as u64, total);
+    assert!(all.iter().zip(1..).all(|(e, i)| *e == big(i)), "every entry reads back whole, from the file or the tail");
+    // A truncation and a purge take their entries' bytes with them.
+    log.truncate_after(Some(log_id(1, total - 2))).await.expect("truncate");
+    let (n2, bytes2) = log.cached();
+    assert_eq!(n2, n - 2);
+    assert!(bytes2 < bytes && bytes2 > 0);
+    log.purge(log_id(1, total - 3)).await.expect("purge");
+    let (n3, bytes3) = log.cached();
+    assert_eq!(n3, 1);
+    assert!((1 << 20..(1 << 20) + 4096).contains(&bytes3), "one entry of ~1 MiB is left: {bytes3} bytes");
+}
+
 /// Entries past the in-memory tail are read back from the file; a truncation inside the tail and the entries
 /// appended over it (a new term) read back the same before and after a reopen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

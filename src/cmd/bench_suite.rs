@@ -141,6 +141,8 @@ pub async fn run(a: SuiteArgs) -> Result<()> {
         }
         rows.push(row);
     }
+    let mut machine = machine;
+    machine.speed_after = Some(core_speed());
     let table = render(&a, &machine, &rows);
     println!("{table}");
     if let Some(out) = &a.out {
@@ -154,6 +156,30 @@ struct Machine {
     cores: usize,
     cpu: String,
     fsync_us: f64,
+    /// One core's speed before the runs and after them ([`core_speed`]): this kind of virtual machine runs at
+    /// different speeds for minutes at a time, so a table says how fast the machine was while it was taken.
+    speed: f64,
+    speed_after: Option<f64>,
+}
+
+/// One core's speed in millions of steps of a fixed integer loop per second (the best of five 100 ms spans): a
+/// figure to compare tables taken at different times with, not a benchmark of anything raftq does.
+fn core_speed() -> f64 {
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let (t, mut x, mut n) = (Instant::now(), 0x9e37_79b9_7f4a_7c15u64, 0u64);
+        while t.elapsed() < Duration::from_millis(100) {
+            for _ in 0..1_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+            }
+            n += 1_000;
+            std::hint::black_box(x);
+        }
+        best = best.max(n as f64 / t.elapsed().as_secs_f64() / 1e6);
+    }
+    best
 }
 
 impl Machine {
@@ -177,11 +203,16 @@ impl Machine {
         drop(f);
         let _ = std::fs::remove_file(&path);
         lat.sort_by(f64::total_cmp);
-        Ok(Machine { cores, cpu, fsync_us: lat[lat.len() / 2] })
+        Ok(Machine { cores, cpu, fsync_us: lat[lat.len() / 2], speed: core_speed(), speed_after: None })
     }
 
     fn line(&self) -> String {
-        format!("{} cores, {}, fsync of 4 KiB {:.0} µs (median of 200)", self.cores, self.cpu, self.fsync_us)
+        let after = self.speed_after.map(|s| format!(", {s:.0} after the runs")).unwrap_or_default();
+        format!(
+            "{} cores, {}, fsync of 4 KiB {:.0} µs (median of 200), one core's speed {:.0} M loop steps/s before the \
+             runs{after}",
+            self.cores, self.cpu, self.fsync_us, self.speed
+        )
     }
 }
 

@@ -22,7 +22,7 @@
 //! pick, so handing it the newest task passes over none that waited (tasks of enqueue entries still in flight
 //! may be overtaken by a few milliseconds).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use super::flow::{BlockedClock, Flow};
 use super::proposer::{not_leader, wall_clock_ms, write, write_pair, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, FairClock, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
+use crate::queue::{ClaimItem, Command, FairClock, IdSet, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
 use crate::raft::control;
 use crate::storage::{Raft, SmShared};
 
@@ -180,7 +180,7 @@ impl Dispatcher {
             max_items,
             write_timeout,
             parked: VecDeque::new(),
-            reserved: HashSet::new(),
+            reserved: IdSet::default(),
             promised: HashMap::new(),
             promised_tokens: RateCounts::default(),
             rate_wake: None,
@@ -249,7 +249,7 @@ struct Dispatch {
     max_items: usize,
     write_timeout: Duration,
     parked: VecDeque<ClaimRequest>,
-    reserved: HashSet<TaskId>,
+    reserved: IdSet,
     /// Tasks of capped queues (`leader::limits`) in claims in flight, per queue: they count against the cap
     /// until their claim is answered (by then apply counts them as running).
     promised: HashMap<QueueKey, u64>,
@@ -603,7 +603,7 @@ impl Dispatch {
 
 /// Adds a request's claims of `ids` to an entry being built, and reserves the tasks.
 fn take(
-    reserved: &mut HashSet<TaskId>,
+    reserved: &mut IdSet,
     req: ClaimRequest,
     ids: Vec<TaskId>,
     items: &mut Vec<ClaimItem>,
@@ -629,7 +629,7 @@ fn take(
 fn hand_out(
     parked: &VecDeque<ClaimRequest>,
     mut fresh: Vec<Fresh>,
-    reserved: &HashSet<TaskId>,
+    reserved: &IdSet,
     max_items: usize,
 ) -> Vec<(usize, Vec<TaskId>)> {
     // Stable: the entry's order stays within a priority.
@@ -682,7 +682,7 @@ fn hand_out(
 #[allow(clippy::too_many_arguments)]
 fn pick_capped(
     shared: &SmShared,
-    reserved: &HashSet<TaskId>,
+    reserved: &IdSet,
     promised: &mut HashMap<QueueKey, u64>,
     fair: &mut FairClock,
     p: &ClaimRequest,
@@ -777,7 +777,7 @@ mod tests {
             fresh(5, "t", "b", 9),
             fresh(6, "u", "a", 0),
         ];
-        let given = hand_out(&parked, new, &HashSet::new(), 100);
+        let given = hand_out(&parked, new, &IdSet::default(), 100);
         // The first Ready: a's two priority-5 tasks in the entry's order. The other tenant's Ready: its own task.
         // The third: b's 9, then the 5s (b named first wins the tie), then a's 0. Queue c has nothing.
         assert_eq!(given, vec![(0, vec![id(2), id(4)]), (1, vec![id(6)]), (2, vec![id(5), id(3), id(1)])]);
@@ -787,10 +787,10 @@ mod tests {
     fn a_hand_out_stops_at_max_items_and_passes_over_reserved_tasks() {
         let parked: VecDeque<ClaimRequest> = [ready("t", &["a"], 3), ready("t", &["a"], 3)].into();
         let new = (1..=6).map(|n| fresh(n, "t", "a", 0)).collect();
-        let reserved: HashSet<TaskId> = [id(2)].into();
+        let reserved: IdSet = [id(2)].into_iter().collect();
         let given = hand_out(&parked, new, &reserved, 4);
         assert_eq!(given, vec![(0, vec![id(1), id(3), id(4)]), (1, vec![id(5)])]);
         // Nothing fresh for the Readys' queues: nobody takes anything.
-        assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &HashSet::new(), 4).is_empty());
+        assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &IdSet::default(), 4).is_empty());
     }
 }

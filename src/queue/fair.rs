@@ -22,7 +22,7 @@
 //! in flight), never in the number of tasks.
 
 use std::cell::OnceCell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -95,7 +95,7 @@ pub fn pick_ready(
     tenant: &str,
     queues: &[String],
     count: usize,
-    skip: &HashSet<TaskId>,
+    skip: &IdSet,
     budget: Option<&RateBudget<'_>>,
 ) -> Vec<TaskId> {
     let mut qks: Vec<QueueKey> = Vec::new();
@@ -165,7 +165,7 @@ pub fn pick_ready(
 /// The pick of a queue whose ready tasks all lack a fairness key (the common case), or `None` if any has one:
 /// the best `count` tasks across shards in claim order (priority, then FIFO), skipping `skip`. Same result as
 /// the fair pick with one key, without its per-task bookkeeping.
-fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &HashSet<TaskId>) -> Option<Vec<TaskId>> {
+fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &IdSet) -> Option<Vec<TaskId>> {
     let mut heads = Vec::new();
     for shard in shards {
         let Some(keyed) = shard.idx.by_key.get(qk) else { continue };
@@ -293,7 +293,7 @@ fn is_active(shards: &[ShardCore], qk: &QueueKey, key: &str) -> bool {
 struct Pick<'a> {
     shards: &'a [ShardCore],
     tenant: &'a str,
-    skip: &'a HashSet<TaskId>,
+    skip: &'a IdSet,
     /// Per queue of the request (by position): (shard, its ready tasks of the queue) for each shard holding any.
     queues: Vec<Vec<(usize, &'a KeyedReady)>>,
     qks: &'a [QueueKey],
@@ -306,7 +306,7 @@ struct Pick<'a> {
 }
 
 impl<'a> Pick<'a> {
-    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a HashSet<TaskId>, qks: &'a [QueueKey]) -> Self {
+    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a IdSet, qks: &'a [QueueKey]) -> Self {
         let queues: Vec<Vec<(usize, &KeyedReady)>> = qks
             .iter()
             .map(|qk| shards.iter().enumerate().filter_map(|(s, sh)| sh.idx.by_key.get(qk).map(|k| (s, k))).collect())

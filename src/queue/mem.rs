@@ -1,7 +1,7 @@
 //! A whole state machine in memory: the same shard logic over maps. For tests, the crash test's replay and the
 //! property test's comparison; the server runs the same `ShardCore` over redb (`storage`).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::apply::{ApplyContext, Effects};
 use super::fair::{pick_ready, FairClock};
@@ -173,7 +173,7 @@ impl MemMachine {
 
     /// The leader's pick, charging `clock` as the leader's dispatcher does across picks.
     pub fn pick_with(&self, clock: &mut FairClock, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
-        pick_ready(&self.shards, clock, tenant, queues, count, &HashSet::new(), None)
+        pick_ready(&self.shards, clock, tenant, queues, count, &IdSet::default(), None)
     }
 
     /// Rebuilds every shard's indexes from its records, as a restart does.

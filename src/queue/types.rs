@@ -64,6 +64,8 @@ impl std::hash::Hasher for IdHasher {
 
 /// A map keyed by task ids, hashed with [`IdHasher`].
 pub type IdMap<V> = std::collections::HashMap<TaskId, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// A set of task ids, hashed with [`IdHasher`] (the dispatcher's promised tasks, which every pick looks up).
+pub type IdSet = std::collections::HashSet<TaskId, std::hash::BuildHasherDefault<IdHasher>>;
 
 impl TaskId {
     pub fn new(time_ms: TimeMs, placement: u16, random: u64) -> Self {

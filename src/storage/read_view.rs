@@ -97,7 +97,7 @@ impl SmShared {
         tenant: &str,
         queues: &[String],
         count: usize,
-        skip: &HashSet<TaskId>,
+        skip: &queue::IdSet,
         budget: Option<&queue::RateBudget<'_>>,
     ) -> Vec<TaskId> {
         queue::pick_ready(&self.read().cores, clock, tenant, queues, count, skip, budget)

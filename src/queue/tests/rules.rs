@@ -1,7 +1,5 @@
 //! Unit tests of each lifecycle rule, driven through the `Harness` the way the leader drives the machine.
 
-use std::collections::HashSet;
-
 use super::*;
 
 #[test]
@@ -851,7 +849,7 @@ fn a_blocked_concurrency_key_never_delays_other_keys_or_queues() {
     h.ack(a[0], A, token(&first[0].clone().expect("claimed")), complete()).expect("completed");
     assert_eq!(h.pick(A, &[Q], 10), vec![plain, a[1], b]);
     // Promised to a claim in flight counts as running for the key.
-    let skip: HashSet<TaskId> = [a[1]].into();
+    let skip: IdSet = [a[1]].into_iter().collect();
     assert_eq!(pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &skip, None), vec![plain, b]);
 }
 

@@ -120,7 +120,7 @@ pub async fn run(a: SuiteArgs) -> Result<()> {
     }
     let want = |s: &str| a.only.is_empty() || a.only.iter().any(|o| o == s);
     std::fs::create_dir_all(&a.work_dir).with_context(|| format!("creating {}", a.work_dir.display()))?;
-    let machine = Machine::read(&a.work_dir)?;
+    let mut machine = Machine::read(&a.work_dir)?;
     eprintln!("{}", machine.line());
     let mut rows: Vec<Row> = Vec::new();
     // The measured peaks (`cycle-1`'s and `cycle-3`'s medians) the paced scenarios run at half of.
@@ -141,7 +141,6 @@ pub async fn run(a: SuiteArgs) -> Result<()> {
         }
         rows.push(row);
     }
-    let mut machine = machine;
     machine.speed_after = Some(core_speed());
     let table = render(&a, &machine, &rows);
     println!("{table}");

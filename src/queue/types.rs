@@ -53,10 +53,6 @@ impl std::hash::Hasher for IdHasher {
         }
     }
 
-    fn write_usize(&mut self, n: usize) {
-        self.write(&n.to_le_bytes());
-    }
-
     fn finish(&self) -> u64 {
         self.0
     }

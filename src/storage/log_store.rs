@@ -142,8 +142,12 @@ impl LogCache {
             }
         }
     }
+    /// Takes the bytes of entries removed from the tail off its count.
+    fn forget(&mut self, gone: &std::collections::BTreeMap<u64, (Entry, usize)>) {
+        self.bytes -= gone.values().map(|(_, size)| size).sum::<usize>();
+    }
     /// `sizes`: each entry's encoded size, in the same order.
-    fn append(&mut self, entries: Vec<Entry>, sizes: impl Iterator<Item = usize>) {
+    fn append(&mut self, entries: Vec<Entry>, sizes: Vec<usize>) {
         for (e, size) in entries.into_iter().zip(sizes) {
             let index = e.log_id().index;
             self.bytes += size;
@@ -156,7 +160,7 @@ impl LogCache {
     fn truncate_after(&mut self, index: Option<u64>) {
         let from = index.map_or(0, |i| i + 1);
         let gone = self.entries.split_off(&from);
-        self.bytes -= gone.values().map(|(_, size)| size).sum::<usize>();
+        self.forget(&gone);
         self.truncations += 1;
         self.written = self.written.min(index.unwrap_or(0));
         self.last = match (self.last, index) {
@@ -168,7 +172,7 @@ impl LogCache {
         let upto = log_id.index;
         let kept = self.entries.split_off(&(upto + 1));
         let gone = std::mem::replace(&mut self.entries, kept);
-        self.bytes -= gone.values().map(|(_, size)| size).sum::<usize>();
+        self.forget(&gone);
         self.last = Some(self.last.map_or(upto, |l| l.max(upto)));
         self.purged = Some(log_id);
     }
@@ -735,12 +739,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let mut bytes = Vec::new();
         let mut spans = Vec::with_capacity(entries.len());
+        let mut sizes = Vec::with_capacity(entries.len());
         for e in &entries {
+            let start = bytes.len();
             encode_into(&mut bytes, e)?;
             spans.push((e.log_id().index, bytes.len()));
+            sizes.push(bytes.len() - start);
         }
-        let ends = spans.iter().map(|(_, end)| *end);
-        let sizes = ends.clone().zip(std::iter::once(0).chain(ends)).map(|(end, start)| end - start);
         self.cache().append(entries, sizes);
         self.send(Op { data: OpData::Append { bytes, spans }, reply: Reply::Flushed(callback) })
     }

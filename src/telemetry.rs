@@ -19,6 +19,9 @@ pub const ENQUEUE_TO_END: &str = "raftq_enqueue_to_end_seconds";
 pub const FSYNC_SECONDS: &str = "raftq_log_fsync_seconds";
 pub const FSYNCS_TOTAL: &str = "raftq_log_fsyncs_total";
 pub const SYNCED_ENTRIES_TOTAL: &str = "raftq_log_synced_entries_total";
+pub const APPLIED_ENTRIES_TOTAL: &str = "raftq_applied_entries_total";
+pub const APPLIED_ITEMS_TOTAL: &str = "raftq_applied_items_total";
+pub const APPLY_BATCHES_TOTAL: &str = "raftq_apply_batches_total";
 pub const STREAM_SESSIONS: &str = "raftq_stream_sessions";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "raftq_webhook_deliveries_total";
 pub const WEBHOOKS_PENDING: &str = "raftq_webhooks_pending";
@@ -48,6 +51,25 @@ const EVENTS: [(TaskEvent, &str); 8] = [
     (TaskEvent::Retried, "retried"),
     (TaskEvent::DeadLettered, "dead_lettered"),
     (TaskEvent::LeaseExpired, "lease_expired"),
+];
+
+/// The kinds of applied log entries counted by `raftq_applied_entries_total`: the per-task commands, every other
+/// command, and openraft's own entries (blank and membership).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Enqueue,
+    Claim,
+    Ack,
+    Other,
+    Raft,
+}
+
+const ENTRY_KINDS: [(EntryKind, &str); 5] = [
+    (EntryKind::Enqueue, "enqueue"),
+    (EntryKind::Claim, "claim"),
+    (EntryKind::Ack, "ack"),
+    (EntryKind::Other, "other"),
+    (EntryKind::Raft, "raft"),
 ];
 
 /// Outcomes of webhook delivery attempts, counted by the leader that made them.
@@ -125,6 +147,11 @@ pub struct Metrics {
     /// Tasks this leader claimed for a waiting worker right behind their enqueue's entry (`leader::dispatcher`,
     /// hand-off), before that entry applied.
     pub handed_off: AtomicU64,
+    /// Log entries applied on this replica, and the task items they carried (creates, claims, acks), by kind.
+    entries: [AtomicU64; ENTRY_KINDS.len()],
+    entry_items: [AtomicU64; ENTRY_KINDS.len()],
+    /// Batches of committed entries openraft handed to apply.
+    pub apply_batches: AtomicU64,
 }
 
 impl Metrics {
@@ -137,6 +164,14 @@ impl Metrics {
     pub fn webhook(&self, e: WebhookEvent) {
         if let Some(i) = WEBHOOK_EVENTS.iter().position(|(x, _)| *x == e) {
             self.webhooks[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// One applied entry of `kind` carrying `items` task items.
+    pub fn applied(&self, kind: EntryKind, items: u64) {
+        if let Some(i) = ENTRY_KINDS.iter().position(|(x, _)| *x == kind) {
+            self.entries[i].fetch_add(1, Relaxed);
+            self.entry_items[i].fetch_add(items, Relaxed);
         }
     }
 
@@ -218,6 +253,25 @@ impl Metrics {
             let _ =
                 writeln!(out, "{WEBHOOK_DELIVERIES_TOTAL}{{outcome=\"{name}\"}} {}", self.webhooks[i].load(Relaxed));
         }
+        for (name, help, values) in [
+            (APPLIED_ENTRIES_TOTAL, "Log entries applied on this replica, by kind of command.", &self.entries),
+            (
+                APPLIED_ITEMS_TOTAL,
+                "Task items (creates, claims, acks) carried by the log entries applied on this replica, by kind.",
+                &self.entry_items,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, (_, kind)) in ENTRY_KINDS.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", values[i].load(Relaxed));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {APPLY_BATCHES_TOTAL} Batches of committed log entries applied on this replica.\n# TYPE \
+             {APPLY_BATCHES_TOTAL} counter\n{APPLY_BATCHES_TOTAL} {}",
+            self.apply_batches.load(Relaxed)
+        );
         let _ = writeln!(out, "# HELP {STREAM_SESSIONS} Open worker and producer streams.");
         let _ =
             writeln!(out, "# TYPE {STREAM_SESSIONS} gauge\n{STREAM_SESSIONS} {}", self.stream_sessions.load(Relaxed));

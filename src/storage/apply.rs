@@ -41,6 +41,24 @@ fn light(batch: &[Entry]) -> bool {
     true
 }
 
+/// Counts a batch of committed entries by kind, and the task items each carries (`raftq_applied_entries_total`).
+fn count_entries(m: &crate::telemetry::Metrics, batch: &[Entry]) {
+    use crate::telemetry::EntryKind;
+    m.apply_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for e in batch {
+        let (kind, items) = match &e.payload {
+            EntryPayload::Blank | EntryPayload::Membership(_) => (EntryKind::Raft, 0),
+            EntryPayload::Normal(req) => match &*req.command {
+                Command::Enqueue(v) => (EntryKind::Enqueue, v.len()),
+                Command::Claim(v) => (EntryKind::Claim, v.len()),
+                Command::Ack(v) => (EntryKind::Ack, v.len()),
+                _ => (EntryKind::Other, 0),
+            },
+        };
+        m.applied(kind, items as u64);
+    }
+}
+
 impl StateMachine {
     /// `RaftStateMachine::apply`: applies the entries (off the async runtime unless `light`), answers each entry's
     /// responder, then notifies the node (metrics, result waiters, parked claims, the webhook sender, the applied
@@ -60,6 +78,7 @@ impl StateMachine {
             return Ok(());
         }
         let last = batch.last().map(|e| e.log_id.index).unwrap_or(0);
+        count_entries(&self.shared.metrics, &batch);
         let shared = self.shared.clone();
         // A light batch is applied right here: handing it to a blocking thread and back costs two thread wake-ups,
         // more than applying a few commands.

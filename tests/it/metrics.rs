@@ -81,6 +81,22 @@ async fn metrics_are_scraped_during_load_and_parse() {
     // Every applied entry went through an fsync first.
     assert!(value(&s, "raftq_log_synced_entries_total", &[]) >= value(&s, "raftq_raft_applied_index", &[]) - 1.0);
     assert!(value(&s, "raftq_raft_applied_index", &[]) > 0.0);
+    // Entries by kind: every create, claim and ack above was carried by an entry of its kind, each entry by at
+    // least one item; every applied entry is of one kind, and batches hold at least one entry each.
+    let kind = |name: &str, k: &str| value(&s, name, &[("kind", k)]);
+    for (k, items) in [("enqueue", 300.0), ("claim", 50.0), ("ack", 21.0)] {
+        assert_eq!(kind("raftq_applied_items_total", k), items, "{k} items");
+        let entries = kind("raftq_applied_entries_total", k);
+        assert!(entries >= 1.0 && entries <= items, "{k}: {entries} entries for {items} items");
+    }
+    assert_eq!(kind("raftq_applied_entries_total", "enqueue"), 30.0, "one entry per batch enqueued one at a time");
+    let all: f64 =
+        ["enqueue", "claim", "ack", "other", "raft"].iter().map(|k| kind("raftq_applied_entries_total", k)).sum();
+    // The log starts at index 0 (the first membership).
+    let applied = value(&s, "raftq_raft_applied_index", &[]);
+    assert_eq!(all, applied + 1.0, "entries by kind add up to the entries up to the applied index");
+    let batches = value(&s, "raftq_apply_batches_total", &[]);
+    assert!(batches >= 1.0 && batches <= all, "{batches} batches for {all} entries");
 }
 
 const SECRET: &str = "an-hs256-secret-for-the-metrics-test-0123456789";

@@ -16,25 +16,32 @@ use super::state_machine::{Shards, SmShared, StateMachine};
 use crate::queue::{ApplyContext, Command, Effects, Response};
 use crate::raft::types::{Entry, StoredMembership, TypeConfig};
 use crate::raft::version;
+use crate::telemetry::EntryKind;
 
 /// Task items (creates, claims, acks) a batch may hold and still be applied on the async runtime's thread.
 const INLINE_ITEMS: usize = 64;
+
+/// An entry's kind for the metrics and for `light`, and the task items (creates, claims, acks) it carries.
+fn kind_of(e: &Entry) -> (EntryKind, usize) {
+    match &e.payload {
+        EntryPayload::Blank | EntryPayload::Membership(_) => (EntryKind::Raft, 0),
+        EntryPayload::Normal(req) => match &*req.command {
+            Command::Enqueue(v) => (EntryKind::Enqueue, v.len()),
+            Command::Claim(v) => (EntryKind::Claim, v.len()),
+            Command::Ack(v) => (EntryKind::Ack, v.len()),
+            _ => (EntryKind::Other, 0),
+        },
+    }
+}
 
 /// Whether `batch` is cheap to apply: only the per-task commands, at most `INLINE_ITEMS` items in all. Others (a
 /// tick's expiries, redrives, purges) may touch any number of tasks, and go to a blocking thread.
 fn light(batch: &[Entry]) -> bool {
     let mut items = 0;
     for e in batch {
-        items += match &e.payload {
-            EntryPayload::Blank | EntryPayload::Membership(_) => 0,
-            EntryPayload::Normal(req) => match &*req.command {
-                Command::Enqueue(v) => v.len(),
-                Command::Claim(v) => v.len(),
-                Command::Ack(v) => v.len(),
-                _ => return false,
-            },
-        };
-        if items > INLINE_ITEMS {
+        let (kind, n) = kind_of(e);
+        items += n;
+        if kind == EntryKind::Other || items > INLINE_ITEMS {
             return false;
         }
     }
@@ -43,18 +50,9 @@ fn light(batch: &[Entry]) -> bool {
 
 /// Counts a batch of committed entries by kind, and the task items each carries (`raftq_applied_entries_total`).
 fn count_entries(m: &crate::telemetry::Metrics, batch: &[Entry]) {
-    use crate::telemetry::EntryKind;
     m.apply_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for e in batch {
-        let (kind, items) = match &e.payload {
-            EntryPayload::Blank | EntryPayload::Membership(_) => (EntryKind::Raft, 0),
-            EntryPayload::Normal(req) => match &*req.command {
-                Command::Enqueue(v) => (EntryKind::Enqueue, v.len()),
-                Command::Claim(v) => (EntryKind::Claim, v.len()),
-                Command::Ack(v) => (EntryKind::Ack, v.len()),
-                _ => (EntryKind::Other, 0),
-            },
-        };
+        let (kind, items) = kind_of(e);
         m.applied(kind, items as u64);
     }
 }

@@ -47,6 +47,7 @@ impl Shards {
             write_shard(&self.dbs[i], layers, &self.metas[i], durable)?;
             self.flushing[i] = None;
             self.dirty[i] = Layer::default();
+            self.file_newest[i] = self.newest[i];
         }
         if durable {
             self.last_sync = Instant::now();
@@ -67,6 +68,8 @@ impl SmShared {
             for i in 0..g.dbs.len() {
                 let l = Arc::new(std::mem::take(&mut g.dirty[i]));
                 g.flushing[i] = Some(l.clone());
+                // Every task of the file after this flush is in a layer taken up to now.
+                g.file_newest[i] = g.newest[i];
                 layers.push(l);
             }
             self.dirty_records.store(0, Ordering::Relaxed);

@@ -40,6 +40,9 @@ pub struct Shards {
     pub(super) last_sync: Instant,
     /// Per shard, no task id above this is stored, in the file or the layers (`shard::CachedStore`).
     pub(super) newest: Vec<Option<TaskId>>,
+    /// Per shard, no task id above this is in the file: `newest` as it was when the flusher last took the shard's
+    /// layer (a task stored since is in a layer, which a read looks in first).
+    pub(super) file_newest: Vec<Option<TaskId>>,
 }
 
 impl Shards {
@@ -56,13 +59,16 @@ impl Shards {
             flushing: vec![None; count],
             last_sync: Instant::now(),
             newest: vec![],
+            file_newest: vec![],
         };
         for i in 0..count {
             let db = shard::open_db_cached(&files::shard_path(sm, i), Some(shard::PAGE_CACHE_BYTES))?;
             let meta = shard::read_meta(&db)?;
             out.cores.push(shard::load_core(&db, i, count, meta.now)?);
             out.metas.push(meta);
-            out.newest.push(shard::newest_task_id(&db)?);
+            let newest = shard::newest_task_id(&db)?;
+            out.newest.push(newest);
+            out.file_newest.push(newest);
             out.dbs.push(Arc::new(db));
         }
         Ok(out)

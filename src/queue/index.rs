@@ -148,7 +148,6 @@ pub struct IndexSizes {
 impl ShardIndex {
     /// Adds a task record to the indexes its state calls for, at shard time `now` (which decides delayed or ready).
     pub fn add_task(&mut self, t: &Task, now: TimeMs) {
-        let qk = QueueKey::of(t);
         if t.state == TaskState::Pending && !t.waiting_on.is_empty() {
             // Held by dependencies: counted as delayed (pending, not claimable), in no other index.
             self.held.insert(t.id);
@@ -158,7 +157,7 @@ impl ShardIndex {
             if let Some(d) = t.deadline {
                 self.deadlines.insert((d, t.id));
             }
-            self.counts.entry(qk).or_default().delayed += 1;
+            self.counts_of(t).delayed += 1;
             return;
         }
         let delayed = t.state == TaskState::Pending && t.visible_at > now;
@@ -186,19 +185,14 @@ impl ShardIndex {
                 _ => {}
             }
         }
-        // The queue's counts exist but for its first task: look them up before cloning the names for a new entry.
-        let counts = match self.counts.get_mut(&qk) {
-            Some(c) => c,
-            None => self.counts.entry(qk.clone()).or_default(),
-        };
-        *counts.slot(t.state, delayed) += 1;
+        *self.counts_of(t).slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
-                self.delayed.insert((t.visible_at, t.id), (qk, t.priority, t.seq));
+                self.delayed.insert((t.visible_at, t.id), (QueueKey::of(t), t.priority, t.seq));
             }
             TaskState::Pending => {
                 let key = fairness_key(t.concurrency.as_ref());
-                self.ready_insert(qk, key, (Reverse(t.priority), t.seq, t.id));
+                self.ready_insert(t, key, (Reverse(t.priority), t.seq, t.id));
             }
             TaskState::InProgress => {
                 if let Some(l) = &t.lease {
@@ -211,18 +205,26 @@ impl ShardIndex {
                 }
                 if let (TaskState::Completed, Some(end)) = (t.state, t.ended_at) {
                     let run_ms = t.runs.last().map(|r| end.saturating_sub(r.started_at)).unwrap_or(0);
-                    self.note_done(qk, end, run_ms, now);
+                    self.note_done(t, end, run_ms, now);
                 }
             }
             TaskState::DeadLettered => {
-                self.dead.entry(qk).or_default().insert((t.dead_at.unwrap_or(0), t.id));
+                self.dead.entry(QueueKey::of(t)).or_default().insert((t.dead_at.unwrap_or(0), t.id));
             }
         }
     }
 
+    /// The counts of a task's queue; the names are cloned only for the queue's first task.
+    fn counts_of(&mut self, t: &Task) -> &mut StateCounts {
+        if !self.counts.contains_key(t as &dyn QueueRef) {
+            self.counts.insert(QueueKey::of(t), StateCounts::default());
+        }
+        self.counts.get_mut(t as &dyn QueueRef).expect("inserted above")
+    }
+
     /// Removes a task record (as it is before a change) from the indexes.
     pub fn remove_task(&mut self, t: &Task) {
-        let qk = QueueKey::of(t);
+        let qk: &dyn QueueRef = t;
         if t.state == TaskState::Pending && self.held.remove(&t.id) {
             for d in &t.waiting_on {
                 if let Some(w) = self.waiters.get_mut(d) {
@@ -235,7 +237,7 @@ impl ShardIndex {
             if let Some(d) = t.deadline {
                 self.deadlines.remove(&(d, t.id));
             }
-            if let Some(c) = self.counts.get_mut(&qk) {
+            if let Some(c) = self.counts.get_mut(qk) {
                 c.delayed = c.delayed.saturating_sub(1);
             }
             return;
@@ -265,7 +267,7 @@ impl ShardIndex {
                 _ => {}
             }
         }
-        if let Some(c) = self.counts.get_mut(&qk) {
+        if let Some(c) = self.counts.get_mut(qk) {
             let slot = c.slot(t.state, in_delayed);
             *slot = slot.saturating_sub(1);
         }
@@ -273,7 +275,7 @@ impl ShardIndex {
             TaskState::Pending => {
                 if !in_delayed {
                     let key = fairness_key(t.concurrency.as_ref());
-                    self.ready_remove(&qk, key, &(Reverse(t.priority), t.seq, t.id));
+                    self.ready_remove(qk, key, &(Reverse(t.priority), t.seq, t.id));
                 }
             }
             TaskState::InProgress => {
@@ -287,10 +289,10 @@ impl ShardIndex {
                 }
             }
             TaskState::DeadLettered => {
-                if let Some(set) = self.dead.get_mut(&qk) {
+                if let Some(set) = self.dead.get_mut(qk) {
                     set.remove(&(t.dead_at.unwrap_or(0), t.id));
                     if set.is_empty() {
-                        self.dead.remove(&qk);
+                        self.dead.remove(qk);
                     }
                 }
             }
@@ -298,8 +300,11 @@ impl ShardIndex {
     }
 
     /// Adds a ready task to its key's set in `by_key`, activating the key if it had none.
-    pub(super) fn ready_insert(&mut self, qk: QueueKey, key: &str, rk: ReadyKey) {
-        let keyed = self.by_key.entry(qk).or_default();
+    pub(super) fn ready_insert(&mut self, qk: &dyn QueueRef, key: &str, rk: ReadyKey) {
+        if !self.by_key.contains_key(qk) {
+            self.by_key.insert(QueueKey::new(qk.tenant(), qk.queue()), KeyedReady::default());
+        }
+        let keyed = self.by_key.get_mut(qk).expect("inserted above");
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
                 set.insert(rk);
@@ -313,7 +318,7 @@ impl ShardIndex {
     }
 
     /// Removes a ready task from `by_key`; a key left without ready tasks is no longer active.
-    fn ready_remove(&mut self, qk: &QueueKey, key: &str, rk: &ReadyKey) {
+    fn ready_remove(&mut self, qk: &dyn QueueRef, key: &str, rk: &ReadyKey) {
         let Some(keyed) = self.by_key.get_mut(qk) else { return };
         if let Some((activation, set)) = keyed.keys.get_mut(key) {
             set.remove(rk);
@@ -364,13 +369,16 @@ impl ShardIndex {
     }
 
     /// Counts one completion in its queue's throughput buckets, dropping buckets older than the window.
-    fn note_done(&mut self, qk: QueueKey, ended_at: TimeMs, run_ms: u64, now: TimeMs) {
+    fn note_done(&mut self, t: &Task, ended_at: TimeMs, run_ms: u64, now: TimeMs) {
         let oldest = (now / 1000).saturating_sub(THROUGHPUT_WINDOW_S);
         let sec = ended_at / 1000;
         if sec < oldest {
             return;
         }
-        let buckets = self.done.entry(qk).or_default();
+        if !self.done.contains_key(t as &dyn QueueRef) {
+            self.done.insert(QueueKey::of(t), BTreeMap::new());
+        }
+        let buckets = self.done.get_mut(t as &dyn QueueRef).expect("inserted above");
         let b = buckets.entry(sec).or_default();
         b.0 += 1;
         b.1 += run_ms;

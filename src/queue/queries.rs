@@ -132,8 +132,8 @@ impl ShardCore {
         &self.idx.schedules
     }
 
-    pub fn is_paused(&self, qk: &QueueKey) -> bool {
-        self.idx.paused.contains(qk)
+    pub fn is_paused(&self, qk: &dyn QueueRef) -> bool {
+        !self.idx.paused.is_empty() && self.idx.paused.contains(qk)
     }
 
     pub fn paused(&self) -> impl Iterator<Item = &QueueKey> {

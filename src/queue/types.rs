@@ -459,10 +459,73 @@ impl TaskFilter {
 }
 
 /// A queue of one tenant: what the ready index, counts, paused flags and claim wake-ups are keyed by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueKey {
     pub tenant: String,
     pub queue: String,
+}
+
+/// A queue of one tenant by borrowed names: a `QueueKey`-keyed hash map or set is looked up by one (a task is
+/// one: its tenant and queue) without building a key, which allocates both names. Apply looks up a task's queue
+/// several times per claim and per ack.
+pub trait QueueRef {
+    fn tenant(&self) -> &str;
+    fn queue(&self) -> &str;
+}
+
+impl QueueRef for QueueKey {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+}
+
+impl QueueRef for Task {
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+}
+
+impl QueueRef for (&str, &str) {
+    fn tenant(&self) -> &str {
+        self.0
+    }
+    fn queue(&self) -> &str {
+        self.1
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn QueueRef + 'a> for QueueKey {
+    fn borrow(&self) -> &(dyn QueueRef + 'a) {
+        self
+    }
+}
+
+/// One hash for the key and every borrowed form of it (`Borrow` requires it).
+impl std::hash::Hash for dyn QueueRef + '_ {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.tenant().hash(state);
+        self.queue().hash(state);
+    }
+}
+
+impl PartialEq for dyn QueueRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.tenant() == other.tenant() && self.queue() == other.queue()
+    }
+}
+
+impl Eq for dyn QueueRef + '_ {}
+
+impl std::hash::Hash for QueueKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self as &dyn QueueRef).hash(state)
+    }
 }
 
 impl QueueKey {
@@ -1079,5 +1142,22 @@ mod tests {
         let a = build.hash_one(TaskId::new(5, 1, 9));
         assert_ne!(a, build.hash_one(TaskId::new(5, 2, 9)));
         assert_ne!(a, build.hash_one(TaskId::new(5, 1, 10)));
+    }
+
+    #[test]
+    fn a_queue_is_found_by_its_borrowed_names_and_only_by_its_own() {
+        // Names whose concatenations are equal must stay apart ("ab"/"c" against "a"/"bc").
+        let keys =
+            [QueueKey::new("ab", "c"), QueueKey::new("a", "bc"), QueueKey::new("", "abc"), QueueKey::new("t", "q")];
+        let map: std::collections::HashMap<QueueKey, usize> = keys.iter().cloned().zip(0..).collect();
+        let set: std::collections::HashSet<QueueKey> = keys[..2].iter().cloned().collect();
+        for (i, k) in keys.iter().enumerate() {
+            let by_pair: &dyn QueueRef = &(k.tenant.as_str(), k.queue.as_str());
+            assert_eq!(map.get(by_pair), Some(&i), "{k:?} by its names");
+            assert_eq!(map.get(k as &dyn QueueRef), Some(&i), "{k:?} by itself");
+            assert_eq!(set.contains(by_pair), i < 2);
+        }
+        assert_eq!(map.get(&("t", "") as &dyn QueueRef), None);
+        assert_eq!(map.get(&("abc", "") as &dyn QueueRef), None);
     }
 }

@@ -283,8 +283,7 @@ impl SmShared {
 
     /// Whether a queue is paused (every shard holds the flag; shard 0 answers).
     pub fn is_paused(&self, tenant: &str, queue: &str) -> bool {
-        let qk = queue::QueueKey { tenant: tenant.to_string(), queue: queue.to_string() };
-        self.read().cores.first().is_some_and(|c| c.is_paused(&qk))
+        self.read().cores.first().is_some_and(|c| c.is_paused(&(tenant, queue)))
     }
 
     /// Every schedule (all tenants when `None`).

@@ -47,7 +47,7 @@ impl ShardCore {
             || !before.waiting_on.is_empty()
             || before.visible_at > now
             || before.attempts >= before.max_attempts
-            || self.is_paused(&QueueKey::of(&before))
+            || self.is_paused(&*before)
             || key_full
         {
             return Ok(Err(Rejected::NotClaimable));

@@ -23,7 +23,7 @@ impl ShardCore {
                 !self.idx.limits.is_empty()
                     && self.idx.limits.get(&QueueKey::of(before)).is_some_and(|l| l.max_running.is_some())
             };
-            if before.concurrency.is_some() || capped() {
+            if (before.concurrency.is_some() || capped()) && !cx.fx.ready.contains(before as &dyn QueueRef) {
                 cx.fx.ready.insert(QueueKey::of(before));
             }
         }
@@ -41,7 +41,8 @@ impl ShardCore {
 
     /// Reports the task's queue as having claimable work if the task is ready now.
     pub(super) fn note_pending(&self, t: &Task, fx: &mut Effects) {
-        if t.state == TaskState::Pending && t.visible_at <= self.now {
+        // A batch's tasks mostly share their queue: its names are cloned once.
+        if t.state == TaskState::Pending && t.visible_at <= self.now && !fx.ready.contains(t as &dyn QueueRef) {
             fx.ready.insert(QueueKey::of(t));
         }
     }

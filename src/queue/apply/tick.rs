@@ -39,7 +39,7 @@ impl ShardCore {
             }
             let key = fairness_key(idx.pending_keys.get(&id)).to_string();
             cx.fx.ready.insert(qk.clone());
-            idx.ready_insert(qk, &key, (Reverse(prio), seq, id));
+            idx.ready_insert(&qk, &key, (Reverse(prio), seq, id));
         }
     }
 

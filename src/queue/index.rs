@@ -145,6 +145,14 @@ pub struct IndexSizes {
     pub held: usize,
 }
 
+/// A queue's entry in a map keyed by queue, made (default) if it has none; the names are cloned only then.
+fn of_queue<'m, V: Default>(map: &'m mut HashMap<QueueKey, V>, q: &dyn QueueRef) -> &'m mut V {
+    if !map.contains_key(q) {
+        map.insert(QueueKey::new(q.tenant(), q.queue()), V::default());
+    }
+    map.get_mut(q).expect("inserted above")
+}
+
 impl ShardIndex {
     /// Adds a task record to the indexes its state calls for, at shard time `now` (which decides delayed or ready).
     pub fn add_task(&mut self, t: &Task, now: TimeMs) {
@@ -214,12 +222,9 @@ impl ShardIndex {
         }
     }
 
-    /// The counts of a task's queue; the names are cloned only for the queue's first task.
+    /// The counts of a task's queue.
     fn counts_of(&mut self, t: &Task) -> &mut StateCounts {
-        if !self.counts.contains_key(t as &dyn QueueRef) {
-            self.counts.insert(QueueKey::of(t), StateCounts::default());
-        }
-        self.counts.get_mut(t as &dyn QueueRef).expect("inserted above")
+        of_queue(&mut self.counts, t)
     }
 
     /// Removes a task record (as it is before a change) from the indexes.
@@ -301,10 +306,7 @@ impl ShardIndex {
 
     /// Adds a ready task to its key's set in `by_key`, activating the key if it had none.
     pub(super) fn ready_insert(&mut self, qk: &dyn QueueRef, key: &str, rk: ReadyKey) {
-        if !self.by_key.contains_key(qk) {
-            self.by_key.insert(QueueKey::new(qk.tenant(), qk.queue()), KeyedReady::default());
-        }
-        let keyed = self.by_key.get_mut(qk).expect("inserted above");
+        let keyed = of_queue(&mut self.by_key, qk);
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
                 set.insert(rk);
@@ -375,10 +377,7 @@ impl ShardIndex {
         if sec < oldest {
             return;
         }
-        if !self.done.contains_key(t as &dyn QueueRef) {
-            self.done.insert(QueueKey::of(t), BTreeMap::new());
-        }
-        let buckets = self.done.get_mut(t as &dyn QueueRef).expect("inserted above");
+        let buckets = of_queue(&mut self.done, t);
         let b = buckets.entry(sec).or_default();
         b.0 += 1;
         b.1 += run_ms;

@@ -21,7 +21,7 @@ impl ShardCore {
             // A slot of the key (or of a capped queue) came free: tasks of it may be claimable now.
             let capped = || {
                 !self.idx.limits.is_empty()
-                    && self.idx.limits.get(&QueueKey::of(before)).is_some_and(|l| l.max_running.is_some())
+                    && self.idx.limits.get(before as &dyn QueueRef).is_some_and(|l| l.max_running.is_some())
             };
             if (before.concurrency.is_some() || capped()) && !cx.fx.ready.contains(before as &dyn QueueRef) {
                 cx.fx.ready.insert(QueueKey::of(before));

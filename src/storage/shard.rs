@@ -304,6 +304,14 @@ impl TaskStore for CachedStore<'_> {
         Ok(())
     }
 
+    fn release(&mut self, id: &TaskId) -> io::Result<()> {
+        // Read as removed until the put: the layer being flushed, or the file, may hold an older state.
+        if let Some(slot) = self.dirty.tasks.get_mut(id) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
     fn get_key(&mut self, tenant: &str, key: &str) -> io::Result<Option<KeyRecord>> {
         let k = idempotency_key(tenant, key);
         if let Some(v) = self.dirty.keys.get(&k).or_else(|| self.flushing.and_then(|f| f.keys.get(&k))) {

@@ -830,3 +830,51 @@ async fn taken_ids_are_refused_after_the_flusher_wrote_them_and_free_ids_of_the_
     }
     assert_eq!(sm.shared.digest().expect("digest").2, 7, "seven tasks, no duplicate");
 }
+
+/// Claims and acks change a task's record in place when apply holds the only reference to it, and copy it when
+/// another holder shares it (a layer being flushed, a reader): a record someone holds never changes under them.
+#[test]
+fn claim_and_ack_change_an_unshared_record_in_place_and_never_a_shared_one() {
+    use std::sync::Arc;
+
+    use super::shard::{CachedStore, Layer};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let db = super::codec::open_db(&dir.path().join("shard.redb")).expect("open");
+    let (mut dirty, mut newest) = (Layer::default(), None);
+    let mut store = CachedStore::new(&mut dirty, None, &db, &mut newest, None);
+    let mut core = ShardCore::new(0, 1);
+    let mut fx = Effects::default();
+    let mut run = |store: &mut CachedStore, index: u64, command: Command| {
+        let req = Request::new(2_000, index, command);
+        let mut cx = ApplyContext::new(index, &req, &mut fx);
+        core.apply(store, &mut cx, &req).expect("apply");
+        cx.finish()
+    };
+    let (alone, shared) = (TaskId::new(2_000, 1, 1), TaskId::new(2_000, 2, 2));
+    let task =
+        |id: TaskId| NewTask { id, visible_at: 0, webhook_url: None, idempotency_key: None, ..new_task(1, None) };
+    run(&mut store, 1, Command::Enqueue(vec![task(alone), task(shared)]));
+    let record = |store: &mut CachedStore, id: &TaskId| store.get(id).expect("read").expect("stored");
+    let alone_at = Arc::as_ptr(&record(&mut store, &alone));
+    let held = record(&mut store, &shared);
+    let claim = |id: TaskId| ClaimItem { task_id: id, tenant: "t".into(), worker_id: "w".into(), lease_ms: 1_000 };
+    run(&mut store, 2, Command::Claim(vec![claim(alone), claim(shared)]));
+
+    let now = record(&mut store, &alone);
+    assert_eq!(now.state, TaskState::InProgress);
+    assert_eq!(Arc::as_ptr(&now), alone_at, "the only reference: changed in place");
+    assert_eq!(held.state, TaskState::Pending, "the held record is as it was");
+    assert!(held.lease.is_none() && held.runs.is_empty() && held.attempts == 0);
+    let claimed = record(&mut store, &shared);
+    assert_eq!((claimed.state, claimed.attempts, claimed.runs.len()), (TaskState::InProgress, 1, 1));
+
+    let token = now.lease.as_ref().expect("leased").token;
+    drop(now);
+    let complete =
+        AckItem { task_id: alone, tenant: "t".into(), token, action: AckAction::Complete { result: b"done".to_vec() } };
+    run(&mut store, 3, Command::Ack(vec![complete]));
+    let done = record(&mut store, &alone);
+    assert_eq!((done.state, done.result.as_deref()), (TaskState::Completed, Some(&b"done"[..])));
+    assert_eq!(Arc::as_ptr(&done), alone_at, "still the same record");
+}

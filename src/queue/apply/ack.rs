@@ -36,7 +36,7 @@ impl ShardCore {
         let now = cx.now;
         // A retried task goes to the back of its queue: FIFO from this entry.
         let seq = cx.seq_base;
-        let Some(before) = store.get(&item.task_id)? else {
+        let Some(mut before) = store.get(&item.task_id)? else {
             return Ok(Err(Rejected::NotFound));
         };
         if before.tenant != item.tenant {
@@ -63,22 +63,24 @@ impl ShardCore {
                 }
             }
         }
-        let mut t = Task::clone(&before);
+        let claimed_at = before.lease.as_ref().map(|l| l.claimed_at);
+        let was = self.take_for_change(store, &before)?;
+        let t = std::sync::Arc::make_mut(&mut before);
         t.updated_at = now;
-        end_run(&mut t, &item.action, now);
-        let ended = act(&mut t, &item.action, now, cx.seed, seq);
+        end_run(t, &item.action, now);
+        let ended = act(t, &item.action, now, cx.seed, seq);
         if !item.action.is_heartbeat() {
             t.last_ack = Some((item.token, item.action.kind()));
-            if let Some(l) = &before.lease {
-                cx.fx.claim_to_end_ms.push(now.saturating_sub(l.claimed_at));
+            if let Some(claimed_at) = claimed_at {
+                cx.fx.claim_to_end_ms.push(now.saturating_sub(claimed_at));
             }
             match t.state {
                 TaskState::Completed => cx.fx.counts.completed += 1,
                 TaskState::Failed => cx.fx.counts.failed += 1,
-                _ => count_requeue(&t, cx.fx),
+                _ => count_requeue(t, cx.fx),
             }
         }
-        let t = self.update(store, cx, &before, t)?;
+        let t = self.put_changed(store, cx, was, before)?;
         self.note_pending(&t, cx.fx);
         if ended {
             note_ended(&t, now, cx.fx);

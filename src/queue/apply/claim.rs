@@ -33,7 +33,7 @@ impl ShardCore {
         token: LeaseToken,
     ) -> Result<ItemResult<Arc<Task>>, S::Error> {
         let now = cx.now;
-        let Some(before) = store.get(&item.task_id)? else {
+        let Some(mut before) = store.get(&item.task_id)? else {
             return Ok(Err(Rejected::NotFound));
         };
         if before.tenant != item.tenant {
@@ -52,7 +52,8 @@ impl ShardCore {
         {
             return Ok(Err(Rejected::NotClaimable));
         }
-        let mut t = Task::clone(&before);
+        let was = self.take_for_change(store, &before)?;
+        let t = Arc::make_mut(&mut before);
         t.state = TaskState::InProgress;
         t.attempts += 1;
         t.updated_at = now;
@@ -74,7 +75,7 @@ impl ShardCore {
             outcome: None,
             reason: String::new(),
         });
-        let t = self.update(store, cx, &before, t)?;
+        let t = self.put_changed(store, cx, was, before)?;
         cx.fx.counts.claimed += 1;
         if t.attempts == 1 {
             cx.fx.enqueue_to_claim_ms.push(now.saturating_sub(t.created_at));

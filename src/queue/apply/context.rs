@@ -74,12 +74,11 @@ pub struct RevokedLease {
 }
 
 impl RevokedLease {
-    /// The delivery `before` held, when the change to `after` closed its run without the worker.
-    pub fn between(before: &Task, after: &Task) -> Option<RevokedLease> {
-        let token = before.lease.as_ref().filter(|_| before.state == TaskState::InProgress)?.token;
+    /// The delivery of `token` that a change of its task to `after` closed without the worker.
+    pub fn of(after: &Task, token: LeaseToken) -> Option<RevokedLease> {
         let outcome = after.runs.iter().rev().find(|r| r.token == token)?.outcome?;
         matches!(outcome, RunOutcome::Cancelled | RunOutcome::DeadlineExceeded | RunOutcome::LeaseExpired)
-            .then_some(RevokedLease { task_id: before.id, token, outcome })
+            .then_some(RevokedLease { task_id: after.id, token, outcome })
     }
 }
 

@@ -1,7 +1,9 @@
 //! Transitions several commands share: writing a changed task (and moving it between indexes), retry or
 //! dead-letter, closing the open run, and the accounting that goes with them.
 
-use super::context::{ApplyContext, Effects};
+use std::sync::Arc;
+
+use super::context::{ApplyContext, Effects, RevokedLease};
 use crate::queue::shard::ShardCore;
 use crate::queue::store::TaskStore;
 use crate::queue::types::*;
@@ -16,26 +18,48 @@ impl ShardCore {
         cx: &mut ApplyContext<'_>,
         before: &Task,
         after: Task,
-    ) -> Result<std::sync::Arc<Task>, S::Error> {
-        if before.state == TaskState::InProgress && after.state != TaskState::InProgress {
+    ) -> Result<Arc<Task>, S::Error> {
+        self.idx.remove_task(before);
+        self.put_changed(store, cx, Was::of(before), Arc::new(after))
+    }
+
+    /// [`update`](Self::update) in two steps, for the changes every task goes through (claim, ack): the record
+    /// leaves the indexes and the store gives up its reference, so the caller, then holding the only one, changes
+    /// it in place (`Arc::make_mut`) instead of copying it; a copy is made only while another holder shares it (a
+    /// layer being flushed, a reader). The caller must hand the task to [`put_changed`](Self::put_changed) before
+    /// apply reads it again: until then it is in no index and the store's answer for it is not its state.
+    pub(super) fn take_for_change<S: TaskStore>(&mut self, store: &mut S, before: &Task) -> Result<Was, S::Error> {
+        self.idx.remove_task(before);
+        store.release(&before.id)?;
+        Ok(Was::of(before))
+    }
+
+    /// Stores the changed task `after` of a record that was `was` (already out of the indexes), and moves it into
+    /// the indexes its new state calls for.
+    pub(super) fn put_changed<S: TaskStore>(
+        &mut self,
+        store: &mut S,
+        cx: &mut ApplyContext<'_>,
+        was: Was,
+        after: Arc<Task>,
+    ) -> Result<Arc<Task>, S::Error> {
+        if was.state == TaskState::InProgress && after.state != TaskState::InProgress {
             // A slot of the key (or of a capped queue) came free: tasks of it may be claimable now.
             let capped = || {
                 !self.idx.limits.is_empty()
-                    && self.idx.limits.get(before as &dyn QueueRef).is_some_and(|l| l.max_running.is_some())
+                    && self.idx.limits.get(&*after as &dyn QueueRef).is_some_and(|l| l.max_running.is_some())
             };
-            if (before.concurrency.is_some() || capped()) && !cx.fx.ready.contains(before as &dyn QueueRef) {
-                cx.fx.ready.insert(QueueKey::of(before));
+            if (was.keyed || capped()) && !cx.fx.ready.contains(&*after as &dyn QueueRef) {
+                cx.fx.ready.insert(QueueKey::of(&after));
             }
         }
-        if let Some(r) = super::context::RevokedLease::between(before, &after) {
+        if let Some(r) = was.token.and_then(|token| RevokedLease::of(&after, token)) {
             cx.fx.revoked.push(r);
         }
-        self.idx.remove_task(before);
         self.idx.add_task(&after, self.now);
-        let after = std::sync::Arc::new(after);
         store.put(after.clone())?;
         self.release_key(store, &after)?;
-        self.outbox_on_end(store, cx, before, &after)?;
+        self.outbox_on_end(store, cx, was.state, &after)?;
         Ok(after)
     }
 
@@ -45,6 +69,22 @@ impl ShardCore {
         if t.state == TaskState::Pending && t.visible_at <= self.now && !fx.ready.contains(t as &dyn QueueRef) {
             fx.ready.insert(QueueKey::of(t));
         }
+    }
+}
+
+/// What a change needs to know of a task's record before it: its state, the token of the delivery it was running
+/// (whose closing by the change may revoke the worker's lease) and whether it held a concurrency key. A task's
+/// tenant and queue never change.
+pub(super) struct Was {
+    state: TaskState,
+    token: Option<LeaseToken>,
+    keyed: bool,
+}
+
+impl Was {
+    fn of(t: &Task) -> Was {
+        let token = t.lease.as_ref().filter(|_| t.state == TaskState::InProgress).map(|l| l.token);
+        Was { state: t.state, token, keyed: t.concurrency.is_some() }
     }
 }
 

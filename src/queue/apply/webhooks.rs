@@ -53,11 +53,11 @@ impl ShardCore {
         &mut self,
         store: &mut S,
         cx: &mut ApplyContext<'_>,
-        before: &Task,
+        before: TaskState,
         after: &Task,
     ) -> Result<(), S::Error> {
         let ended = after.state.is_terminal() || after.state == TaskState::DeadLettered;
-        let (true, true, Some(url)) = (ended, before.state != after.state, &after.webhook_url) else {
+        let (true, true, Some(url)) = (ended, before != after.state, &after.webhook_url) else {
             return Ok(());
         };
         let d = WebhookDelivery {

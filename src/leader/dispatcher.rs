@@ -22,7 +22,9 @@
 //! pick, so handing it the newest task passes over none that waited (tasks of enqueue entries still in flight
 //! may be overtaken by a few milliseconds).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;

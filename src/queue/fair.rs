@@ -22,7 +22,9 @@
 //! in flight), never in the number of tasks.
 
 use std::cell::OnceCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt};
 use std::ops::Bound;
 use std::sync::Arc;
 

@@ -12,7 +12,9 @@
 //! `remove_task` before a change). This file holds no rules: what a command does lives in `apply/`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt, HashSet};
 
 use serde::{Deserialize, Serialize};
 

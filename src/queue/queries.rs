@@ -2,7 +2,9 @@
 //! fire schedules, and what the API reports (counts, dead letters, throughput). No read changes anything; apply
 //! re-checks whatever the leader chose from them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use foldhash::HashMap;
 
 use super::index::{IndexSizes, StateCounts, THROUGHPUT_WINDOW_S};
 use super::shard::ShardCore;
@@ -74,7 +76,7 @@ impl ShardCore {
     }
 
     /// Every queue's token buckets.
-    pub fn all_rates(&self) -> &std::collections::HashMap<QueueKey, crate::queue::rate::QueueRates> {
+    pub fn all_rates(&self) -> &HashMap<QueueKey, crate::queue::rate::QueueRates> {
         &self.idx.rates
     }
 

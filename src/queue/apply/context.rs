@@ -1,7 +1,7 @@
 //! What applying one entry carries besides the records: the entry's transients (`ApplyContext`), the response
 //! being filled shard by shard (`PartialResponse`) and the side effects the node reacts to (`Effects`).
 
-use std::collections::HashSet;
+use foldhash::HashSet;
 use std::sync::Arc;
 
 use crate::queue::types::*;

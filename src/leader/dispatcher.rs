@@ -23,12 +23,11 @@
 //! may be overtaken by a few milliseconds).
 
 use std::collections::VecDeque;
-
-use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::{HashMap, HashMapExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 

@@ -23,10 +23,10 @@
 
 use std::cell::OnceCell;
 use std::collections::BTreeSet;
-
-use foldhash::{HashMap, HashMapExt};
 use std::ops::Bound;
 use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt};
 
 use super::index::{KeyedReady, ReadyKey};
 use super::rate::{QueueRates, RateBudget};

@@ -17,7 +17,8 @@ pub trait TaskStore {
     fn remove(&mut self, id: &TaskId) -> Result<(), Self::Error>;
     /// Gives up the store's own reference to the task's record ahead of a `put` of its next state, so that the
     /// caller's reference (from `get`) may be the only one and the change made in place. Until that `put` the
-    /// store's answer for the task is not its current state (it may be none, or an older one). A store whose `get` hands out copies has nothing to give up.
+    /// store's answer for the task is not its current state (it may be none, or an older one). A store whose `get`
+    /// hands out copies has nothing to give up.
     fn release(&mut self, _id: &TaskId) -> Result<(), Self::Error> {
         Ok(())
     }

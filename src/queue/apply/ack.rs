@@ -5,6 +5,8 @@
 //! remembered with its token (`Task.last_ack`): the same ack sent again is answered as applied and changes nothing,
 //! which makes a retry after an unknown outcome safe.
 
+use std::sync::Arc;
+
 use super::context::ApplyContext;
 use super::lifecycle::{backoff, close_run, count_requeue, note_ended, retry_or_dead};
 use crate::queue::shard::ShardCore;
@@ -65,7 +67,7 @@ impl ShardCore {
         }
         let claimed_at = before.lease.as_ref().map(|l| l.claimed_at);
         let was = self.take_for_change(store, &before)?;
-        let t = std::sync::Arc::make_mut(&mut before);
+        let t = Arc::make_mut(&mut before);
         t.updated_at = now;
         end_run(t, &item.action, now);
         let ended = act(t, &item.action, now, cx.seed, seq);

@@ -1,8 +1,9 @@
 //! What applying one entry carries besides the records: the entry's transients (`ApplyContext`), the response
 //! being filled shard by shard (`PartialResponse`) and the side effects the node reacts to (`Effects`).
 
-use foldhash::HashSet;
 use std::sync::Arc;
+
+use foldhash::HashSet;
 
 use crate::queue::types::*;
 

@@ -106,9 +106,11 @@ pub(crate) const CACHE_ENTRIES: usize = 20_000;
 /// And at most this many bytes of entries (their encoded size, which their decoded size follows): an entry carries
 /// a batch of commands (a create of a hundred tasks, a claim of as many), so a count alone would let the tail
 /// hold gigabytes of large payloads, and under a full cycle it held hundreds of megabytes of entries already
-/// in the file. At the full cycle's peak this is a few seconds of the log, far more than apply and the
-/// replication of a follower in step lag behind; older entries are read from the file.
-pub(crate) const CACHE_BYTES: usize = 64 << 20;
+/// in the file. At three nodes' full-cycle peak this is one to two seconds of the log, far more than apply and
+/// the replication of a follower in step lag behind; older entries are read from the file. It was 64 MiB: halving
+/// it (and the file's page cache) lowered a node's resident memory under a full cycle by ~110 MB with no change in
+/// throughput (docs/performance.md, "Smaller log caches").
+pub(crate) const CACHE_BYTES: usize = 32 << 20;
 
 /// The newest entries of the log, contiguous by index, as appended. It holds every entry not yet written to
 /// redb, so a reader finds an appended entry at once (before the writer thread's commit).
@@ -205,8 +207,9 @@ pub struct LogReader {
 }
 
 /// redb's page cache for the log file. Small: replication and apply read the log's in-memory tail, so redb's
-/// cache would only hold copies of appended pages, and its default (1 GiB) fills with them, page by page.
-const LOG_PAGE_CACHE_BYTES: usize = 32 << 20;
+/// cache would only hold copies of appended pages, and its default (1 GiB) fills with them, page by page. It
+/// also holds a checkpoint's writes until they go to the file (100 ms of the log, a few MiB at the peak).
+const LOG_PAGE_CACHE_BYTES: usize = 8 << 20;
 
 impl LogStore {
     /// Opens (or creates) the log file and starts its writer thread. The thread ends when the last `LogStore`

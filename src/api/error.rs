@@ -321,13 +321,16 @@ pub fn reply<R>(r: Result<R, ApiError>) -> Result<tonic::Response<R>, Status> {
     r.map(tonic::Response::new).map_err(Status::from)
 }
 
-/// The valid items of a batch, to be proposed together: items fail one by one.
-pub fn valid_items<T: Clone>(checked: &[Result<T, ApiError>]) -> Vec<T> {
-    checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect()
+/// Splits a checked batch into its valid items, to be proposed together (moved, not copied), and each item's
+/// outcome of the check in request order, for `merge_items`: items fail one by one.
+pub fn split_items<T>(checked: Vec<Result<T, ApiError>>) -> (Vec<T>, Vec<Result<(), ApiError>>) {
+    let mut valid = Vec::with_capacity(checked.len());
+    let marks = checked.into_iter().map(|c| c.map(|item| valid.push(item))).collect();
+    (valid, marks)
 }
 
 /// Per-item results of a batch in request order: the refusal of each invalid item, and for each valid one the
-/// next result of what was applied (in the same order as `valid_items`).
+/// next result of what was applied (in the same order as `split_items`' valid items).
 pub fn merge_items<T, R, E: Into<ApiError>>(
     checked: Vec<Result<T, ApiError>>,
     applied: impl IntoIterator<Item = Result<R, E>>,
@@ -348,6 +351,25 @@ pub fn merge_items<T, R, E: Into<ApiError>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_batch_proposes_the_valid_items_in_order_and_merges_each_result_back_in_its_place() {
+        let checked: Vec<Result<String, ApiError>> =
+            vec![Ok("a".into()), Err(invalid("bad b")), Ok("c".into()), Err(not_found("task"))];
+        let (valid, marks) = split_items(checked);
+        assert_eq!(valid, ["a", "c"]);
+        let applied: Vec<Result<u32, ApiError>> = vec![Ok(1), Err(ApiError::Rejected(Rejected::LeaseLost))];
+        let merged = merge_items(marks, applied);
+        assert_eq!(merged.len(), 4);
+        assert!(matches!(merged[0], Ok(1)));
+        assert_eq!(merged[1].as_ref().unwrap_err().to_string(), invalid("bad b").to_string());
+        assert!(matches!(merged[2], Err(ApiError::Rejected(Rejected::LeaseLost))));
+        assert_eq!(merged[3].as_ref().unwrap_err().reason(), not_found("task").reason());
+        // Fewer results than valid items: the missing one is an internal error, never a success.
+        let (_, marks) = split_items::<()>(vec![Ok(()), Ok(())]);
+        let merged = merge_items(marks, Vec::<Result<u32, ApiError>>::from([Ok(7)]));
+        assert!(matches!(merged[1], Err(ApiError::Internal(_))));
+    }
 
     #[test]
     fn a_status_travels_to_another_node_and_back_unchanged() {

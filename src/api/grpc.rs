@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::convert;
-use super::error::{invalid, merge_items, not_found, reply, valid_items, ApiError};
+use super::error::{invalid, merge_items, not_found, reply, split_items, ApiError};
 use super::forward::{stale_read, Forwarder, Kind};
 use super::limits::Limits;
 use crate::auth::AuthError;
@@ -189,10 +189,10 @@ impl TaskApi {
         let now = wall_clock_ms();
         // Items fail one by one: invalid ones get their error, valid ones are proposed together.
         let checked = new_tasks(cfg, &self.proposer.shared, &who, items, now);
-        let valid = valid_items(&checked);
+        let debounce: Vec<bool> = checked.iter().map(is_debounce).collect();
+        let (valid, checked) = split_items(checked);
         self.limits.enqueue(&who.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await.map_err(ApiError::from)?;
-        let debounce: Vec<bool> = checked.iter().map(is_debounce).collect();
         let results = merge_items(checked, applied).into_iter().zip(debounce).map(enqueue_result).collect();
         Ok(pb::EnqueueBatchResponse { results })
     }
@@ -349,7 +349,8 @@ impl TaskApi {
                 Ok(AckItem { task_id, tenant: who.tenant.clone(), token, action })
             })
             .collect();
-        let applied = self.proposer.ack(valid_items(&checked)).await.map_err(ApiError::from)?;
+        let (valid, checked) = split_items(checked);
+        let applied = self.proposer.ack(valid).await.map_err(ApiError::from)?;
         let results = merge_items(checked, applied).into_iter().map(ack_result).collect();
         Ok(pb::AckBatchResponse { results })
     }

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
 use super::convert;
-use super::error::{invalid, merge_items, valid_items, ApiError};
+use super::error::{invalid, merge_items, split_items, ApiError};
 use super::forward::{Forwarder, Kind, Plan};
 use super::grpc::Caller;
 use super::limits::{Limits, StreamSlot};
@@ -238,9 +238,9 @@ impl StreamApi {
 
     async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
         let (ids, checked): (Vec<String>, Vec<Result<AckItem, ApiError>>) = req.items.into_iter().unzip();
-        let valid = valid_items(&checked);
         let marks: Vec<Option<(u64, bool)>> =
             checked.iter().map(|c| c.as_ref().ok().map(|i| (i.token, i.action.is_heartbeat()))).collect();
+        let (valid, checked) = split_items(checked);
         let applied = if valid.is_empty() { Ok(vec![]) } else { self.apply_acks(caller, valid).await };
         let event = match applied {
             Err(e) => stream_error(req.request_id, e),
@@ -651,10 +651,10 @@ impl StreamApi {
         items: Vec<pb::EnqueueRequest>,
     ) -> Result<Vec<pb::EnqueueResult>, ApiError> {
         let checked = super::grpc::new_tasks(&self.proposer.cfg, &self.proposer.shared, caller, items, wall_clock_ms());
-        let valid = valid_items(&checked);
+        let debounce: Vec<bool> = checked.iter().map(super::grpc::is_debounce).collect();
+        let (valid, checked) = split_items(checked);
         self.limits.enqueue(&caller.tenant, valid.len())?;
         let applied = self.proposer.enqueue(valid).await?;
-        let debounce: Vec<bool> = checked.iter().map(super::grpc::is_debounce).collect();
         Ok(merge_items(checked, applied).into_iter().zip(debounce).map(super::grpc::enqueue_result).collect())
     }
 }

@@ -109,7 +109,7 @@ pub(crate) const CACHE_ENTRIES: usize = 20_000;
 /// in the file. At three nodes' full-cycle peak this is one to two seconds of the log, far more than apply and
 /// the replication of a follower in step lag behind; older entries are read from the file. It was 64 MiB: halving
 /// it (and the file's page cache) lowered a node's resident memory under a full cycle by ~110 MB with no change in
-/// throughput (docs/performance.md, "Smaller log caches").
+/// throughput (docs/performance.md, "Smaller caches").
 pub(crate) const CACHE_BYTES: usize = 32 << 20;
 
 /// The newest entries of the log, contiguous by index, as appended. It holds every entry not yet written to

@@ -26,8 +26,13 @@ pub struct ShardMeta {
     pub now: TimeMs,
 }
 
-/// redb's page cache for each shard file of a running node (redb's default is 1 GiB per file).
-pub const PAGE_CACHE_BYTES: usize = 64 << 20;
+/// redb's page cache for each shard file of a running node (redb's default is 1 GiB per file). Apply reads the
+/// records it changed lately from the layers, not the file, and the cache fills with the pages each flush writes,
+/// which a full cycle never reads again; a deep backlog's claims read records written long before, which a cache
+/// in LRU order has mostly dropped by then. At 64 MiB a node under `cycle-3` grew ~250 MB more, and each fresh page
+/// costs the kernel's zeroing: 16 MiB measured as fast or faster, `backlog-1` included (docs/performance.md,
+/// "Smaller caches").
+pub const PAGE_CACHE_BYTES: usize = 16 << 20;
 
 /// Opens (or creates) a shard file, upgrading one of an older format (`format`); one of a newer format is
 /// refused before anything is written to it.

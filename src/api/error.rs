@@ -325,14 +325,23 @@ pub fn reply<R>(r: Result<R, ApiError>) -> Result<tonic::Response<R>, Status> {
 /// outcome of the check in request order, for `merge_items`: items fail one by one.
 pub fn split_items<T>(checked: Vec<Result<T, ApiError>>) -> (Vec<T>, Vec<Result<(), ApiError>>) {
     let mut valid = Vec::with_capacity(checked.len());
-    let marks = checked.into_iter().map(|c| c.map(|item| valid.push(item))).collect();
-    (valid, marks)
+    let mut outcomes = Vec::with_capacity(checked.len());
+    for c in checked {
+        match c {
+            Ok(item) => {
+                valid.push(item);
+                outcomes.push(Ok(()));
+            }
+            Err(e) => outcomes.push(Err(e)),
+        }
+    }
+    (valid, outcomes)
 }
 
 /// Per-item results of a batch in request order: the refusal of each invalid item, and for each valid one the
 /// next result of what was applied (in the same order as `split_items`' valid items).
-pub fn merge_items<T, R, E: Into<ApiError>>(
-    checked: Vec<Result<T, ApiError>>,
+pub fn merge_items<R, E: Into<ApiError>>(
+    checked: Vec<Result<(), ApiError>>,
     applied: impl IntoIterator<Item = Result<R, E>>,
 ) -> Vec<Result<R, ApiError>> {
     let mut applied = applied.into_iter();
@@ -340,7 +349,7 @@ pub fn merge_items<T, R, E: Into<ApiError>>(
         .into_iter()
         .map(|c| match c {
             Err(e) => Err(e),
-            Ok(_) => match applied.next() {
+            Ok(()) => match applied.next() {
                 Some(r) => r.map_err(Into::into),
                 None => Err(ApiError::Internal("a batch result is missing".into())),
             },

@@ -30,7 +30,8 @@ pub struct ShardMeta {
 /// records it changed lately from the layers, not the file, and the cache fills with the pages each flush writes,
 /// which a full cycle never reads again; a deep backlog's claims read records written long before, which a cache
 /// in LRU order has mostly dropped by then. At 64 MiB a node under `cycle-3` grew ~250 MB more, and each fresh page
-/// costs the kernel's zeroing: 16 MiB measured as fast or faster, `backlog-1` included (docs/performance.md,
+/// costs the kernel's zeroing. With 16 MiB `cycle-3` measured faster and `backlog-1` within its spread, though a
+/// backlog's flush now outgrows the cache, so redb spills pages and reads some back at commit (docs/performance.md,
 /// "Smaller caches").
 pub const PAGE_CACHE_BYTES: usize = 16 << 20;
 

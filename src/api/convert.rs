@@ -602,7 +602,7 @@ pub fn task(t: &Task) -> pb::Task {
             None
         },
         lease: lease.as_ref().map(|l| pb::Lease {
-            worker_id: l.worker_id.clone(),
+            worker_id: l.worker_id.to_string(),
             token: l.token,
             claimed_at_ms: ms(l.claimed_at),
             deadline_ms: ms(l.deadline),
@@ -618,7 +618,7 @@ pub fn task(t: &Task) -> pb::Task {
         runs: runs
             .iter()
             .map(|r| pb::Run {
-                worker_id: r.worker_id.clone(),
+                worker_id: r.worker_id.to_string(),
                 token: r.token,
                 started_at_ms: ms(r.started_at),
                 ended_at_ms: r.ended_at.map(ms).unwrap_or(0),

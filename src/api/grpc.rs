@@ -301,7 +301,8 @@ impl TaskApi {
         }
         let lease = convert::lease_ms(cfg, lease_ms)?;
         let granted = self.limits.claim(&who.tenant, count as usize)?;
-        let claimed = self.dispatcher.claim(&who.tenant, &worker_id, &queues, granted, lease, self.wait(wait_ms)).await;
+        let claimed =
+            self.dispatcher.claim(&who.tenant, &worker_id.into(), &queues, granted, lease, self.wait(wait_ms)).await;
         let tasks = claimed.map_err(|e| {
             self.limits.unclaimed(&who.tenant, granted);
             ApiError::from(e)

@@ -9,6 +9,7 @@
 //! stream ends. This module decides nothing: the state machine already ended the delivery; it only tells.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::queue::{RevokedLease, RunOutcome, TaskId, TaskState};
+use crate::queue::{IdHasher, IdMap, RevokedLease, RunOutcome, TaskId, TaskState};
 use crate::storage::SmShared;
 
 type Out = mpsc::Sender<Result<pb::ServerEvent, Status>>;
@@ -35,12 +36,14 @@ struct Hold {
     out: Out,
 }
 
+/// Keyed by task id (parsed: no key is allocated per delivery, and ids hash cheaply). Only ids of tasks this
+/// node delivered or saw revoked are inserted, so an id a worker makes up is only ever looked up.
 #[derive(Default)]
 struct Holds {
-    by_task: HashMap<String, Hold>,
+    by_task: IdMap<Hold>,
     /// Revocations no stream held, with their reason; `recent_order` says which to forget first.
-    recent: HashMap<(String, u64), &'static str>,
-    recent_order: VecDeque<(String, u64)>,
+    recent: HashMap<(TaskId, u64), &'static str, BuildHasherDefault<IdHasher>>,
+    recent_order: VecDeque<(TaskId, u64)>,
 }
 
 /// The deliveries held by this node's worker streams.
@@ -71,20 +74,25 @@ impl LeaseWatch {
     /// The stream `out` holds this delivery (its TaskBatch was sent, or an extension of it applied). A delivery
     /// revoked just before is pushed at once.
     pub fn hold(&self, task_id: &str, token: u64, out: &Out) {
+        // Not a task id: no delivery of it exists to hold.
+        let Ok(id) = task_id.parse::<TaskId>() else { return };
         let mut h = self.lock();
-        if let Some(why) = h.recent.get(&(task_id.to_string(), token)).copied() {
+        if let Some(why) = h.recent.get(&(id, token)).copied() {
             drop(h);
             let _ = out.try_send(Ok(revoked_event(task_id, token, why)));
             return;
         }
-        h.by_task.insert(task_id.to_string(), Hold { token, out: out.clone() });
+        h.by_task.insert(id, Hold { token, out: out.clone() });
     }
 
     /// The worker's outcome for this delivery was answered: the stream no longer holds it.
     pub fn release(&self, task_id: &str, token: u64) {
+        let Ok(id) = task_id.parse::<TaskId>() else { return };
         let mut h = self.lock();
-        if h.by_task.get(task_id).is_some_and(|x| x.token == token) {
-            h.by_task.remove(task_id);
+        if let std::collections::hash_map::Entry::Occupied(e) = h.by_task.entry(id) {
+            if e.get().token == token {
+                e.remove();
+            }
         }
     }
 
@@ -99,13 +107,13 @@ impl LeaseWatch {
     }
 
     /// Takes the stream holding this delivery, or remembers the revocation for a hold that comes late.
-    fn take(&self, task_id: &str, token: u64, why: &'static str) -> Option<Out> {
+    fn take(&self, task_id: TaskId, token: u64, why: &'static str) -> Option<Out> {
         let mut h = self.lock();
-        if h.by_task.get(task_id).is_some_and(|x| x.token == token) {
-            return h.by_task.remove(task_id).map(|x| x.out);
+        if h.by_task.get(&task_id).is_some_and(|x| x.token == token) {
+            return h.by_task.remove(&task_id).map(|x| x.out);
         }
-        if h.recent.insert((task_id.to_string(), token), why).is_none() {
-            h.recent_order.push_back((task_id.to_string(), token));
+        if h.recent.insert((task_id, token), why).is_none() {
+            h.recent_order.push_back((task_id, token));
             while h.recent_order.len() > RECENT_REVOKED {
                 if let Some(old) = h.recent_order.pop_front() {
                     h.recent.remove(&old);
@@ -116,9 +124,9 @@ impl LeaseWatch {
     }
 
     async fn push(&self, r: &RevokedLease) {
-        let task_id = r.task_id.to_string();
         let why = r.outcome.as_str();
-        let Some(out) = self.take(&task_id, r.token, why) else { return };
+        let Some(out) = self.take(r.task_id, r.token, why) else { return };
+        let task_id = r.task_id.to_string();
         tracing::debug!(task_id, token = r.token, reason = why, "telling the worker its delivery is over");
         match out.try_send(Ok(revoked_event(&task_id, r.token, why))) {
             Err(mpsc::error::TrySendError::Full(ev)) => {
@@ -149,12 +157,11 @@ impl LeaseWatch {
     }
 
     async fn rescan(&self, shared: &Arc<SmShared>) {
-        let held: Vec<(String, u64)> = self.lock().by_task.iter().map(|(t, h)| (t.clone(), h.token)).collect();
+        let held: Vec<(TaskId, u64)> = self.lock().by_task.iter().map(|(t, h)| (*t, h.token)).collect();
         let shared = shared.clone();
         let ended = tokio::task::spawn_blocking(move || {
             held.into_iter()
-                .filter_map(|(id, token)| {
-                    let task_id: TaskId = id.parse().ok()?;
+                .filter_map(|(task_id, token)| {
                     let t = shared.get_task(&task_id).ok()??;
                     let run = t.runs.iter().rev().find(|r| r.token == token)?;
                     let outcome = run.outcome?;

@@ -288,7 +288,7 @@ impl StreamApi {
     async fn claim(
         &self,
         caller: &Caller,
-        worker_id: &str,
+        worker_id: &Arc<str>,
         queues: &[String],
         count: usize,
         lease: u64,
@@ -325,7 +325,7 @@ impl StreamApi {
         self.fwd.call(self.plan(Kind::Repeatable, deadline), local, remote).await
     }
 
-    async fn serve_ready(&self, caller: &Caller, worker_id: &str, r: pb::Ready, out: &Out<pb::ServerEvent>) {
+    async fn serve_ready(&self, caller: &Caller, worker_id: &Arc<str>, r: pb::Ready, out: &Out<pb::ServerEvent>) {
         let pb::Ready { request_id, queues, lease_seconds, count, lease_ms } = r;
         let cfg = &self.proposer.cfg;
         let checked = (|| {

@@ -98,8 +98,9 @@ impl Handoff {
 }
 
 pub struct ClaimRequest {
-    pub tenant: String,
-    pub worker_id: String,
+    /// Shared by the claim items made for this request.
+    pub tenant: Arc<str>,
+    pub worker_id: Arc<str>,
     pub queues: Vec<String>,
     pub count: usize,
     pub lease_ms: u64,
@@ -118,19 +119,38 @@ pub struct Dispatcher {
 /// empty and fills within one Ready hold time).
 #[derive(Default)]
 pub struct WorkersSeen {
-    inner: std::sync::Mutex<HashMap<(String, String), HashMap<String, Instant>>>,
+    /// Tenant, then queue, then worker: each level is looked up by `&str`, so a Ready from a worker seen before
+    /// builds no key.
+    inner: std::sync::Mutex<HashMap<String, HashMap<String, LastSeen>>>,
 }
+
+/// When each worker of one queue last asked for work.
+type LastSeen = HashMap<String, Instant>;
 
 /// Workers not heard from for this long are dropped from the table.
 const WORKER_FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// The entry of `key` in `m`, made (empty) only when missing.
+fn slot<'a, V: Default>(m: &'a mut HashMap<String, V>, key: &str) -> &'a mut V {
+    if !m.contains_key(key) {
+        m.insert(key.to_string(), V::default());
+    }
+    m.get_mut(key).expect("just made")
+}
 
 impl WorkersSeen {
     fn note(&self, tenant: &str, worker_id: &str, queues: &[String]) {
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let queues_of = slot(&mut g, tenant);
         for q in queues {
-            let m = g.entry((tenant.to_string(), q.clone())).or_default();
-            m.insert(worker_id.to_string(), now);
+            let m = slot(queues_of, q);
+            match m.get_mut(worker_id) {
+                Some(t) => *t = now,
+                None => {
+                    m.insert(worker_id.to_string(), now);
+                }
+            }
             if m.len() > 64 {
                 m.retain(|_, t| now.duration_since(*t) < WORKER_FORGET_AFTER);
             }
@@ -141,7 +161,8 @@ impl WorkersSeen {
     pub fn active(&self, tenant: &str, queue: &str, window: Duration) -> u64 {
         let now = Instant::now();
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.get(&(tenant.to_string(), queue.to_string()))
+        g.get(tenant)
+            .and_then(|qs| qs.get(queue))
             .map(|m| m.values().filter(|t| now.duration_since(**t) <= window).count() as u64)
             .unwrap_or(0)
     }
@@ -206,7 +227,7 @@ impl Dispatcher {
     pub async fn claim(
         &self,
         tenant: &str,
-        worker_id: &str,
+        worker_id: &Arc<str>,
         queues: &[String],
         count: usize,
         lease_ms: u64,
@@ -220,7 +241,7 @@ impl Dispatcher {
     pub fn submit(
         &self,
         tenant: &str,
-        worker_id: &str,
+        worker_id: &Arc<str>,
         queues: &[String],
         count: usize,
         lease_ms: u64,
@@ -229,8 +250,8 @@ impl Dispatcher {
         self.seen.note(tenant, worker_id, queues);
         let (reply, rx) = oneshot::channel();
         let req = ClaimRequest {
-            tenant: tenant.to_string(),
-            worker_id: worker_id.to_string(),
+            tenant: tenant.into(),
+            worker_id: worker_id.clone(),
             queues: queues.to_vec(),
             count,
             lease_ms,
@@ -653,8 +674,7 @@ fn hand_out(
             break;
         }
         let room = (max_items - total).min(p.count);
-        let mine: Vec<usize> =
-            p.queues.iter().filter_map(|q| index.get(&(p.tenant.as_str(), q.as_str())).copied()).collect();
+        let mine: Vec<usize> = p.queues.iter().filter_map(|q| index.get(&(&*p.tenant, q.as_str())).copied()).collect();
         let mut ids = Vec::new();
         while ids.len() < room {
             // The best front among the request's queues (the first named on a tie).
@@ -764,6 +784,25 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(10),
             reply: oneshot::channel().0,
         }
+    }
+
+    #[test]
+    fn workers_seen_counts_each_worker_once_per_tenant_and_queue_within_the_window() {
+        let seen = WorkersSeen::default();
+        let qs = |q: &[&str]| q.iter().map(|q| q.to_string()).collect::<Vec<_>>();
+        seen.note("t", "w1", &qs(&["a", "b"]));
+        seen.note("t", "w1", &qs(&["a"]));
+        seen.note("t", "w2", &qs(&["a"]));
+        seen.note("u", "w3", &qs(&["a"]));
+        let hour = Duration::from_secs(3600);
+        assert_eq!(seen.active("t", "a", hour), 2, "w1 noted twice counts once");
+        assert_eq!(seen.active("t", "b", hour), 1);
+        assert_eq!(seen.active("u", "a", hour), 1, "tenants are apart");
+        assert_eq!(seen.active("u", "b", hour), 0);
+        assert_eq!(seen.active("v", "a", hour), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        seen.note("t", "w2", &qs(&["a"]));
+        assert_eq!(seen.active("t", "a", Duration::from_millis(10)), 1, "a new note renews only its worker");
     }
 
     #[test]

@@ -210,7 +210,8 @@ impl RetryPolicy {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
-    pub worker_id: String,
+    /// Shared with the task's run and the claim that made it (encoded as a string).
+    pub worker_id: Arc<str>,
     pub token: LeaseToken,
     pub claimed_at: TimeMs,
     pub deadline: TimeMs,
@@ -374,7 +375,7 @@ impl RunOutcome {
 /// One delivery of a task.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Run {
-    pub worker_id: String,
+    pub worker_id: Arc<str>,
     pub token: LeaseToken,
     pub started_at: TimeMs,
     pub ended_at: Option<TimeMs>,
@@ -590,8 +591,9 @@ impl NewTask {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimItem {
     pub task_id: TaskId,
-    pub tenant: String,
-    pub worker_id: String,
+    /// Shared by the items of one request (encoded as strings).
+    pub tenant: Arc<str>,
+    pub worker_id: Arc<str>,
     pub lease_ms: u64,
 }
 

@@ -220,7 +220,7 @@ fn assert_fixture_state(sm: &StateMachine, with_task_7: bool) {
     let t2 = task(sm, 2);
     assert_eq!(t2.state, InProgress);
     let lease = t2.lease.expect("task 2 is leased");
-    assert_eq!(lease.worker_id, "w");
+    assert_eq!(&*lease.worker_id, "w");
     let t3 = task(sm, 3);
     assert_eq!((t3.state, t3.last_error.as_deref(), t3.max_attempts), (DeadLettered, Some("boom"), 1));
     assert_eq!(t3.dead_at, Some(1_002));

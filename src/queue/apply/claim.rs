@@ -36,7 +36,7 @@ impl ShardCore {
         let Some(mut before) = store.get(&item.task_id)? else {
             return Ok(Err(Rejected::NotFound));
         };
-        if before.tenant != item.tenant {
+        if *before.tenant != *item.tenant {
             return Ok(Err(Rejected::NotFound));
         }
         // The key's limit now: an operator's override in force, else the task's own.

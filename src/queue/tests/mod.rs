@@ -333,7 +333,7 @@ impl Harness {
     fn claim_ids(&mut self, tenant: &str, ids: &[TaskId], lease_ms: u64) -> Vec<ItemResult<Arc<Task>>> {
         let items = ids
             .iter()
-            .map(|id| ClaimItem { task_id: *id, tenant: tenant.to_string(), worker_id: "w1".to_string(), lease_ms })
+            .map(|id| ClaimItem { task_id: *id, tenant: tenant.into(), worker_id: "w1".into(), lease_ms })
             .collect();
         match self.apply(Command::Claim(items)) {
             Response::Claimed(v) => v,

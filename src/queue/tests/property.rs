@@ -584,7 +584,7 @@ impl Sim {
     fn claim(&mut self, time: TimeMs, tenant: &str, ids: &[TaskId], lease_ms: u64) -> bool {
         let items = ids
             .iter()
-            .map(|id| ClaimItem { task_id: *id, tenant: tenant.to_string(), worker_id: "w".to_string(), lease_ms })
+            .map(|id| ClaimItem { task_id: *id, tenant: tenant.into(), worker_id: "w".into(), lease_ms })
             .collect();
         let resp = self.apply(time, Command::Claim(items));
         let want: Vec<_> =
@@ -737,12 +737,7 @@ impl Sim {
             let picked = self.m.pick(TENANTS[0], &queues(&QUEUES), 3);
             let items: Vec<ClaimItem> = picked
                 .iter()
-                .map(|id| ClaimItem {
-                    task_id: *id,
-                    tenant: TENANTS[0].to_string(),
-                    worker_id: "w".into(),
-                    lease_ms: 500,
-                })
+                .map(|id| ClaimItem { task_id: *id, tenant: TENANTS[0].into(), worker_id: "w".into(), lease_ms: 500 })
                 .collect();
             for cmd in [Command::Tick, Command::Claim(items)] {
                 let req = Request::new(time, self.seed(), cmd);

@@ -557,7 +557,7 @@ fn delayed_task_becomes_claimable_when_time_passes() {
     let mut s = h.spec(A, Q);
     s.visible_at = h.time + 500;
     let id = h.enqueue(s);
-    let items = vec![ClaimItem { task_id: id, tenant: A.to_string(), worker_id: "w1".to_string(), lease_ms: 10 }];
+    let items = vec![ClaimItem { task_id: id, tenant: A.into(), worker_id: "w1".into(), lease_ms: 10 }];
     let Response::Claimed(got) = h.apply_at(h.time + 500, Command::Claim(items)) else { panic!("not a claim") };
     assert!(got[0].is_ok());
 }
@@ -575,7 +575,7 @@ fn time_never_moves_backwards() {
     assert_eq!(h.task(id).created_at, T0 + 10_000);
     assert_eq!(h.pick(A, &[Q], 10), vec![id], "visible at 9 000 < now");
 
-    let items = vec![ClaimItem { task_id: id, tenant: A.to_string(), worker_id: "w1".to_string(), lease_ms: 1_000 }];
+    let items = vec![ClaimItem { task_id: id, tenant: A.into(), worker_id: "w1".into(), lease_ms: 1_000 }];
     let Response::Claimed(got) = h.apply_at(T0 + 1, Command::Claim(items)) else { panic!("not a claim") };
     let lease = got[0].as_ref().expect("claimable").lease.clone().expect("leased");
     assert_eq!((lease.claimed_at, lease.deadline), (T0 + 10_000, T0 + 11_000));
@@ -687,7 +687,7 @@ fn each_exception_reason_has_its_effect_and_ends_the_run() {
     assert_eq!(done.runs.len(), 1);
     assert_eq!(done.runs[0].outcome, Some(RunOutcome::Exception));
     assert_eq!(done.runs[0].reason, "malformed-payload");
-    assert_eq!(done.runs[0].worker_id, "w1");
+    assert_eq!(&*done.runs[0].worker_id, "w1");
     assert_eq!(done.runs[0].ended_at, Some(h.now()));
 
     // worker-shutdown: pending again at once, the attempt given back, a new run on the next claim.

@@ -46,6 +46,16 @@ struct Holds {
     recent_order: VecDeque<(TaskId, u64)>,
 }
 
+impl Holds {
+    /// Takes the hold of this delivery; a hold of another delivery of the task stays.
+    fn remove(&mut self, task_id: TaskId, token: u64) -> Option<Hold> {
+        match self.by_task.entry(task_id) {
+            std::collections::hash_map::Entry::Occupied(e) if e.get().token == token => Some(e.remove()),
+            _ => None,
+        }
+    }
+}
+
 /// The deliveries held by this node's worker streams.
 #[derive(Default)]
 pub struct LeaseWatch {
@@ -88,12 +98,7 @@ impl LeaseWatch {
     /// The worker's outcome for this delivery was answered: the stream no longer holds it.
     pub fn release(&self, task_id: &str, token: u64) {
         let Ok(id) = task_id.parse::<TaskId>() else { return };
-        let mut h = self.lock();
-        if let std::collections::hash_map::Entry::Occupied(e) = h.by_task.entry(id) {
-            if e.get().token == token {
-                e.remove();
-            }
-        }
+        self.lock().remove(id, token);
     }
 
     /// The stream ended: it holds nothing any more.
@@ -109,8 +114,8 @@ impl LeaseWatch {
     /// Takes the stream holding this delivery, or remembers the revocation for a hold that comes late.
     fn take(&self, task_id: TaskId, token: u64, why: &'static str) -> Option<Out> {
         let mut h = self.lock();
-        if h.by_task.get(&task_id).is_some_and(|x| x.token == token) {
-            return h.by_task.remove(&task_id).map(|x| x.out);
+        if let Some(held) = h.remove(task_id, token) {
+            return Some(held.out);
         }
         if h.recent.insert((task_id, token), why).is_none() {
             h.recent_order.push_back((task_id, token));

@@ -130,10 +130,10 @@ type LastSeen = HashMap<String, Instant>;
 /// Workers not heard from for this long are dropped from the table.
 const WORKER_FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// The entry of `key` in `m`, made (empty) only when missing.
-fn slot<'a, V: Default>(m: &'a mut HashMap<String, V>, key: &str) -> &'a mut V {
+/// The entry of `key` in `m`, made by `new` (and its key allocated) only when missing.
+fn slot<'a, V>(m: &'a mut HashMap<String, V>, key: &str, new: impl FnOnce() -> V) -> &'a mut V {
     if !m.contains_key(key) {
-        m.insert(key.to_string(), V::default());
+        m.insert(key.to_string(), new());
     }
     m.get_mut(key).expect("just made")
 }
@@ -142,15 +142,10 @@ impl WorkersSeen {
     fn note(&self, tenant: &str, worker_id: &str, queues: &[String]) {
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let queues_of = slot(&mut g, tenant);
+        let queues_of = slot(&mut g, tenant, HashMap::new);
         for q in queues {
-            let m = slot(queues_of, q);
-            match m.get_mut(worker_id) {
-                Some(t) => *t = now,
-                None => {
-                    m.insert(worker_id.to_string(), now);
-                }
-            }
+            let m = slot(queues_of, q, HashMap::new);
+            *slot(m, worker_id, || now) = now;
             if m.len() > 64 {
                 m.retain(|_, t| now.duration_since(*t) < WORKER_FORGET_AFTER);
             }
@@ -800,9 +795,9 @@ mod tests {
         assert_eq!(seen.active("u", "a", hour), 1, "tenants are apart");
         assert_eq!(seen.active("u", "b", hour), 0);
         assert_eq!(seen.active("v", "a", hour), 0);
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(300));
         seen.note("t", "w2", &qs(&["a"]));
-        assert_eq!(seen.active("t", "a", Duration::from_millis(10)), 1, "a new note renews only its worker");
+        assert_eq!(seen.active("t", "a", Duration::from_millis(150)), 1, "a new note renews only its worker");
     }
 
     #[test]

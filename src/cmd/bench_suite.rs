@@ -43,6 +43,9 @@ use tokio_util::sync::CancellationToken;
 /// The nodes' log filter (`RAFTQ_LOG` syntax) when set; their logs are then kept after each run. Default `warn`,
 /// logs removed with the run's data.
 const NODE_LOG_ENV: &str = "RAFTQ_SUITE_NODE_LOG";
+/// A file to write each run's claims to (send time and the three stages, one line per claim), for finding when
+/// the slow ones happen; each run overwrites it.
+const TRACE_ENV: &str = "RAFTQ_SUITE_TRACE";
 
 #[derive(clap::Args)]
 pub struct SuiteArgs {
@@ -653,8 +656,9 @@ enum Fault {
 #[derive(Default)]
 struct Seen {
     latency_us: Mutex<Vec<u32>>,
-    /// Per claim: send→enqueue stamp, enqueue stamp→claim stamp, claim stamp→worker (µs; the stamps are ms).
-    stages_us: Mutex<Vec<[i64; 3]>>,
+    /// Per claim: send→enqueue stamp, enqueue stamp→claim stamp, claim stamp→worker (µs; the stamps are ms), and
+    /// the send (µs since the epoch).
+    stages_us: Mutex<Vec<[i64; 4]>>,
     claims_ms: Mutex<Vec<u32>>,
 }
 
@@ -707,7 +711,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
                             let lat = now.saturating_sub(sent).min(u32::MAX as u64) as u32;
                             seen.latency_us.lock().unwrap_or_else(|p| p.into_inner()).push(lat);
                             let (c, u) = (t.created_at_ms * 1000, t.updated_at_ms * 1000);
-                            let st = [c - sent as i64, u - c, now as i64 - u];
+                            let st = [c - sent as i64, u - c, now as i64 - u, sent as i64];
                             seen.stages_us.lock().unwrap_or_else(|p| p.into_inner()).push(st);
                         }
                     }
@@ -823,13 +827,21 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     }
     let mut st = std::mem::take(&mut *seen.stages_us.lock().unwrap_or_else(|p| p.into_inner()));
     if !st.is_empty() {
-        let mut line = String::from("stages (send→stamp, stamp→claim, claim→worker) p50/p90 ms:");
+        let mut line = String::from("stages (send→stamp, stamp→claim, claim→worker) p50/p90/p99 ms:");
         for i in 0..3 {
             st.sort_unstable_by_key(|x| x[i]);
             let q = |p: f64| st[((st.len() as f64 * p) as usize).min(st.len() - 1)][i] as f64 / 1000.0;
-            line.push_str(&format!(" {:.2}/{:.2}", q(0.5), q(0.9)));
+            line.push_str(&format!(" {:.2}/{:.2}/{:.2}", q(0.5), q(0.9), q(0.99)));
         }
         eprintln!("   {line}");
+        if let Some(path) = std::env::var_os(TRACE_ENV) {
+            // One line per claim in send order: send (µs since the epoch) and the three stages (µs).
+            st.sort_unstable_by_key(|x| x[3]);
+            let text: String = st.iter().map(|x| format!("{} {} {} {}\n", x[3], x[0], x[1], x[2])).collect();
+            if let Err(e) = std::fs::write(&path, text) {
+                eprintln!("bench-suite: cannot write {}: {e}", path.to_string_lossy());
+            }
+        }
     }
     if let Some(at) = fault_at_ms {
         let mut claims = std::mem::take(&mut *seen.claims_ms.lock().unwrap_or_else(|p| p.into_inner()));

@@ -10,6 +10,10 @@
 //! re-applies the log from each shard's `last_applied` as written. Layer commits are not synced; every
 //! `SHARD_SYNC_INTERVAL` one is, and before a snapshot is built every change is written and synced
 //! (`with_flushed`), so the log is never purged past what the shard files hold durably.
+//!
+//! The flusher is background work, kept out of the way of the threads that answer requests: it runs at nice
+//! `FLUSHER_NICE`, its interval is jittered so that replicas started together do not flush in step, and each
+//! unsynced flush's pages are written back as it ends rather than seconds of them at the next synced one.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -37,6 +41,14 @@ pub(super) const MAX_DIRTY_RECORDS: usize = 200_000;
 /// How often a flush is synced. Bounds the log a restart re-applies; the log itself is synced before every
 /// acknowledgement.
 const SHARD_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// The flusher thread's nice value (CPU weight about a tenth of a default thread's).
+pub(super) const FLUSHER_NICE: i32 = 10;
+
+/// `d` scaled by a random factor in 0.75..1.25: replicas started together (a cluster, a rolling restart) would
+/// otherwise flush in step, every node's burst of CPU and disk work landing in the same few hundred ms.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.75 + rand::random::<f64>() / 2.0)
+}
 
 impl Shards {
     /// Writes every unflushed change and each shard's meta into the shard files, with the flush lock and the write
@@ -58,10 +70,15 @@ impl Shards {
 
 impl SmShared {
     /// Takes each shard's layer (apply goes on into a new one), writes it with the shard's meta in one
-    /// transaction, then drops it.
+    /// transaction, then drops it. The flusher thread also writes an unsynced flush's pages back (`write_back`);
+    /// apply, when it has to flush, does not wait for the disk.
     pub(super) fn flush(&self, durable: bool) -> io::Result<()> {
+        self.flush_with(durable, false)
+    }
+
+    fn flush_with(&self, durable: bool, pages_back: bool) -> io::Result<()> {
         let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let (layers, metas, dbs) = {
+        let (layers, metas, dbs, files) = {
             let mut g = self.write();
             let g = &mut *g;
             let mut layers = Vec::with_capacity(g.dbs.len());
@@ -73,10 +90,13 @@ impl SmShared {
                 layers.push(l);
             }
             self.dirty_records.store(0, Ordering::Relaxed);
-            (layers, g.metas.clone(), g.dbs.clone())
+            (layers, g.metas.clone(), g.dbs.clone(), g.files.clone())
         };
-        for ((db, layer), meta) in dbs.iter().zip(&layers).zip(&metas) {
+        for (((db, layer), meta), file) in dbs.iter().zip(&layers).zip(&metas).zip(&files) {
             write_shard(db, [&**layer], meta, durable)?;
+            if pages_back && !durable {
+                write_back(file);
+            }
         }
         let mut g = self.write();
         for (slot, layer) in g.flushing.iter_mut().zip(&layers) {
@@ -123,12 +143,25 @@ impl SmShared {
     /// once a flush has failed (which stops the node, as a failed write always did).
     pub(super) fn before_apply(&self) -> io::Result<()> {
         if self.flush_behind() {
+            let t = Instant::now();
             self.flush(false)?;
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "apply waited for a flush");
         }
         match self.broken.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             Some(e) => Err(io::Error::other(format!("writing the shard files failed earlier: {e}"))),
             None => Ok(()),
         }
+    }
+}
+
+/// Writes the pages an unsynced flush left in the OS page cache to disk now, on the flusher's thread. Left to the
+/// kernel they stay there for its 30 s expiry, so the next synced flush (every `SHARD_SYNC_INTERVAL`) wrote
+/// seconds of pages at once, on every node at about the same time, while the Raft log's syncs waited behind it
+/// on the same disk (latency spikes of 100-150 ms at half of the peak). The commit itself stays unsynced for
+/// redb: this is about when the disk does the work, not about what a restart finds.
+fn write_back(file: &std::fs::File) {
+    if let Err(e) = file.sync_data() {
+        tracing::debug!(error = %e, "writing a shard file's pages back");
     }
 }
 
@@ -161,14 +194,22 @@ pub(super) fn spawn_flusher(shared: &Arc<SmShared>, woken: mpsc::Receiver<()>) -
 }
 
 fn flusher(shared: Weak<SmShared>, woken: mpsc::Receiver<()>) {
+    // Background work yields to the threads that answer requests (Linux: this thread only). Starved, it falls
+    // behind until apply waits for a flush at `MAX_DIRTY_RECORDS`, which runs on apply's thread at its priority.
+    if let Err(e) = rustix::process::nice(FLUSHER_NICE) {
+        tracing::debug!(error = %e, "lowering the flusher's priority");
+    }
     loop {
-        match woken.recv_timeout(FLUSH_INTERVAL) {
+        match woken.recv_timeout(jittered(FLUSH_INTERVAL)) {
             Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
         let Some(s) = shared.upgrade() else { return };
         let durable = s.read().last_sync.elapsed() >= SHARD_SYNC_INTERVAL;
-        if let Err(e) = s.flush(durable) {
+        let (t, records) = (Instant::now(), s.dirty_records.load(Ordering::Relaxed));
+        let r = s.flush_with(durable, true);
+        tracing::trace!(ms = t.elapsed().as_millis() as u64, records, durable, "flushed");
+        if let Err(e) = r {
             tracing::error!(error = %e, "writing the shard files failed");
             s.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
             return;

@@ -412,6 +412,9 @@ fn writer_loop(
                 Reply::None => {}
             }
         }
+        if checkpoint {
+            tracing::trace!(us = started.elapsed().as_micros() as u64, "raft log checkpoint");
+        }
         if result.is_ok() && durable {
             stats.fsyncs.fetch_add(1, Relaxed);
             stats.entries.fetch_add(n_entries, Relaxed);

@@ -227,7 +227,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             dir: self.dir.clone(),
             records: self.records,
         };
+        let t = std::time::Instant::now();
         let (meta, path) = tokio::task::spawn_blocking(move || me.write()).await.map_err(io_err)??;
+        tracing::debug!(ms = t.elapsed().as_millis() as u64, "snapshot written");
         let file = tokio::fs::File::open(&path).await?;
         Ok(Snapshot { meta, snapshot: file })
     }
@@ -408,13 +410,16 @@ impl StateMachine {
         let dir = self.dir.clone();
         self.shared.metrics.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let built = tokio::task::spawn_blocking(move || -> io::Result<SnapshotBuilder> {
-            shared.with_flushed(true, |g| {
+            let t = std::time::Instant::now();
+            let r = shared.with_flushed(true, |g| {
                 let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
                 let (last_applied, membership) = g.applied();
                 let header = SnapHeader { last_applied, membership, now: g.now() };
                 let records = format::snapshot_records_for(g.cluster_version());
                 Ok(SnapshotBuilder { txns, header, dir, records })
-            })
+            });
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "snapshot prepared");
+            r
         })
         .await;
         match built {

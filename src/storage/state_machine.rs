@@ -29,6 +29,8 @@ use crate::raft::types::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeCo
 /// The shard files, their derived indexes and durable metadata.
 pub struct Shards {
     pub dbs: Vec<Arc<Database>>,
+    /// Per shard, a read-only handle on its file: the flusher writes each flush's pages back through it.
+    pub(super) files: Vec<Arc<fs::File>>,
     pub cores: Vec<ShardCore>,
     /// Each shard's meta as applied; the flusher writes it with the shard's changes.
     pub metas: Vec<ShardMeta>,
@@ -53,6 +55,7 @@ impl Shards {
         let count = files::shard_count(sm, shards)?;
         let mut out = Shards {
             dbs: vec![],
+            files: vec![],
             cores: vec![],
             metas: vec![],
             dirty: (0..count).map(|_| Layer::default()).collect(),
@@ -62,7 +65,9 @@ impl Shards {
             file_newest: vec![],
         };
         for i in 0..count {
-            let db = shard::open_db_cached(&files::shard_path(sm, i), Some(shard::PAGE_CACHE_BYTES))?;
+            let path = files::shard_path(sm, i);
+            let db = shard::open_db_cached(&path, Some(shard::PAGE_CACHE_BYTES))?;
+            out.files.push(Arc::new(fs::File::open(&path)?));
             let meta = shard::read_meta(&db)?;
             out.cores.push(shard::load_core(&db, i, count, meta.now)?);
             out.metas.push(meta);

@@ -878,3 +878,41 @@ fn claim_and_ack_change_an_unshared_record_in_place_and_never_a_shared_one() {
     assert_eq!((done.state, done.result.as_deref()), (TaskState::Completed, Some(&b"done"[..])));
     assert_eq!(Arc::as_ptr(&done), alone_at, "still the same record");
 }
+
+/// The flusher is background work: its thread runs at `FLUSHER_NICE`, below the threads that answer requests
+/// (Linux reports a thread's nice value in `/proc/self/task/TID/stat`).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flusher_thread_runs_below_the_default_priority() {
+    let dir = tempfile::tempdir().expect("dir");
+    let _sm = StateMachine::open(dir.path(), 2).expect("open");
+    let nice_of_flushers = || -> Vec<i32> {
+        let mut found = vec![];
+        for t in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim() != "raftq-sm-flush" {
+                continue;
+            }
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // Fields after the command's closing parenthesis start at the 3rd; nice is the 19th.
+            let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+            if let Some(n) = after.split_whitespace().nth(16).and_then(|f| f.parse().ok()) {
+                found.push(n);
+            }
+        }
+        found
+    };
+    // The thread lowers its own priority as it starts.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let found = loop {
+        let found = nice_of_flushers();
+        if (!found.is_empty() && found.iter().all(|&n| n == super::flush::FLUSHER_NICE))
+            || std::time::Instant::now() > deadline
+        {
+            break found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(!found.is_empty(), "a flusher thread runs");
+    assert!(found.iter().all(|&n| n == super::flush::FLUSHER_NICE), "flusher threads' nice values: {found:?}");
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""When the slow claims happen, next to what the nodes were doing then.
+
+    RAFTQ_SUITE_TRACE=/tmp/claims.txt RAFTQ_SUITE_NODE_LOG="warn,raftq::storage=trace" \
+        target/release/raftq bench-suite --runs 1 --duration 20s --only latency-3 --paced-rate 13000
+    python3 bench/episodes.py /tmp/claims.txt target/bench-suite/run-*.logs [--window-ms 100] [--over-ms 25]
+
+The trace has one line per claim (send time in µs since the epoch, then send->stamp, stamp->claim and
+claim->worker in µs); the node logs, at `raftq::storage=trace`, say when each state-machine flush ran ("flushed",
+D when synced) and how long each Raft log checkpoint took. Prints, per window of sends whose median enqueue->claim
+is over --over-ms: the window's start (seconds of the minute), its median and send->stamp median (ms), the largest
+stamp->claim (ms), and the flushes and checkpoints over 15 ms that overlapped it, by node.
+"""
+import argparse
+import collections
+import datetime
+import glob
+import re
+
+
+def events(logdir):
+    out = []
+    for path in sorted(glob.glob(logdir + "/node*.log")):
+        node = re.search(r"node(\d+)\.log$", path).group(1)
+        for line in open(path, errors="replace"):
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+            m = re.match(r"(\S+)Z\s+\w+\s+\S+: (.*)", line)
+            if not m:
+                continue
+            end = datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc).timestamp()
+            msg = m.group(2)
+            if msg.startswith("flushed"):
+                ms = int(re.search(r"ms=(\d+)", msg).group(1))
+                synced = " D" if "durable=true" in msg else ""
+                out.append((end - ms / 1000, end, f"n{node} flush{synced} {ms}ms"))
+            elif msg.startswith("raft log checkpoint"):
+                us = int(re.search(r"us=(\d+)", msg).group(1))
+                if us > 15000:
+                    out.append((end - us / 1e6, end, f"n{node} ckpt {us // 1000}ms"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("logdir")
+    ap.add_argument("--window-ms", type=int, default=100)
+    ap.add_argument("--over-ms", type=int, default=25)
+    a = ap.parse_args()
+    w = a.window_ms * 1000
+    windows = collections.defaultdict(list)
+    for line in open(a.trace):
+        sent, s1, s2, s3 = map(int, line.split())
+        windows[sent // w].append((s1 + s2 + s3, s1, s2))
+    ev = events(a.logdir)
+    for k in sorted(windows):
+        rows = windows[k]
+        total = sorted(r[0] for r in rows)[len(rows) // 2] // 1000
+        if total <= a.over_ms:
+            continue
+        start = k * w / 1e6
+        s1 = sorted(r[1] for r in rows)[len(rows) // 2] // 1000
+        s2 = max(r[2] for r in rows) // 1000
+        near = [e[2] for e in ev if e[0] < start + w / 1e6 and e[1] > start]
+        when = datetime.datetime.fromtimestamp(start, datetime.timezone.utc).strftime("%S.%f")[:-5]
+        print(f"{when} {total:4d} {s1:3d} {s2:3d}  {', '.join(near)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::history::{Event, FaultPhase, Op, Phase, ResultKind};
+use crate::history::{Event, FaultPhase, Op, Phase, ResultKind, RunRead};
 use crate::nemesis::{EXITED, REFUSED_TO_START};
 use crate::upgrade::{STEP as UPGRADE_STEP, UPGRADED};
 
@@ -65,6 +65,9 @@ pub struct Redeliveries {
     pub total: usize,
     /// After an accepted retryable failure: retries, not duplicates.
     pub retries: usize,
+    /// Of those, retries after a failure whose answer was lost, which the server's runs show it applied (the
+    /// previous run ended RETRIED no later than the next claim).
+    pub retries_shown_by_runs: usize,
     /// The others.
     pub duplicates: usize,
     pub explained_by_lease_expiry: usize,
@@ -256,6 +259,7 @@ pub fn check(events: &[Event]) -> Analysis {
     let mut leader_changes: Vec<u64> = Vec::new();
     let mut last_leader: Option<(Option<u64>, u64)> = None;
     let mut finals: HashMap<String, Final> = HashMap::new();
+    let mut runs: HashMap<String, Vec<RunRead>> = HashMap::new();
     let mut digests: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
     let mut marks: HashMap<String, u64> = HashMap::new();
     let mut windows: Vec<(String, u64, u64)> = Vec::new();
@@ -367,6 +371,9 @@ pub fn check(events: &[Event]) -> Analysis {
                     task_id.clone(),
                     Final { state: state.clone(), attempts: *attempts, result: result.clone() },
                 );
+            }
+            Op::Runs { task_id, runs: r } => {
+                runs.insert(task_id.clone(), r.clone());
             }
             Op::Digest { node, applied_index, digest, tasks } => {
                 digests.insert(*node, (*applied_index, *digest, *tasks));
@@ -520,6 +527,25 @@ pub fn check(events: &[Event]) -> Analysis {
             let prev_res = results.get(&(task.to_string(), prev.token));
             if prev_res.is_some_and(|r| r.phase == Phase::Ok && r.kind == ResultKind::FailRetryable) {
                 a.redeliveries.retries += 1;
+                continue;
+            }
+            // A retryable failure sent but never answered may have been applied; the server's own record of the
+            // previous run says whether it was, and that it ended before this claim.
+            let unanswered_retry = prev_res
+                .is_some_and(|r| matches!(r.phase, Phase::Info | Phase::Invoke) && r.kind == ResultKind::FailRetryable);
+            let retried_by_server = || {
+                runs.get(*task).is_some_and(|rs| {
+                    rs.iter().any(|r| {
+                        r.token == prev.token
+                            && r.outcome == "RETRIED"
+                            && r.ended_at_ms > 0
+                            && r.ended_at_ms <= d.claimed_at_ms
+                    })
+                })
+            };
+            if unanswered_retry && retried_by_server() {
+                a.redeliveries.retries += 1;
+                a.redeliveries.retries_shown_by_runs += 1;
                 continue;
             }
             a.redeliveries.duplicates += 1;
@@ -797,6 +823,17 @@ mod tests {
         fn fin(&mut self, id: &str, state: &str, attempts: u32, result: &str) -> &mut H {
             self.push(Op::Final { task_id: id.into(), state: state.into(), attempts, result: result.into() })
         }
+        fn runs(&mut self, id: &str, runs: &[(u64, &str, i64)]) -> &mut H {
+            let runs = runs
+                .iter()
+                .map(|(token, outcome, ended)| RunRead {
+                    token: *token,
+                    outcome: outcome.to_string(),
+                    ended_at_ms: *ended,
+                })
+                .collect();
+            self.push(Op::Runs { task_id: id.into(), runs })
+        }
         fn digests(&mut self, tasks: u64) -> &mut H {
             for node in 1..=3 {
                 self.push(Op::Digest { node, applied_index: 100, digest: 42, tasks });
@@ -909,6 +946,36 @@ mod tests {
         assert_eq!(a.redeliveries.unexplained.count, 1, "{a:#?}");
         assert_eq!(a.redeliveries.retries, 1);
         assert!(!a.valid);
+    }
+
+    /// A retryable failure whose answer was lost: the redelivery before the old lease ran out is a retry when the
+    /// server's runs show the failure applied before the claim, and a duplicate when they do not.
+    #[test]
+    fn an_unanswered_retryable_failure_counts_as_a_retry_only_when_the_runs_show_it_applied() {
+        let history = |runs: &[(u64, &str, i64)]| {
+            let mut h = clean();
+            h.enqueue("p0-5", Phase::Ok, Some("c"));
+            h.deliver("c", "p0-5", 50, 1, 1000, 9000);
+            h.result("c", 50, ResultKind::FailRetryable, Phase::Info);
+            h.deliver("c", "p0-5", 60, 2, 3000, 9000);
+            h.result("c", 60, ResultKind::Complete, Phase::Ok);
+            h.fin("c", "completed", 2, "60");
+            h.runs("c", runs);
+            h.digests(3);
+            h.check()
+        };
+        let applied = history(&[(50, "RETRIED", 2500), (60, "COMPLETED", 4000)]);
+        assert_eq!(applied.redeliveries.unexplained.count, 0, "{applied:#?}");
+        assert_eq!(applied.redeliveries.retries_shown_by_runs, 1);
+        assert!(applied.valid, "{applied:#?}");
+
+        // The server says the first run expired (or ended after the second claim): the failure did not explain it.
+        for runs in [&[(50, "LEASE_EXPIRED", 9000), (60, "COMPLETED", 4000)][..], &[(50, "RETRIED", 3500)][..], &[]] {
+            let a = history(runs);
+            assert_eq!(a.redeliveries.unexplained.count, 1, "{runs:?}: {a:#?}");
+            assert_eq!(a.redeliveries.retries_shown_by_runs, 0);
+            assert!(!a.valid);
+        }
     }
 
     #[test]

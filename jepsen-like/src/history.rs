@@ -51,6 +51,16 @@ pub enum FaultPhase {
     Note,
 }
 
+/// One delivery as the server keeps it (a task's `runs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRead {
+    pub token: u64,
+    /// COMPLETED, FAILED, RETRIED, LEASE_EXPIRED, ...; empty while the run is open.
+    pub outcome: String,
+    /// State-machine time the run ended, or 0.
+    pub ended_at_ms: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "f", rename_all = "snake_case")]
 pub enum Op {
@@ -125,6 +135,9 @@ pub enum Op {
         #[serde(default)]
         result: String,
     },
+    /// The server's record of a task's deliveries, read after the drain for each task with a retryable failure
+    /// whose outcome the worker never learned: which of them the server ended as a retry, and when.
+    Runs { task_id: String, runs: Vec<RunRead> },
     /// One node's state digest after heal and drain.
     Digest { node: u64, applied_index: u64, digest: u64, tasks: u64 },
     /// A step of the run: workload_start, faults_start, faults_end, healed, drained, done; in the upgrade

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 use crate::backend::{admin_client, Backend};
 use crate::cluster::{Cluster, ClusterOptions, SERVER_SETTINGS};
 use crate::compose::{Compose, ComposeOptions};
-use crate::history::{Op, Phase, Recorder};
+use crate::history::{Op, Phase, Recorder, ResultKind, RunRead};
 use crate::nemesis::{Fault, Nemesis, Schedule};
 use crate::upgrade::Upgrade;
 use crate::workload::WorkloadConfig;
@@ -395,6 +395,53 @@ async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashM
     out
 }
 
+/// Tasks with a retryable failure the worker sent but never learned the outcome of.
+fn uncertain_retries(rec: &Recorder) -> Vec<String> {
+    rec.with_events(|evs| {
+        let mut last: HashMap<(&str, u64), Phase> = HashMap::new();
+        for e in evs {
+            if let Op::Result { task_id, token, outcome: ResultKind::FailRetryable, phase, .. } = &e.op {
+                last.insert((task_id.as_str(), *token), *phase);
+            }
+        }
+        let mut ids: Vec<String> = last
+            .into_iter()
+            .filter(|(_, p)| matches!(p, Phase::Info | Phase::Invoke))
+            .map(|((id, _), _)| id.to_string())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    })
+}
+
+/// Reads each task's runs, 32 at a time, until `deadline`; a task whose read fails is left out.
+async fn read_runs(p: &Producer, ids: Vec<String>, deadline: Instant) -> Vec<(String, Vec<RunRead>)> {
+    let mut out = Vec::new();
+    for chunk in ids.chunks(32) {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for id in chunk {
+            let (p, id) = (p.clone(), id.clone());
+            set.spawn(async move { (id.clone(), tokio::time::timeout_at(deadline, p.get(&id)).await) });
+        }
+        while let Some(Ok((id, r))) = set.join_next().await {
+            if let Ok(Ok(task)) = r {
+                let runs = task
+                    .runs
+                    .iter()
+                    .map(|r| RunRead { token: r.token, outcome: r.outcome.clone(), ended_at_ms: r.ended_at_ms })
+                    .collect();
+                out.push((id, runs));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 fn terminal(state: &str) -> bool {
     matches!(state, "completed" | "failed" | "cancelled" | "dead_lettered")
 }
@@ -681,6 +728,13 @@ async fn exercise(sut: &mut impl Backend, run: Run<'_>) -> anyhow::Result<bool> 
                 result: result.clone(),
             });
         }
+    }
+
+    // A retryable failure whose answer never came may have been applied; the server's runs say whether it was,
+    // so the checker can tell a retry from a double lease.
+    let uncertain = uncertain_retries(&rec);
+    for (id, runs) in read_runs(&reader, uncertain, Instant::now() + Duration::from_secs(30)).await {
+        rec.record(Op::Runs { task_id: id, runs });
     }
 
     // Convergence: every running member at the same applied index with the same digest.

@@ -85,8 +85,14 @@ pub fn text(s: &Summary) -> String {
     let r = &a.redeliveries;
     let _ = writeln!(
         o,
-        "  redeliveries {}: {} retries after a failure, {} duplicates ({} lease expired, {} leader change)",
-        r.total, r.retries, r.duplicates, r.explained_by_lease_expiry, r.explained_by_leader_change
+        "  redeliveries {}: {} retries after a failure ({} of them unanswered, shown applied by the task's runs), \
+         {} duplicates ({} lease expired, {} leader change)",
+        r.total,
+        r.retries,
+        r.retries_shown_by_runs,
+        r.duplicates,
+        r.explained_by_lease_expiry,
+        r.explained_by_leader_change
     );
     finding(&mut o, "unexplained duplicates", &r.unexplained);
     finding(&mut o, "one token delivered twice", &a.token_reused);

@@ -112,16 +112,16 @@ impl StateMachine {
     fn apply_batch(shared: &SmShared, entries: &[Entry]) -> io::Result<(Vec<Response>, Effects)> {
         shared.before_apply()?;
         let mut g = shared.write();
-        let Shards { dbs, cores, metas, dirty, flushing, newest, file_newest, .. } = &mut *g;
+        let Shards { dbs, cores, metas, dirty, frozen, newest, file_newest, .. } = &mut *g;
         let mut fx = Effects::default();
         let mut responses = Vec::with_capacity(entries.len());
         {
             let mut stores: Vec<CachedStore> = dirty
                 .iter_mut()
-                .zip(flushing.iter())
+                .zip(frozen.iter())
                 .zip(dbs.iter())
                 .zip(newest.iter_mut().zip(file_newest.iter()))
-                .map(|(((d, f), db), (n, filed))| CachedStore::new(d, f.as_deref(), db, n, *filed))
+                .map(|(((d, f), db), (n, filed))| CachedStore::new(d, f, db, n, *filed))
                 .collect();
             for entry in entries {
                 let log_id = entry.log_id;

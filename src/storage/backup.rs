@@ -144,12 +144,18 @@ impl BackupSource {
         w.write_all(&head)?;
         let mut digest = StateDigest::new(self.txns.len());
         let mut n = 0u64;
-        let written =
-            snapshot::write_snapshot(&self.txns, &self.header, format::CURRENT, &mut w, &mut |table, shard, k, v| {
+        let written = snapshot::write_snapshot(
+            &self.txns,
+            &[],
+            &self.header,
+            format::CURRENT,
+            &mut w,
+            &mut |table, shard, k, v| {
                 digest.add(table, shard, k, v);
                 n += 1;
                 records(n);
-            })?;
+            },
+        )?;
         let (state_digest, tasks) = digest.finish(self.header.now);
         let trailer = BackupTrailer { records: written, state_digest, tasks, body_len: w.inner.bytes };
         w.write_all(TRAILER_MAGIC)?;

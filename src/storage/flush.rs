@@ -1,15 +1,16 @@
 //! Write-back of applied changes into the shard files.
 //!
 //! Apply changes each shard in memory only (its newest `Layer`). The flusher thread takes every shard's layer
-//! every `FLUSH_INTERVAL` (sooner once `FLUSH_AT_RECORDS` records changed), makes it the shard's `flushing`
-//! layer (apply and readers still see it), writes it with the shard's meta (`last_applied`, membership, time) in
-//! one transaction per shard, and then drops it. A task enqueued, claimed and completed within one interval is
-//! written once, and the files' work leaves the apply path.
+//! every `FLUSH_INTERVAL` (sooner once `FLUSH_AT_RECORDS` records changed) and freezes it (apply and readers still
+//! see it), writes the shard's frozen layers with its meta (`last_applied`, membership, time) in one transaction
+//! per shard, and then drops them. A task enqueued, claimed and completed within one interval is written once, and
+//! the files' work leaves the apply path. A snapshot freezes the layers too, without writing them (`snapshot.rs`):
+//! the next flush does.
 //!
 //! Durability is unchanged: nothing is acknowledged before its log entry is fsynced on a quorum, and a restart
 //! re-applies the log from each shard's `last_applied` as written. Layer commits are not synced; every
-//! `SHARD_SYNC_INTERVAL` one is, and before a snapshot is built every change is written and synced
-//! (`with_flushed`), so the log is never purged past what the shard files hold durably.
+//! `SHARD_SYNC_INTERVAL` one is, and a snapshot is handed to openraft only after a synced flush of everything
+//! applied up to then, so the log is never purged past what the shard files hold durably.
 //!
 //! The flusher is background work, kept out of the way of the threads that answer requests: it runs at nice
 //! `FLUSHER_NICE`, its interval is jittered so that replicas started together do not flush in step, and each
@@ -51,13 +52,21 @@ fn jittered(d: Duration) -> Duration {
 }
 
 impl Shards {
+    /// Moves shard `i`'s newest layer to the end of its frozen layers (apply goes on into an empty one).
+    pub(super) fn freeze(&mut self, i: usize) {
+        let l = Arc::new(std::mem::take(&mut self.dirty[i]));
+        self.frozen[i].push(l);
+        // Every task of the file after the frozen layers are written is in a layer taken up to now.
+        self.file_newest[i] = self.newest[i];
+    }
+
     /// Writes every unflushed change and each shard's meta into the shard files, with the flush lock and the write
     /// lock held (nothing else writes meanwhile).
     pub(super) fn flush_locked(&mut self, durable: bool) -> io::Result<()> {
         for i in 0..self.dbs.len() {
-            let layers = self.flushing[i].as_deref().into_iter().chain([&self.dirty[i]]);
+            let layers = self.frozen[i].iter().map(|l| &**l).chain([&self.dirty[i]]);
             write_shard(&self.dbs[i], layers, &self.metas[i], durable)?;
-            self.flushing[i] = None;
+            self.frozen[i].clear();
             self.dirty[i] = Layer::default();
             self.file_newest[i] = self.newest[i];
         }
@@ -69,9 +78,9 @@ impl Shards {
 }
 
 impl SmShared {
-    /// Takes each shard's layer (apply goes on into a new one), writes it with the shard's meta in one
-    /// transaction, then drops it. The flusher thread also writes an unsynced flush's pages back (`write_back`);
-    /// apply, when it has to flush, does not wait for the disk.
+    /// Freezes each shard's layer (apply goes on into a new one), writes the shard's frozen layers with its meta in
+    /// one transaction, then drops them. The flusher thread also writes an unsynced flush's pages back
+    /// (`write_back`); apply, when it has to flush, does not wait for the disk.
     pub(super) fn flush(&self, durable: bool) -> io::Result<()> {
         self.flush_with(durable, false)
     }
@@ -81,29 +90,24 @@ impl SmShared {
         let (layers, metas, dbs, files) = {
             let mut g = self.write();
             let g = &mut *g;
-            let mut layers = Vec::with_capacity(g.dbs.len());
             for i in 0..g.dbs.len() {
-                let l = Arc::new(std::mem::take(&mut g.dirty[i]));
-                g.flushing[i] = Some(l.clone());
-                // Every task of the file after this flush is in a layer taken up to now.
-                g.file_newest[i] = g.newest[i];
-                layers.push(l);
+                g.freeze(i);
             }
             self.dirty_records.store(0, Ordering::Relaxed);
-            (layers, g.metas.clone(), g.dbs.clone(), g.files.clone())
+            (g.frozen.clone(), g.metas.clone(), g.dbs.clone(), g.files.clone())
         };
-        for (((db, layer), meta), file) in dbs.iter().zip(&layers).zip(&metas).zip(&files) {
-            write_shard(db, [&**layer], meta, durable)?;
+        for (((db, frozen), meta), file) in dbs.iter().zip(&layers).zip(&metas).zip(&files) {
+            write_shard(db, frozen.iter().map(|l| &**l), meta, durable)?;
             if pages_back && !durable {
                 write_back(file);
             }
         }
         let mut g = self.write();
-        for (slot, layer) in g.flushing.iter_mut().zip(&layers) {
-            // A snapshot installed meanwhile replaced the shards: their slots are not this flush's.
-            if slot.as_ref().is_some_and(|f| Arc::ptr_eq(f, layer)) {
-                *slot = None;
-            }
+        for (frozen, written) in g.frozen.iter_mut().zip(&layers) {
+            // Layers frozen meanwhile (by a snapshot) stay for the next flush. A snapshot installed meanwhile
+            // replaced the shards: their layers are not this flush's.
+            let n = frozen.iter().zip(written).take_while(|(a, b)| Arc::ptr_eq(a, b)).count();
+            frozen.drain(..n);
         }
         if durable {
             g.last_sync = Instant::now();

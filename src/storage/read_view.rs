@@ -527,7 +527,7 @@ enum Lookup<T> {
 impl Shards {
     fn task(&self, id: &TaskId) -> Lookup<Task> {
         let i = id.shard(self.count());
-        match self.dirty[i].tasks.get(id).or_else(|| self.flushing[i].as_ref().and_then(|f| f.tasks.get(id))) {
+        match shard::in_layers(&self.dirty[i], &self.frozen[i], |l| l.tasks.get(id)) {
             Some(t) => Lookup::Found(t.as_deref().cloned()),
             None => Lookup::InFile(self.dbs[i].clone()),
         }
@@ -535,16 +535,17 @@ impl Shards {
 
     fn delivery(&self, id: &DeliveryId) -> Lookup<WebhookDelivery> {
         let i = id.task_id.shard(self.count());
-        match self.dirty[i].outbox.get(id).or_else(|| self.flushing[i].as_ref().and_then(|f| f.outbox.get(id))) {
+        match shard::in_layers(&self.dirty[i], &self.frozen[i], |l| l.outbox.get(id)) {
             Some(d) => Lookup::Found(d.clone()),
             None => Lookup::InFile(self.dbs[i].clone()),
         }
     }
 
-    /// Shard `i`'s unflushed task changes with ids from `start` on: the flushing layer, then the newest over it.
+    /// Shard `i`'s unflushed task changes with ids from `start` on: the frozen layers, oldest first, then the
+    /// newest over them.
     fn layered_tasks(&self, i: usize, start: Option<TaskId>) -> Changes {
         let mut over = BTreeMap::new();
-        for l in self.flushing[i].as_deref().into_iter().chain([&self.dirty[i]]) {
+        for l in self.frozen[i].iter().map(|l| &**l).chain([&self.dirty[i]]) {
             let from = |id: &TaskId| start.is_none_or(|s| *id >= s);
             over.extend(l.tasks.iter().filter(|(id, _)| from(id)).map(|(id, t)| (*id, t.as_deref().cloned())));
         }

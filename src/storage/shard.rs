@@ -3,9 +3,10 @@
 //! (`Layer`, read through `CachedStore`); the flusher writes each layer with the meta it reached in one
 //! transaction, so a file always holds a state some `last_applied` produced.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable, Table};
 
@@ -230,6 +231,49 @@ impl Layer {
     }
 }
 
+/// Looks a record up in the newest layer, then in the frozen layers from the newest to the oldest: the first hit
+/// is its latest unflushed state (a removal included); none means the file holds its state.
+pub fn in_layers<'a, V>(
+    dirty: &'a Layer,
+    frozen: &'a [Arc<Layer>],
+    f: impl Fn(&'a Layer) -> Option<&'a V>,
+) -> Option<&'a V> {
+    f(dirty).or_else(|| frozen.iter().rev().find_map(|l| f(l)))
+}
+
+/// A shard's unflushed changes as they would be stored: per table, each changed key's latest value (`None`: removed),
+/// in key order. A snapshot overlays it on read transactions of the files taken at the same applied point.
+#[derive(Default)]
+pub struct Overlay {
+    pub tasks: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub keys: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub outbox: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    pub records: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Overlay {
+    /// The changes of `layers`, oldest first (a later layer's value of a key replaces an earlier one's).
+    pub fn of(layers: &[Arc<Layer>]) -> io::Result<Overlay> {
+        let mut o = Overlay::default();
+        for l in layers {
+            for (id, t) in &l.tasks {
+                let v = t.as_deref().map(encode).transpose()?;
+                o.tasks.insert(task_key(id).to_vec(), v);
+            }
+            for (k, rec) in &l.keys {
+                o.keys.insert(k.clone(), rec.as_ref().map(encode).transpose()?);
+            }
+            for (id, d) in &l.outbox {
+                o.outbox.insert(outbox_key(id).to_vec(), d.as_ref().map(encode).transpose()?);
+            }
+            for (k, v) in &l.records {
+                o.records.insert(k.clone(), v.clone());
+            }
+        }
+        Ok(o)
+    }
+}
+
 /// Read tables of one shard file, opened on a `CachedStore`'s first miss.
 struct ReadTables {
     tasks: ReadOnlyTable<&'static [u8], &'static [u8]>,
@@ -248,7 +292,7 @@ struct ReadTables {
 /// a busy shard's fresh ids fall below `newest`; they are all above `file_newest`, up to a flush interval old.
 pub struct CachedStore<'a> {
     dirty: &'a mut Layer,
-    flushing: Option<&'a Layer>,
+    frozen: &'a [Arc<Layer>],
     db: &'a Database,
     newest: &'a mut Option<TaskId>,
     file_newest: Option<TaskId>,
@@ -258,12 +302,12 @@ pub struct CachedStore<'a> {
 impl<'a> CachedStore<'a> {
     pub fn new(
         dirty: &'a mut Layer,
-        flushing: Option<&'a Layer>,
+        frozen: &'a [Arc<Layer>],
         db: &'a Database,
         newest: &'a mut Option<TaskId>,
         file_newest: Option<TaskId>,
     ) -> Self {
-        CachedStore { dirty, flushing, db, newest, file_newest, read: None }
+        CachedStore { dirty, frozen, db, newest, file_newest, read: None }
     }
 
     fn file(&mut self) -> io::Result<&ReadTables> {
@@ -287,7 +331,7 @@ impl TaskStore for CachedStore<'_> {
             return Ok(None);
         }
         // A hit in a layer is the answer, a removal included.
-        if let Some(v) = self.dirty.tasks.get(id).or_else(|| self.flushing.and_then(|f| f.tasks.get(id))) {
+        if let Some(v) = in_layers(self.dirty, self.frozen, |l| l.tasks.get(id)) {
             return Ok(v.clone());
         }
         if Some(*id) > self.file_newest {
@@ -311,7 +355,7 @@ impl TaskStore for CachedStore<'_> {
     }
 
     fn release(&mut self, id: &TaskId) -> io::Result<()> {
-        // Read as removed until the put: the layer being flushed, or the file, may hold an older state.
+        // Read as removed until the put: a frozen layer, or the file, may hold an older state.
         if let Some(slot) = self.dirty.tasks.get_mut(id) {
             *slot = None;
         }
@@ -320,7 +364,7 @@ impl TaskStore for CachedStore<'_> {
 
     fn get_key(&mut self, tenant: &str, key: &str) -> io::Result<Option<KeyRecord>> {
         let k = idempotency_key(tenant, key);
-        if let Some(v) = self.dirty.keys.get(&k).or_else(|| self.flushing.and_then(|f| f.keys.get(&k))) {
+        if let Some(v) = in_layers(self.dirty, self.frozen, |l| l.keys.get(&k)) {
             return Ok(*v);
         }
         match self.file()?.keys.get(k.as_slice()).map_err(io_err)? {
@@ -340,7 +384,7 @@ impl TaskStore for CachedStore<'_> {
     }
 
     fn get_delivery(&mut self, id: &DeliveryId) -> io::Result<Option<WebhookDelivery>> {
-        if let Some(v) = self.dirty.outbox.get(id).or_else(|| self.flushing.and_then(|f| f.outbox.get(id))) {
+        if let Some(v) = in_layers(self.dirty, self.frozen, |l| l.outbox.get(id)) {
             return Ok(v.clone());
         }
         match self.file()?.outbox.get(outbox_key(id).as_slice()).map_err(io_err)? {

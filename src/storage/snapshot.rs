@@ -1,24 +1,31 @@
-//! Snapshots: one file per snapshot, built from read transactions taken at one applied point, and installed by
-//! writing fresh shard files and swapping directories (`files::recover_install`), so a crash at any point leaves
-//! either the old or the new state.
+//! Snapshots: one file per snapshot, built from read transactions taken at one applied point with the changes not
+//! yet in the files laid over them, and installed by writing fresh shard files and swapping directories
+//! (`files::recover_install`), so a crash at any point leaves either the old or the new state.
+//!
+//! Taking the point stops apply (openraft asks for the builder on its state-machine task) only while each shard's
+//! newest layer is frozen and read transactions begin: no file is written then. The builder writes the snapshot
+//! file on its own task, then a synced flush makes the files hold everything applied up to then, and only then
+//! is the snapshot published and handed to openraft, which may purge the log up to it.
 //!
 //! Format (`docs/design.md`, "Snapshots"; its versions are `format.rs`'s): the magic, then frames (kind u8,
 //! length u32 BE, bytes): a header (last log id, membership, time), every task record, idempotency key, webhook
 //! delivery and shard record, an end frame with their count; layouts 2 and 3 end with the SHA-256 of every byte
 //! before it. A snapshot whose count or digest does not match is refused before anything of it is committed.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use openraft::RaftSnapshotBuilder;
-use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::codec::io_err;
 use super::files::{self, snap_dir, sync_dir};
 use super::format;
-use super::shard::{self, ShardMeta};
+use super::shard::{self, Layer, Overlay, ShardMeta};
 use super::state_machine::{Shards, SmShared, StateMachine};
 use super::tables::*;
 use crate::queue::{self, Task, TimeMs, WebhookDelivery};
@@ -96,9 +103,15 @@ fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     Ok((head[0], buf))
 }
 
-/// Builds a snapshot file from read transactions taken at one applied point.
+/// Builds a snapshot file from read transactions taken at one applied point, with the changes the files did not
+/// hold then laid over them.
 pub struct SnapshotBuilder {
     txns: Vec<ReadTransaction>,
+    /// Per shard, the frozen layers at the point (oldest first); a flush may have written some of them into the
+    /// files before the read transactions began, and laying a change over itself changes nothing.
+    layers: Vec<Vec<Arc<Layer>>>,
+    /// Flushes (synced) before the snapshot is published; `None` for a builder that only fails.
+    shared: Option<Arc<SmShared>>,
     header: SnapHeader,
     dir: PathBuf,
     /// The version of the records written: what every member can read (`format::snapshot_records_for`).
@@ -118,11 +131,13 @@ pub(super) enum Table {
 pub(super) type RecordSeen<'a> = dyn FnMut(Table, usize, &[u8], &[u8]) + 'a;
 
 /// Writes a whole snapshot (magic to digest) to `w` from read transactions taken at one applied point, one per
-/// shard in order, with records of `version` (`format::snapshot_records_for`). `seen` is shown every record as it
-/// is stored (table, shard, key, value). The one pass over the records that snapshots and backups (`backup.rs`)
-/// make. Returns the count of records written.
+/// shard in order, each with `over`'s changes for it laid over it (none: the files hold every change), with
+/// records of `version` (`format::snapshot_records_for`). `seen` is shown every record as it is stored (table,
+/// shard, key, value). The one pass over the records that snapshots and backups (`backup.rs`) make. Returns the
+/// count of records written.
 pub(super) fn write_snapshot(
     txns: &[ReadTransaction],
+    over: &[Overlay],
     header: &SnapHeader,
     version: format::Version,
     w: impl Write,
@@ -134,41 +149,71 @@ pub(super) fn write_snapshot(
     fn as_written(version: format::Version, v: &[u8]) -> io::Result<&[u8]> {
         format::stored_as(version, v, "stored record")
     }
+    let none = Overlay::default();
     let mut records: u64 = 0;
     for (i, txn) in txns.iter().enumerate() {
-        let tasks = txn.open_table(TASKS).map_err(io_err)?;
-        for item in tasks.iter().map_err(io_err)? {
-            let (k, v) = item.map_err(io_err)?;
-            write_frame(&mut w, FRAME_TASK, as_written(version, v.value())?)?;
-            seen(Table::Tasks, i, k.value(), v.value());
+        let o = over.get(i).unwrap_or(&none);
+        each_record(&txn.open_table(TASKS).map_err(io_err)?, &o.tasks, |k, v| {
+            write_frame(&mut w, FRAME_TASK, as_written(version, v)?)?;
+            seen(Table::Tasks, i, k, v);
             records += 1;
-        }
-        let keys = txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?;
-        for item in keys.iter().map_err(io_err)? {
-            let (k, v) = item.map_err(io_err)?;
-            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k.value(), as_written(version, v.value())?)?)?;
-            seen(Table::Keys, i, k.value(), v.value());
+            Ok(())
+        })?;
+        each_record(&txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?, &o.keys, |k, v| {
+            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k, as_written(version, v)?)?)?;
+            seen(Table::Keys, i, k, v);
             records += 1;
-        }
-        let outbox = txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?;
-        for item in outbox.iter().map_err(io_err)? {
-            let (k, v) = item.map_err(io_err)?;
-            write_frame(&mut w, FRAME_WEBHOOK, as_written(version, v.value())?)?;
-            seen(Table::Outbox, i, k.value(), v.value());
+            Ok(())
+        })?;
+        each_record(&txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?, &o.outbox, |k, v| {
+            write_frame(&mut w, FRAME_WEBHOOK, as_written(version, v)?)?;
+            seen(Table::Outbox, i, k, v);
             records += 1;
-        }
-        let recs = txn.open_table(SHARD_RECORDS).map_err(io_err)?;
-        for item in recs.iter().map_err(io_err)? {
-            let (k, v) = item.map_err(io_err)?;
-            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k.value(), as_written(version, v.value())?)?)?;
-            seen(Table::Records, i, k.value(), v.value());
+            Ok(())
+        })?;
+        each_record(&txn.open_table(SHARD_RECORDS).map_err(io_err)?, &o.records, |k, v| {
+            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k, as_written(version, v)?)?)?;
+            seen(Table::Records, i, k, v);
             records += 1;
-        }
+            Ok(())
+        })?;
     }
     write_frame(&mut w, FRAME_END, &records.to_be_bytes())?;
     let digest = w.digest();
     w.inner.write_all(&digest)?;
     Ok(records)
+}
+
+/// Calls `f` on each record of `table` with `over` laid over it, in key order: a key in `over` has its value
+/// there (`None`: removed), the others the table's.
+fn each_record(
+    table: &ReadOnlyTable<&'static [u8], &'static [u8]>,
+    over: &BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    mut f: impl FnMut(&[u8], &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut over = over.iter().peekable();
+    for item in table.iter().map_err(io_err)? {
+        let (k, v) = item.map_err(io_err)?;
+        let k = k.value();
+        while let Some((ok, ov)) = over.next_if(|(ok, _)| ok.as_slice() < k) {
+            if let Some(ov) = ov {
+                f(ok, ov)?;
+            }
+        }
+        if let Some((_, ov)) = over.next_if(|(ok, _)| ok.as_slice() == k) {
+            if let Some(ov) = ov {
+                f(k, ov)?;
+            }
+            continue;
+        }
+        f(k, v.value())?;
+    }
+    for (ok, ov) in over {
+        if let Some(ov) = ov {
+            f(ok, ov)?;
+        }
+    }
+    Ok(())
 }
 
 impl SnapshotBuilder {
@@ -181,11 +226,18 @@ impl SnapshotBuilder {
         let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
+        let over = self.layers.iter().map(|l| Overlay::of(l)).collect::<io::Result<Vec<_>>>()?;
         let mut w = BufWriter::new(fs::File::create(&tmp)?);
-        write_snapshot(&self.txns, &self.header, self.records, &mut w, &mut |_, _, _, _| {})?;
+        write_snapshot(&self.txns, &over, &self.header, self.records, &mut w, &mut |_, _, _, _| {})?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
+        drop((over, self.layers, self.txns));
+        // The files must hold the snapshot's point durably before anything may purge the log up to it.
+        match &self.shared {
+            Some(shared) => shared.flush(true)?,
+            None => return Err(io::Error::other("no state machine to flush")),
+        }
         let meta = SnapshotMeta { last_log_id: last, last_membership: self.header.membership.clone() };
         publish_current(&self.dir, &meta, &path)?;
         Ok((meta, path))
@@ -219,6 +271,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let me = SnapshotBuilder {
             txns: std::mem::take(&mut self.txns),
+            layers: std::mem::take(&mut self.layers),
+            shared: self.shared.take(),
             header: SnapHeader {
                 last_applied: self.header.last_applied,
                 membership: self.header.membership.clone(),
@@ -403,39 +457,44 @@ pub(super) fn write_shards(
 
 /// The snapshot side of `RaftStateMachine` (the trait impl in `state_machine.rs` calls these).
 impl StateMachine {
-    /// Writes every applied change into the shard files and syncs them, then takes read transactions at the
-    /// applied point: the builder writes from those while apply goes on.
+    /// Takes the applied point without writing anything: freezes each shard's newest layer and begins a read
+    /// transaction on each file, under the write lock (apply waits only for that). The builder lays the frozen
+    /// layers over the files' state as it writes the snapshot, on its own task.
     pub(super) async fn snapshot_builder(&mut self) -> SnapshotBuilder {
-        let shared = self.shared.clone();
-        let dir = self.dir.clone();
         self.shared.metrics.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let built = tokio::task::spawn_blocking(move || -> io::Result<SnapshotBuilder> {
-            let t = std::time::Instant::now();
-            let r = shared.with_flushed(true, |g| {
-                let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
-                let (last_applied, membership) = g.applied();
-                let header = SnapHeader { last_applied, membership, now: g.now() };
-                let records = format::snapshot_records_for(g.cluster_version());
-                Ok(SnapshotBuilder { txns, header, dir, records })
-            });
-            tracing::debug!(ms = t.elapsed().as_millis() as u64, "snapshot prepared");
-            r
-        })
-        .await;
-        match built {
-            Ok(Ok(b)) => b,
-            // The trait gives no way to fail here: hand out a builder whose build fails, which openraft reports.
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "cannot start a snapshot");
-                SnapshotBuilder {
-                    txns: vec![],
-                    header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
-                    dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
-                    records: format::CURRENT,
+        let t = std::time::Instant::now();
+        let taken = (|| -> io::Result<SnapshotBuilder> {
+            let mut g = self.shared.write();
+            for i in 0..g.count() {
+                if !g.dirty[i].is_empty() {
+                    g.freeze(i);
                 }
             }
-            Err(e) => panic!("snapshot preparation panicked: {e}"),
-        }
+            let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
+            let (last_applied, membership) = g.applied();
+            let header = SnapHeader { last_applied, membership, now: g.now() };
+            Ok(SnapshotBuilder {
+                txns,
+                layers: g.frozen.clone(),
+                shared: Some(self.shared.clone()),
+                header,
+                dir: self.dir.clone(),
+                records: format::snapshot_records_for(g.cluster_version()),
+            })
+        })();
+        tracing::debug!(us = t.elapsed().as_micros() as u64, "snapshot point taken");
+        taken.unwrap_or_else(|e| {
+            // The trait gives no way to fail here: hand out a builder whose build fails, which openraft reports.
+            tracing::error!(error = %e, "cannot start a snapshot");
+            SnapshotBuilder {
+                txns: vec![],
+                layers: vec![],
+                shared: None,
+                header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
+                dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
+                records: format::CURRENT,
+            }
+        })
     }
 
     pub(super) async fn install(&mut self, meta: &SnapshotMeta, snapshot: tokio::fs::File) -> io::Result<()> {

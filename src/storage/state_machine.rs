@@ -36,8 +36,10 @@ pub struct Shards {
     pub metas: Vec<ShardMeta>,
     /// Per shard, what apply changed since the flusher last took it.
     pub(super) dirty: Vec<Layer>,
-    /// Per shard, the changes the flusher is writing (still read by apply and readers until they are written).
-    pub(super) flushing: Vec<Option<Arc<Layer>>>,
+    /// Per shard, changes taken out of `dirty` and not yet written into the file, oldest first: the flusher's
+    /// (while it writes them), and a snapshot's, which it reads over the file (`snapshot.rs`). Apply and readers
+    /// look in them, newest first, until a flush has written them.
+    pub(super) frozen: Vec<Vec<Arc<Layer>>>,
     /// When every shard file was last synced (`flush.rs`).
     pub(super) last_sync: Instant,
     /// Per shard, no task id above this is stored, in the file or the layers (`shard::CachedStore`).
@@ -59,7 +61,7 @@ impl Shards {
             cores: vec![],
             metas: vec![],
             dirty: (0..count).map(|_| Layer::default()).collect(),
-            flushing: vec![None; count],
+            frozen: vec![Vec::new(); count],
             last_sync: Instant::now(),
             newest: vec![],
             file_newest: vec![],

@@ -172,6 +172,133 @@ async fn snapshot_build_and_install_round_trips_the_state_exactly() {
     reopened.shared.check_indexes().expect("indexes agree with records");
 }
 
+/// Taking a snapshot's point writes nothing and waits for no flush: apply stops only to freeze the layers. The
+/// snapshot holds the changes applied before the point (some in the files, some only in memory) and none after,
+/// and the shard files hold the point once the snapshot is built (openraft may then purge the log up to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_point_is_taken_without_a_flush_and_the_files_hold_it_once_built() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut leader = populated(a.path(), 4).await;
+    // Part of the state in the files, part only in memory.
+    leader.shared.flush(false).expect("flush");
+    apply(&mut leader, vec![entry(8, Request::new(1_400, 8, cancel(30)))]).await;
+    let at_point = dump(&leader);
+    assert_eq!(at_point[&TaskId::new(1_000, 30, 30)].state, TaskState::Cancelled);
+
+    // A flush in progress holds the flush lock: the point is taken all the same, and apply goes on.
+    let shared = leader.shared.clone();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let flush = std::thread::spawn(move || {
+        let _held = shared.flush_lock.lock().expect("flush lock");
+        locked_tx.send(()).expect("send");
+        let _ = release_rx.recv();
+    });
+    locked_rx.recv().expect("the lock is held");
+    let mut builder = tokio::time::timeout(std::time::Duration::from_secs(5), leader.get_snapshot_builder())
+        .await
+        .expect("the point is taken while a flush runs");
+    apply(&mut leader, vec![entry(9, Request::new(1_500, 9, cancel(31)))]).await;
+    drop(release_tx);
+    flush.join().expect("the holder");
+    let snap = builder.build_snapshot().await.expect("build");
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 8)));
+    {
+        let g = leader.shared.read();
+        for db in &g.dbs {
+            let meta = super::shard::read_meta(db).expect("meta");
+            assert!(meta.last_applied.is_some_and(|l| l.index >= 8), "the files hold the point: {meta:?}");
+        }
+    }
+
+    let b = tempfile::tempdir().expect("dir");
+    let mut follower = StateMachine::open(b.path(), 3).expect("open");
+    follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(dump(&follower), at_point, "the snapshot holds the state at its point, no later change");
+    follower.shared.check_indexes().expect("indexes agree with records");
+    assert_eq!(dump(&leader)[&TaskId::new(1_000, 31, 31)].state, TaskState::Cancelled);
+}
+
+/// Random entries over tasks `0..*made` (making new ones): enqueues, claims, cancels and ticks, at times that go on
+/// from `*index`.
+fn random_entries(rng: &mut rand::rngs::StdRng, index: &mut u64, made: &mut u64, n: usize) -> Vec<Entry> {
+    use rand::Rng;
+    let id = |i: u64| TaskId::new(1_000, i as u16, i);
+    (0..n)
+        .map(|_| {
+            *index += 1;
+            let cmd = match rng.random_range(0..4) {
+                0 | 1 if *made < 5 || rng.random_bool(0.5) => {
+                    let k = rng.random_range(1..6);
+                    let tasks = (*made..*made + k).map(|i| new_task(i, None)).collect();
+                    *made += k;
+                    Command::Enqueue(tasks)
+                }
+                0 | 1 => Command::Claim(
+                    (0..rng.random_range(1..4))
+                        .map(|_| ClaimItem {
+                            task_id: id(rng.random_range(0..*made)),
+                            tenant: "t".into(),
+                            worker_id: "w".into(),
+                            lease_ms: 500,
+                        })
+                        .collect(),
+                ),
+                2 => cancel(rng.random_range(0..*made)),
+                _ => Command::Tick,
+            };
+            entry(*index, Request::new(1_000 + *index * 10, *index, cmd))
+        })
+        .collect()
+}
+
+/// Snapshots taken at random points, amid flushes (some running while the point is taken and the snapshot is
+/// written) and further applies, hold exactly the state at their point: a follower that installs one has the
+/// digest of a state machine that applied the same entries, never snapshotted, at that point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_taken_amid_flushes_and_applies_hold_exactly_the_state_at_their_point() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (a, r) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let mut leader = StateMachine::open(a.path(), 4).expect("open");
+    let mut reference = StateMachine::open(r.path(), 2).expect("open");
+    let (mut index, mut made) = (0u64, 0u64);
+    for round in 0..8 {
+        for step in 0..2 {
+            let n = rng.random_range(1..12);
+            let es = random_entries(&mut rng, &mut index, &mut made, n);
+            apply(&mut leader, es.clone()).await;
+            apply(&mut reference, es).await;
+            if step == 0 && rng.random_bool(0.5) {
+                leader.shared.flush(false).expect("flush");
+            }
+        }
+        let point = index;
+        let expected = reference.shared.digest().expect("digest");
+        let flusher = rng.random_bool(0.5).then(|| {
+            let shared = leader.shared.clone();
+            std::thread::spawn(move || (0..3).for_each(|_| shared.flush(false).expect("flush")))
+        });
+        let mut builder = leader.get_snapshot_builder().await;
+        let n = rng.random_range(1..12);
+        let es = random_entries(&mut rng, &mut index, &mut made, n);
+        apply(&mut leader, es.clone()).await;
+        apply(&mut reference, es).await;
+        let snap = builder.build_snapshot().await.expect("build");
+        if let Some(f) = flusher {
+            f.join().expect("flusher");
+        }
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(point), "round {round}");
+
+        let f = tempfile::tempdir().expect("dir");
+        let mut follower = StateMachine::open(f.path(), 3).expect("open");
+        follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+        assert_eq!(follower.shared.digest().expect("digest"), expected, "round {round}: {made} tasks");
+        follower.shared.check_indexes().expect("indexes agree with records");
+    }
+    assert_eq!(leader.shared.digest().expect("digest"), reference.shared.digest().expect("digest"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_is_refused_and_leaves_the_state_as_it_was() {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -842,7 +969,7 @@ fn claim_and_ack_change_an_unshared_record_in_place_and_never_a_shared_one() {
     let dir = tempfile::tempdir().expect("dir");
     let db = super::codec::open_db(&dir.path().join("shard.redb")).expect("open");
     let (mut dirty, mut newest) = (Layer::default(), None);
-    let mut store = CachedStore::new(&mut dirty, None, &db, &mut newest, None);
+    let mut store = CachedStore::new(&mut dirty, &[], &db, &mut newest, None);
     let mut core = ShardCore::new(0, 1);
     let mut fx = Effects::default();
     let mut run = |store: &mut CachedStore, index: u64, command: Command| {

@@ -103,16 +103,53 @@ fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     Ok((head[0], buf))
 }
 
-/// Builds a snapshot file from read transactions taken at one applied point, with the changes the files did not
-/// hold then laid over them.
-pub struct SnapshotBuilder {
-    txns: Vec<ReadTransaction>,
+/// One applied point, taken between two applies without writing anything (`SmShared::point`): a read transaction
+/// on each shard file and the changes the files may not hold yet. What snapshots and backups are written from.
+pub(super) struct Point {
+    pub txns: Vec<ReadTransaction>,
     /// Per shard, the frozen layers at the point (oldest first); a flush may have written some of them into the
     /// files before the read transactions began, and laying a change over itself changes nothing.
-    layers: Vec<Vec<Arc<Layer>>>,
-    /// Flushes (synced) before the snapshot is published; `None` for a builder that only fails.
+    pub layers: Vec<Vec<Arc<Layer>>>,
+    pub header: SnapHeader,
+    /// The cluster version every shard had applied.
+    pub cluster_version: u32,
+}
+
+impl SmShared {
+    /// Takes the applied point under the write lock (apply waits only for this): freezes each shard's newest
+    /// layer and begins a read transaction on each file. Tens of µs; nothing is written.
+    pub(super) fn point(&self) -> io::Result<Point> {
+        let mut g = self.write();
+        for i in 0..g.count() {
+            if !g.dirty[i].is_empty() {
+                g.freeze(i);
+            }
+        }
+        let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
+        let (last_applied, membership) = g.applied();
+        Ok(Point {
+            txns,
+            layers: g.frozen.clone(),
+            header: SnapHeader { last_applied, membership, now: g.now() },
+            cluster_version: g.cluster_version(),
+        })
+    }
+}
+
+impl Point {
+    /// Writes a whole snapshot of the point (`write_snapshot`) with records of `version`.
+    pub fn write(&self, version: format::Version, w: impl Write, seen: &mut RecordSeen<'_>) -> io::Result<u64> {
+        let over = self.layers.iter().map(|l| Overlay::of(l)).collect::<io::Result<Vec<_>>>()?;
+        write_snapshot(&self.txns, &over, &self.header, version, w, seen)
+    }
+}
+
+/// Builds a snapshot file from a point.
+pub struct SnapshotBuilder {
+    /// `None` for a builder that only fails.
+    point: Option<Point>,
+    /// Flushes (synced) before the snapshot is published.
     shared: Option<Arc<SmShared>>,
-    header: SnapHeader,
     dir: PathBuf,
     /// The version of the records written: what every member can read (`format::snapshot_records_for`).
     records: format::Version,
@@ -135,7 +172,7 @@ pub(super) type RecordSeen<'a> = dyn FnMut(Table, usize, &[u8], &[u8]) + 'a;
 /// records of `version` (`format::snapshot_records_for`). `seen` is shown every record as it is stored (table,
 /// shard, key, value). The one pass over the records that snapshots and backups (`backup.rs`) make. Returns the
 /// count of records written.
-pub(super) fn write_snapshot(
+fn write_snapshot(
     txns: &[ReadTransaction],
     over: &[Overlay],
     header: &SnapHeader,
@@ -218,7 +255,10 @@ fn each_record(
 
 impl SnapshotBuilder {
     fn write(self) -> io::Result<(SnapshotMeta, PathBuf)> {
-        let last = self.header.last_applied;
+        let (Some(point), Some(shared)) = (self.point, &self.shared) else {
+            return Err(io::Error::other("the snapshot's point could not be taken"));
+        };
+        let last = point.header.last_applied;
         let id = match &last {
             Some(l) => format!("{}-{}-{}", l.leader_id, l.index, rand::random::<u32>()),
             None => format!("empty-{}", rand::random::<u32>()),
@@ -226,19 +266,16 @@ impl SnapshotBuilder {
         let id = id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_");
         let path = files::snapshot_path(&self.dir, &id);
         let tmp = path.with_extension("tmp");
-        let over = self.layers.iter().map(|l| Overlay::of(l)).collect::<io::Result<Vec<_>>>()?;
         let mut w = BufWriter::new(fs::File::create(&tmp)?);
-        write_snapshot(&self.txns, &over, &self.header, self.records, &mut w, &mut |_, _, _, _| {})?;
+        point.write(self.records, &mut w, &mut |_, _, _, _| {})?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
-        drop((over, self.layers, self.txns));
+        let membership = point.header.membership.clone();
+        drop(point);
         // The files must hold the snapshot's point durably before anything may purge the log up to it.
-        match &self.shared {
-            Some(shared) => shared.flush(true)?,
-            None => return Err(io::Error::other("no state machine to flush")),
-        }
-        let meta = SnapshotMeta { last_log_id: last, last_membership: self.header.membership.clone() };
+        shared.flush(true)?;
+        let meta = SnapshotMeta { last_log_id: last, last_membership: membership };
         publish_current(&self.dir, &meta, &path)?;
         Ok((meta, path))
     }
@@ -270,14 +307,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let me = SnapshotBuilder {
-            txns: std::mem::take(&mut self.txns),
-            layers: std::mem::take(&mut self.layers),
+            point: self.point.take(),
             shared: self.shared.take(),
-            header: SnapHeader {
-                last_applied: self.header.last_applied,
-                membership: self.header.membership.clone(),
-                now: self.header.now,
-            },
             dir: self.dir.clone(),
             records: self.records,
         };
@@ -457,44 +488,25 @@ pub(super) fn write_shards(
 
 /// The snapshot side of `RaftStateMachine` (the trait impl in `state_machine.rs` calls these).
 impl StateMachine {
-    /// Takes the applied point without writing anything: freezes each shard's newest layer and begins a read
-    /// transaction on each file, under the write lock (apply waits only for that). The builder lays the frozen
-    /// layers over the files' state as it writes the snapshot, on its own task.
+    /// Takes the applied point without writing anything (`SmShared::point`); the builder lays the frozen layers
+    /// over the files' state as it writes the snapshot, on its own task.
     pub(super) async fn snapshot_builder(&mut self) -> SnapshotBuilder {
         self.shared.metrics.snapshots_built.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = std::time::Instant::now();
-        let taken = (|| -> io::Result<SnapshotBuilder> {
-            let mut g = self.shared.write();
-            for i in 0..g.count() {
-                if !g.dirty[i].is_empty() {
-                    g.freeze(i);
-                }
-            }
-            let txns = g.dbs.iter().map(|d| d.begin_read().map_err(io_err)).collect::<io::Result<Vec<_>>>()?;
-            let (last_applied, membership) = g.applied();
-            let header = SnapHeader { last_applied, membership, now: g.now() };
-            Ok(SnapshotBuilder {
-                txns,
-                layers: g.frozen.clone(),
-                shared: Some(self.shared.clone()),
-                header,
-                dir: self.dir.clone(),
-                records: format::snapshot_records_for(g.cluster_version()),
-            })
-        })();
+        let point = self.shared.point();
         tracing::debug!(us = t.elapsed().as_micros() as u64, "snapshot point taken");
-        taken.unwrap_or_else(|e| {
-            // The trait gives no way to fail here: hand out a builder whose build fails, which openraft reports.
-            tracing::error!(error = %e, "cannot start a snapshot");
-            SnapshotBuilder {
-                txns: vec![],
-                layers: vec![],
-                shared: None,
-                header: SnapHeader { last_applied: None, membership: Default::default(), now: 0 },
-                dir: PathBuf::from("/nonexistent/raftq-snapshot-failed"),
-                records: format::CURRENT,
-            }
-        })
+        let point = point
+            .inspect_err(|e| {
+                // The trait gives no way to fail here: hand out a builder whose build fails, which openraft reports.
+                tracing::error!(error = %e, "cannot start a snapshot");
+            })
+            .ok();
+        SnapshotBuilder {
+            records: point.as_ref().map(|p| format::snapshot_records_for(p.cluster_version)).unwrap_or(format::CURRENT),
+            point,
+            shared: Some(self.shared.clone()),
+            dir: self.dir.clone(),
+        }
     }
 
     pub(super) async fn install(&mut self, meta: &SnapshotMeta, snapshot: tokio::fs::File) -> io::Result<()> {

@@ -252,11 +252,11 @@ fn random_entries(rng: &mut rand::rngs::StdRng, index: &mut u64, made: &mut u64,
         .collect()
 }
 
-/// Snapshots taken at random points, amid flushes (some running while the point is taken and the snapshot is
-/// written) and further applies, hold exactly the state at their point: a follower that installs one has the
-/// digest of a state machine that applied the same entries, never snapshotted, at that point.
+/// Snapshots (and backups) taken at random points, amid flushes (some running while the point is taken and the
+/// snapshot is written) and further applies, hold exactly the state at their point: a follower that installs one
+/// has the digest of a state machine that applied the same entries, never snapshotted, at that point.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshots_taken_amid_flushes_and_applies_hold_exactly_the_state_at_their_point() {
+async fn snapshots_and_backups_taken_amid_flushes_and_applies_hold_exactly_the_state_at_their_point() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let (a, r) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
@@ -280,6 +280,7 @@ async fn snapshots_taken_amid_flushes_and_applies_hold_exactly_the_state_at_thei
             std::thread::spawn(move || (0..3).for_each(|_| shared.flush(false).expect("flush")))
         });
         let mut builder = leader.get_snapshot_builder().await;
+        let backup = leader.shared.backup_source().expect("backup point");
         let n = rng.random_range(1..12);
         let es = random_entries(&mut rng, &mut index, &mut made, n);
         apply(&mut leader, es.clone()).await;
@@ -289,6 +290,9 @@ async fn snapshots_taken_amid_flushes_and_applies_hold_exactly_the_state_at_thei
             f.join().expect("flusher");
         }
         assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(point), "round {round}");
+        // A backup's point is taken the same way.
+        let trailer = backup.write(1, 0, Vec::new(), &mut |_| {}).expect("backup");
+        assert_eq!((trailer.state_digest, trailer.tasks), (expected.1, expected.2), "round {round}: the backup");
 
         let f = tempfile::tempdir().expect("dir");
         let mut follower = StateMachine::open(f.path(), 3).expect("open");

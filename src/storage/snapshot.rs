@@ -276,8 +276,24 @@ impl SnapshotBuilder {
         // The files must hold the snapshot's point durably before anything may purge the log up to it.
         shared.flush(true)?;
         let meta = SnapshotMeta { last_log_id: last, last_membership: membership };
-        publish_current(&self.dir, &meta, &path)?;
+        // An install may have published a newer snapshot while this one was written (it publishes holding the
+        // flush lock): an older one never replaces it as the snapshot this node sends.
+        let _one = shared.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if read_current(&self.dir)?.is_none_or(|cur| cur.meta.last_log_id <= meta.last_log_id) {
+            publish_current(&self.dir, &meta, &path)?;
+        } else {
+            tracing::info!(index = ?meta.last_log_id, "a newer snapshot was installed meanwhile: this one is not published");
+        }
         Ok((meta, path))
+    }
+}
+
+/// The current snapshot's meta and file name, if there is one.
+fn read_current(dir: &Path) -> io::Result<Option<CurrentSnapshot>> {
+    match fs::read(files::current_meta_path(dir)) {
+        Ok(b) => Ok(Some(format::decode_meta_file(&b, "current snapshot meta")?)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -527,12 +543,7 @@ impl StateMachine {
         // A snapshot built meanwhile may publish itself and remove the file the meta we read named: read again.
         let mut tries = 0;
         loop {
-            let bytes = match fs::read(files::current_meta_path(&self.dir)) {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
+            let Some(cur) = read_current(&self.dir)? else { return Ok(None) };
             match tokio::fs::File::open(snap_dir(&self.dir).join(&cur.file)).await {
                 Ok(file) => return Ok(Some(Snapshot { meta: cur.meta, snapshot: file })),
                 Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 10 => tries += 1,

@@ -303,6 +303,24 @@ async fn snapshots_and_backups_taken_amid_flushes_and_applies_hold_exactly_the_s
     assert_eq!(leader.shared.digest().expect("digest"), reference.shared.digest().expect("digest"));
 }
 
+/// A snapshot whose point was taken before a newer snapshot was installed is built, but does not replace the
+/// installed one as the snapshot the node sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_finished_after_an_install_does_not_replace_the_installed_one() {
+    let (a, b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let mut leader = populated(a.path(), 4).await;
+    let mut follower = populated(b.path(), 3).await;
+    let mut older = follower.get_snapshot_builder().await;
+    apply(&mut leader, vec![entry(8, Request::new(1_400, 8, cancel(30)))]).await;
+    let newer = leader.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    follower.install_snapshot(&newer.meta, newer.snapshot).await.expect("install");
+    let built = older.build_snapshot().await.expect("build");
+    assert_eq!(built.meta.last_log_id, Some(log_id(1, 7)));
+    let cur = follower.get_current_snapshot().await.expect("current").expect("some");
+    assert_eq!(cur.meta.last_log_id, Some(log_id(1, 8)), "the installed snapshot stays current");
+    assert_eq!(dump(&follower), dump(&leader));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_is_refused_and_leaves_the_state_as_it_was() {
     use tokio::io::{AsyncReadExt, AsyncSeekExt};

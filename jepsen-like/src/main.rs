@@ -361,38 +361,53 @@ fn known_tasks(rec: &Recorder) -> HashSet<String> {
 /// The last error a final read got (other than NOT_FOUND), for the drain's note.
 static LAST_READ_ERROR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
-/// Reads each task's result (a linearizable read through the leader), 32 at a time, until `deadline`; a
-/// task whose read fails or does not finish in time is left out.
-async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashMap<String, FinalRead> {
-    let mut out = HashMap::new();
+/// Runs `read` for each id, 32 at a time, until `deadline`; an id whose read gives nothing or does not finish in
+/// time is left out.
+async fn read_each<T, F, Fut>(ids: Vec<String>, deadline: Instant, read: F) -> Vec<(String, T)>
+where
+    T: Send + 'static,
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Option<T>> + Send + 'static,
+{
+    let mut out = Vec::new();
     for chunk in ids.chunks(32) {
         if Instant::now() >= deadline {
             break;
         }
         let mut set = tokio::task::JoinSet::new();
         for id in chunk {
-            let (p, id) = (p.clone(), id.clone());
-            set.spawn(async move {
-                let r = tokio::time::timeout_at(deadline, p.result(&id, Duration::ZERO)).await;
-                (id, r)
-            });
+            let r = read(id.clone());
+            let id = id.clone();
+            set.spawn(async move { (id, tokio::time::timeout_at(deadline, r).await) });
         }
         while let Some(Ok((id, r))) = set.join_next().await {
-            let f = match r {
-                Ok(Ok(r)) => {
-                    (state_name(r.state).to_string(), r.attempts, String::from_utf8_lossy(&r.result).into_owned())
-                }
-                Ok(Err(e)) if e.reason() == Some("NOT_FOUND") => ("not_found".to_string(), 0, String::new()),
-                Ok(Err(e)) => {
-                    *LAST_READ_ERROR.lock().expect("read error lock") = Some(e.to_string());
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            out.insert(id, f);
+            if let Ok(Some(v)) = r {
+                out.push((id, v));
+            }
         }
     }
     out
+}
+
+/// Reads each task's result (a linearizable read through the leader) until `deadline`; a task whose read fails or
+/// does not finish in time is left out.
+async fn read_finals(p: &Producer, ids: Vec<String>, deadline: Instant) -> HashMap<String, FinalRead> {
+    let read = |id: String| {
+        let p = p.clone();
+        async move {
+            match p.result(&id, Duration::ZERO).await {
+                Ok(r) => {
+                    Some((state_name(r.state).to_string(), r.attempts, String::from_utf8_lossy(&r.result).into_owned()))
+                }
+                Err(e) if e.reason() == Some("NOT_FOUND") => Some(("not_found".to_string(), 0, String::new())),
+                Err(e) => {
+                    *LAST_READ_ERROR.lock().expect("read error lock") = Some(e.to_string());
+                    None
+                }
+            }
+        }
+    };
+    read_each(ids, deadline, read).await.into_iter().collect()
 }
 
 /// Tasks with a retryable failure the worker sent but never learned the outcome of.
@@ -415,29 +430,21 @@ fn uncertain_retries(rec: &Recorder) -> Vec<String> {
     })
 }
 
-/// Reads each task's runs, 32 at a time, until `deadline`; a task whose read fails is left out.
+/// Reads each task's runs until `deadline`; a task whose read fails is left out.
 async fn read_runs(p: &Producer, ids: Vec<String>, deadline: Instant) -> Vec<(String, Vec<RunRead>)> {
-    let mut out = Vec::new();
-    for chunk in ids.chunks(32) {
-        if Instant::now() >= deadline {
-            break;
-        }
-        let mut set = tokio::task::JoinSet::new();
-        for id in chunk {
-            let (p, id) = (p.clone(), id.clone());
-            set.spawn(async move { (id.clone(), tokio::time::timeout_at(deadline, p.get(&id)).await) });
-        }
-        while let Some(Ok((id, r))) = set.join_next().await {
-            if let Ok(Ok(task)) = r {
-                let runs = task
-                    .runs
+    let read = |id: String| {
+        let p = p.clone();
+        async move {
+            let task = p.get(&id).await.ok()?;
+            Some(
+                task.runs
                     .iter()
                     .map(|r| RunRead { token: r.token, outcome: r.outcome.clone(), ended_at_ms: r.ended_at_ms })
-                    .collect();
-                out.push((id, runs));
-            }
+                    .collect::<Vec<_>>(),
+            )
         }
-    }
+    };
+    let mut out = read_each(ids, deadline, read).await;
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }

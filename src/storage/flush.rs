@@ -118,12 +118,12 @@ impl SmShared {
         Ok(())
     }
 
-    /// Runs `f` on the shards with every change written into the files (synced when `durable`), holding the write
-    /// lock: no apply runs meanwhile, so the files hold exactly the applied state.
-    pub(super) fn with_flushed<T>(&self, durable: bool, f: impl FnOnce(&mut Shards) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` on the shards with every change written (unsynced) into the files, holding the write lock: no apply
+    /// runs meanwhile, so the files hold exactly the applied state.
+    pub(super) fn with_flushed<T>(&self, f: impl FnOnce(&mut Shards) -> io::Result<T>) -> io::Result<T> {
         let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut g = self.write();
-        g.flush_locked(durable)?;
+        g.flush_locked(false)?;
         self.dirty_records.store(0, Ordering::Relaxed);
         f(&mut g)
     }

@@ -470,7 +470,7 @@ impl SmShared {
     /// A digest of the applied state: (applied index, order-independent hash of every record, task count).
     /// Taken between two applies, so all shards are at the same point.
     pub fn digest(&self) -> io::Result<(u64, u64, u64)> {
-        self.with_flushed(false, |g| Self::digest_files(g))
+        self.with_flushed(|g| Self::digest_files(g))
     }
 
     fn digest_files(g: &Shards) -> io::Result<(u64, u64, u64)> {
@@ -481,7 +481,7 @@ impl SmShared {
 
     /// Checks every shard's indexes against its records: a task is in exactly one index for its state.
     pub fn check_indexes(&self) -> io::Result<()> {
-        self.with_flushed(false, |g| Self::check_files(g))
+        self.with_flushed(|g| Self::check_files(g))
     }
 
     fn check_files(g: &Shards) -> io::Result<()> {

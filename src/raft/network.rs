@@ -2,19 +2,20 @@
 //!
 //! Messages are bincode-encoded openraft types inside `RaftMessage.data`. Every request names the node id it is
 //! meant for, and the peer refuses a message for another id, so a wrong address cannot join two clusters.
-//! Connection failures are `Unreachable`, so openraft backs off instead of spinning.
+//! Connection failures are `Unreachable`, so openraft backs off instead of spinning. An append that runs out of
+//! time is a `Timeout`, which openraft retries at once (see [`append_err`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::RaftNetworkV2;
+use openraft::{RPCTypes, RaftNetworkV2};
 use raftq_proto::v1::raft_service_client::RaftServiceClient;
 use raftq_proto::v1::{RaftMessage, SnapshotChunk};
 use serde::de::DeserializeOwned;
@@ -184,6 +185,36 @@ fn status_err(s: tonic::Status) -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&s))
 }
 
+/// Whether a call failed because its deadline passed (on this side, or on the peer's, which read it from
+/// `grpc-timeout`), not because the peer could not be reached.
+fn timed_out(s: &tonic::Status) -> bool {
+    if s.code() == tonic::Code::DeadlineExceeded {
+        return true;
+    }
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// An append's failure as openraft should weigh it. One that ran out of time is a `Timeout`: the peer answered
+/// the connection but not in time (a follower busy for a moment on a loaded machine), so openraft sends again at
+/// once, and backs off only after a run of them. As `Unreachable` it turned on openraft's backoff at the first
+/// miss, and the follower's replication stopped for 200 ms, then 400 ms at the next: with both followers missing
+/// one deadline together, no entry committed for half a second. A peer that refuses or drops the connection is
+/// still `Unreachable` and backed off.
+fn append_err(s: tonic::Status, from: NodeId, target: NodeId, timeout: Duration) -> RPCError<TypeConfig> {
+    if timed_out(&s) {
+        RPCError::Timeout(Timeout { action: RPCTypes::AppendEntries, id: from, target, timeout })
+    } else {
+        status_err(s)
+    }
+}
+
 impl PeerClient {
     fn client(&self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
         self.client
@@ -238,8 +269,11 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             )));
         }
         let mut req = self.request(&rpc, &option)?;
-        req.set_timeout(option.hard_ttl().max(self.append_timeout));
-        Self::reply::<_, RaftErr>(self.client()?.append_entries(req).await.map_err(status_err)?.into_inner())
+        let timeout = option.hard_ttl().max(self.append_timeout);
+        req.set_timeout(timeout);
+        let answer = self.client()?.append_entries(req).await;
+        let msg = answer.map_err(|s| append_err(s, self.from, self.target, timeout))?.into_inner();
+        Self::reply::<_, RaftErr>(msg)
     }
 
     async fn vote(
@@ -331,6 +365,48 @@ mod tests {
         assert!(held(400) && held(1599), "then held for a phase");
         assert!(!held(1600) && !held(2799), "then sent for a phase (a probe)");
         assert!(held(2800) && !held(4000), "and so on");
+    }
+
+    async fn append_to(addr: String) -> (Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>>, Duration) {
+        let mut net = Network {
+            node_id: 1,
+            credential: None,
+            tls: None,
+            append_timeout: Duration::from_millis(150),
+            gate: QuorumGate::new(&crate::config::Config::default()),
+        };
+        let mut peer = net.new_client(2, &NodeInfo { raft_addr: addr, api_addr: String::new() }).await;
+        let rpc = AppendEntriesRequest {
+            vote: openraft::impls::Vote::new(1, 1),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: None,
+        };
+        let t = std::time::Instant::now();
+        let r = RaftNetworkV2::append_entries(&mut peer, rpc, RPCOption::new(Duration::from_millis(50))).await;
+        (r, t.elapsed())
+    }
+
+    #[tokio::test]
+    async fn an_append_that_runs_out_of_time_is_a_timeout_and_a_refused_one_is_unreachable() {
+        // A peer whose kernel accepts the connection but whose process never answers (a stopped or stalled
+        // node): the append gives up after the append timeout, not openraft's shorter deadline, as a timeout,
+        // which openraft retries at once instead of backing off.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (r, took) = append_to(silent.local_addr().expect("addr").to_string()).await;
+        match r {
+            Err(RPCError::Timeout(t)) => {
+                assert_eq!((t.action, t.id, t.target), (RPCTypes::AppendEntries, 1, 2));
+                assert_eq!(t.timeout, Duration::from_millis(150));
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(took >= Duration::from_millis(140), "waited the append timeout: {took:?}");
+        // Nothing listening: the connection is refused, and that is unreachable (backed off).
+        let port = silent.local_addr().expect("addr").port();
+        drop(silent);
+        let (r, _) = append_to(format!("127.0.0.1:{port}")).await;
+        assert!(matches!(r, Err(RPCError::Unreachable(_))), "refused: {r:?}");
     }
 
     #[test]

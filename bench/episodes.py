@@ -7,9 +7,10 @@
 
 The trace has one line per claim (send time in µs since the epoch, then send->stamp, stamp->claim and
 claim->worker in µs); the node logs, at `raftq::storage=trace`, say when each state-machine flush ran ("flushed",
-D when synced) and how long each Raft log checkpoint took. Prints, per window of sends whose median enqueue->claim
-is over --over-ms: the window's start (seconds of the minute), its median and send->stamp median (ms), the largest
-stamp->claim (ms), and the flushes and checkpoints over 15 ms that overlapped it, by node.
+D when synced) and how long each Raft log checkpoint took, and at warn each append to a follower that failed
+("RPCError", openraft's replication). Prints, per window of sends whose median enqueue->claim is over --over-ms: the
+window's start (seconds of the minute), its median and send->stamp median (ms), the largest stamp->claim (ms), and
+the flushes and checkpoints over 15 ms and the failed appends that overlapped it, by node.
 """
 import argparse
 import collections
@@ -37,6 +38,9 @@ def events(logdir):
                 us = int(re.search(r"us=(\d+)", msg).group(1))
                 if us > 15000:
                     out.append((end - us / 1e6, end, f"n{node} ckpt {us // 1000}ms"))
+            elif "recv RPCError" in msg:
+                late = "timeout after" in msg or "Timeout expired" in msg
+                out.append((end - 0.001, end, f"n{node} append {'timed out' if late else 'failed'}"))
     return out
 
 

@@ -8,8 +8,9 @@
 # SERVER_BIN: the nodes' raftq (the suite's driver is target/release/raftq, or $DRIVER); RATE tasks/s (9000);
 # STALL_S seconds each stall lasts (0.25); COUNT stalls (3), 4 s apart from 12 s after the start (node 1 leads
 # the suite's fresh cluster, so nodes 2 and 3 are the followers). 20 s runs ($DURATION).
+# KEEP=1 keeps the nodes' logs (their directory is printed).
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 bin=$(realpath "$1") rate=${2:-9000} stall=${3:-0.25} count=${4:-3}
 driver=${DRIVER:-target/release/raftq}
 stop_followers() {
@@ -28,4 +29,4 @@ RAFTQ_SUITE_NODE_LOG=warn "$driver" bench-suite --runs 1 --duration "${DURATION:
 wait
 failed=$(cat "$out"/run-*.logs/node*.log 2>/dev/null | grep -c 'recv RPCError' || true)
 echo "$(basename "$bin") $(grep -E '^   [0-9]|stages' "$out/run.txt" | tr -s ' ' | tr '\n' ' ') failed appends: $failed"
-rm -rf "$out"
+if [ -n "${KEEP:-}" ]; then echo "kept: $out"; else rm -rf "$out"; fi

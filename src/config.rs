@@ -417,11 +417,11 @@ impl Config {
             // healthy leader with a higher term.
             enable_pre_vote: Some(true),
             // CheckQuorum: a leader no quorum has acknowledged for a lease (the longest election timeout) holds its
-            // heartbeats for three election timeouts, then sends them for as long, and so on (its appends too:
-            // `raft::network::QuorumGate`). A leader that still sends but no longer hears the others (a one-way
-            // partition) would otherwise renew their lease for as long as the fault lasts, so no one else would
-            // stand, and writes would stop. The followers' lease runs out and their slowest election timer fires
-            // within two election timeouts of the last heartbeat, well inside the held phase.
+            // heartbeats for three election timeouts, then sends them for as long, and so on (its appends too, in
+            // phases starting a lease later: `raft::network::QuorumGate`). A leader that still sends but no longer
+            // hears the others (a one-way partition) would otherwise renew their lease for as long as the fault
+            // lasts, so no one else would stand, and writes would stop. The followers' lease runs out and their
+            // slowest election timer fires within two election timeouts of the last append, inside the phases.
             quorum_loss_probe_interval: Some(self.quorum_loss_probe_interval_ms()),
             ..Default::default()
         };

@@ -48,12 +48,16 @@ type Metrics = openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraf
 /// CheckQuorum for appends. A leader that no quorum has acknowledged for a lease (the longest election timeout)
 /// has its heartbeats held by openraft in alternate phases (`quorum_loss_probe_interval`, see
 /// `Config::openraft`), but not its appends: a leader cut off one way (it still sends, it no longer hears the
-/// others) with entries in flight would send them again after every timeout and backoff, a few hundred ms apart,
-/// and each would renew the followers' lease, so they would never elect another leader and writes would stop for
-/// as long as the fault lasts. The gate holds appends in the same phases: in a held phase an append is not sent
-/// (it fails as unreachable, and openraft backs off and tries again), in a probe phase it is sent, and an answer
-/// from a quorum opens the gate at once. A leader of one voter, a follower and a node not yet started are never
-/// held.
+/// others) with entries in flight would send them again after every timeout, and each would renew the followers'
+/// lease, so they would never elect another leader and writes would stop for as long as the fault lasts. The gate
+/// holds appends in phases of the same length, starting one lease later ([`GATE_LEASES`]): in a held phase an
+/// append is not sent (it fails as unreachable, and openraft backs off and tries again), in a probe phase it is
+/// sent, and an answer from a quorum opens the gate at once. Both hold at once for a phase less a lease, longer
+/// than any election timeout, so the followers of a leader cut off one way elect another. Starting later lets a
+/// short stall of both followers pass: the leader's appends, sent again as each times out, reach them as soon as
+/// they are back, where a gate held from the first lease left them in silence and they elected a new leader
+/// (docs/performance.md, "A late append is retried, not backed off"). A leader of one voter, a follower and a node
+/// not yet started are never held.
 #[derive(Clone)]
 pub struct QuorumGate {
     metrics: Arc<OnceLock<Metrics>>,
@@ -61,11 +65,14 @@ pub struct QuorumGate {
     phase: Duration,
 }
 
+/// The gate's lease, in leases of openraft's CheckQuorum (the longest election timeout).
+const GATE_LEASES: u64 = 2;
+
 impl QuorumGate {
     pub fn new(cfg: &crate::config::Config) -> QuorumGate {
         QuorumGate {
             metrics: Arc::default(),
-            lease: Duration::from_millis(cfg.election_timeout_max_ms),
+            lease: Duration::from_millis(cfg.election_timeout_max_ms * GATE_LEASES),
             phase: Duration::from_millis(cfg.quorum_loss_probe_interval_ms()),
         }
     }
@@ -407,6 +414,45 @@ mod tests {
         drop(silent);
         let (r, _) = append_to(format!("127.0.0.1:{port}")).await;
         assert!(matches!(r, Err(RPCError::Unreachable(_))), "refused: {r:?}");
+    }
+
+    /// The quiet stretches of a leader no quorum answers: openraft holds its heartbeats from one lease on, the gate
+    /// its appends from two, both in phases of `quorum_loss_probe_interval`. Every stretch in which both are held
+    /// must outlast the followers' longest election timeout (so a leader cut off one way is replaced), and the
+    /// first must begin at the gate's lease (so a shorter stall of the followers is not made into an election).
+    #[test]
+    fn heartbeats_and_appends_are_both_held_long_enough_for_an_election() {
+        for (max, min) in [(300, 150), (1000, 500), (400, 200)] {
+            let cfg = crate::config::Config {
+                election_timeout_min_ms: min,
+                election_timeout_max_ms: max,
+                ..crate::config::Config::default()
+            };
+            let gate = QuorumGate::new(&cfg);
+            let (lease, phase) = (Duration::from_millis(max), gate.phase);
+            assert_eq!(gate.lease, 2 * lease);
+            let quiet = |ms: u64| {
+                let s = Duration::from_millis(ms);
+                held_phase(s, lease, phase) && held_phase(s, gate.lease, phase)
+            };
+            let mut runs = Vec::new();
+            let mut start = None;
+            for ms in 0..20 * phase.as_millis() as u64 {
+                match (quiet(ms), start) {
+                    (true, None) => start = Some(ms),
+                    (false, Some(s)) => {
+                        runs.push((s, ms - s));
+                        start = None;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(runs.len() >= 5, "quiet stretches recur: {runs:?}");
+            assert_eq!(runs[0].0, 2 * max, "nothing is quiet before the gate's lease");
+            for (at, len) in runs {
+                assert!(len > max, "a quiet stretch at {at} ms of {len} ms is too short for an election");
+            }
+        }
     }
 
     #[test]

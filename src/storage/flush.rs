@@ -13,8 +13,9 @@
 //! applied up to then, so the log is never purged past what the shard files hold durably.
 //!
 //! The flusher is background work, kept out of the way of the threads that answer requests: it runs at nice
-//! `FLUSHER_NICE`, its interval is jittered so that replicas started together do not flush in step, and each
-//! unsynced flush's pages are written back as it ends rather than seconds of them at the next synced one.
+//! `FLUSHER_NICE`, its interval is jittered so that replicas started together do not flush in step, and what an
+//! unsynced flush spilled into the file is written back as it ends (redb keeps the rest in its write buffer until
+//! the next synced flush).
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -79,13 +80,15 @@ impl Shards {
 
 impl SmShared {
     /// Freezes each shard's layer (apply goes on into a new one), writes the shard's frozen layers with its meta in
-    /// one transaction, then drops them. The flusher thread also writes an unsynced flush's pages back
+    /// one transaction, then drops them. The flusher thread also writes back what an unsynced flush spilled
     /// (`write_back`); apply, when it has to flush, does not wait for the disk.
     pub(super) fn flush(&self, durable: bool) -> io::Result<()> {
-        self.flush_with(durable, false)
+        self.flush_with(durable, false).map(drop)
     }
 
-    fn flush_with(&self, durable: bool, pages_back: bool) -> io::Result<()> {
+    /// Returns how long the shards' commits, the write-back and the freeing of the layers took, in that order
+    /// (the flusher's trace line: `bench/episodes.py` lines up slow claims with each).
+    fn flush_with(&self, durable: bool, pages_back: bool) -> io::Result<[Duration; 3]> {
         let _one = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
         let (layers, metas, dbs, files) = {
             let mut g = self.write();
@@ -96,12 +99,17 @@ impl SmShared {
             self.dirty_records.store(0, Ordering::Relaxed);
             (g.frozen.clone(), g.metas.clone(), g.dbs.clone(), g.files.clone())
         };
-        for (((db, frozen), meta), file) in dbs.iter().zip(&layers).zip(&metas).zip(&files) {
+        let t = Instant::now();
+        for ((db, frozen), meta) in dbs.iter().zip(&layers).zip(&metas) {
             write_shard(db, frozen.iter().map(|l| &**l), meta, durable)?;
-            if pages_back && !durable {
+        }
+        let committed = t.elapsed();
+        if pages_back && !durable {
+            for file in &files {
                 write_back(file);
             }
         }
+        let written_back = t.elapsed();
         let mut g = self.write();
         for (frozen, written) in g.frozen.iter_mut().zip(&layers) {
             // Layers frozen meanwhile (by a snapshot) stay for the next flush. A snapshot installed meanwhile
@@ -114,8 +122,9 @@ impl SmShared {
         }
         drop(g);
         // The layers are freed here, off the apply path.
+        let freeing = t.elapsed();
         drop(layers);
-        Ok(())
+        Ok([committed, written_back - committed, t.elapsed() - freeing])
     }
 
     /// Runs `f` on the shards with every change written (unsynced) into the files, holding the write lock: no apply
@@ -158,11 +167,11 @@ impl SmShared {
     }
 }
 
-/// Writes the pages an unsynced flush left in the OS page cache to disk now, on the flusher's thread. Left to the
-/// kernel they stay there for its 30 s expiry, so the next synced flush (every `SHARD_SYNC_INTERVAL`) wrote
-/// seconds of pages at once, on every node at about the same time, while the Raft log's syncs waited behind it
-/// on the same disk (latency spikes of 100-150 ms at half of the peak). The commit itself stays unsynced for
-/// redb: this is about when the disk does the work, not about what a restart finds.
+/// Writes the pages an unsynced flush left in the OS page cache to disk now, on the flusher's thread, rather than
+/// at the kernel's 30 s expiry or the next synced flush. redb 4 keeps most of an unsynced commit's pages in its
+/// own write buffer until the next synced commit; what reaches the page cache is what that buffer spilled, so this
+/// takes 0-2 ms per flush at `latency-3` (`back_ms` in the flusher's trace line). The commit itself stays unsynced
+/// for redb: this is about when the disk does the work, not about what a restart finds.
 fn write_back(file: &std::fs::File) {
     if let Err(e) = file.sync_data() {
         tracing::debug!(error = %e, "writing a shard file's pages back");
@@ -212,7 +221,16 @@ fn flusher(shared: Weak<SmShared>, woken: mpsc::Receiver<()>) {
         let durable = s.read().last_sync.elapsed() >= SHARD_SYNC_INTERVAL;
         let (t, records) = (Instant::now(), s.dirty_records.load(Ordering::Relaxed));
         let r = s.flush_with(durable, true);
-        tracing::trace!(ms = t.elapsed().as_millis() as u64, records, durable, "flushed");
+        let [commit, back, free] = r.as_ref().map_or([Duration::ZERO; 3], |d| *d);
+        tracing::trace!(
+            ms = t.elapsed().as_millis() as u64,
+            records,
+            durable,
+            commit_ms = commit.as_millis() as u64,
+            back_ms = back.as_millis() as u64,
+            free_ms = free.as_millis() as u64,
+            "flushed"
+        );
         if let Err(e) = r {
             tracing::error!(error = %e, "writing the shard files failed");
             s.broken.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());

@@ -1,5 +1,5 @@
-//! Downgrade: a stopped node's data directory rewritten from v1 back to v0, so the previous release (which reads
-//! only v0, see `format.rs`) can run on it. Allowed only while the cluster version is 0 (`raft::version`): before
+//! Downgrade: a stopped node's data directory rewritten from v1 or v2 back to v0, so the release from before
+//! cluster versions (which reads only v0, see `format.rs`) can run on it. Allowed only while the cluster version is 0 (`raft::version`): before
 //! the switch the log holds only commands every release applies and snapshots hold v0 records, so the previous
 //! release finds a state it knows. Once the node has applied the switch, or holds it in its log, the downgrade is
 //! refused and nothing is written.
@@ -7,7 +7,7 @@
 //! Every check reads only (the files are opened read-only, the log scanned) before the first write; a node that
 //! was killed rather than stopped (its log's journal holds writes, see `journal.rs`) is refused. Each redb
 //! file is rewritten in one transaction that also removes its marker; the directory's marker goes last. A crash
-//! part way leaves some files v0 and some v1 under a v1 directory marker: the new binary upgrades the v0 ones
+//! part way leaves some files v0 and some newer under a newer directory marker: the new binary upgrades the v0 ones
 //! again at its next start, and the downgrade can be run again.
 
 use std::fs;
@@ -18,7 +18,7 @@ use redb::{ReadableDatabase, ReadableTable, TableError};
 
 use super::codec::open_db;
 use super::files::{self, sync_dir};
-use super::format::{self, V0, V1};
+use super::format::{self, Stored, V0, V1, V2};
 use super::snapshot;
 use super::tables::*;
 use crate::raft::types::Entry;
@@ -83,7 +83,7 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
     if let Some(layout) = snapshot::current_layout(dir)? {
         if layout.records != V0 {
             return Err(refused(
-                "the current snapshot holds v1 records (it was built after the switch, or by a build from before \
+                "the current snapshot holds v1 or newer records (it was built after the switch, or by a build from before \
                  cluster versions): the previous release cannot install it; nothing was changed"
                     .into(),
             ));
@@ -97,7 +97,13 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
         out.files += 1;
     }
     for path in &shards {
-        out.values += rewrite(path, &[TASKS, IDEMPOTENCY_KEYS, WEBHOOK_OUTBOX, SHARD_RECORDS], false, SHARD_META)?;
+        let tables = [
+            (TASKS, Stored::Task),
+            (IDEMPOTENCY_KEYS, Stored::Key),
+            (WEBHOOK_OUTBOX, Stored::Delivery),
+            (SHARD_RECORDS, Stored::Record(&[])),
+        ];
+        out.values += rewrite(path, &tables, false, SHARD_META)?;
         out.files += 1;
     }
     snapshot::downgrade_current_meta(dir)?;
@@ -155,12 +161,12 @@ fn first_newer_entry(db: &redb::ReadOnlyDatabase, path: &Path) -> io::Result<Opt
 /// Rewrites one redb file as v0 in one transaction (a file already without a marker is left as it is).
 fn rewrite(
     path: &Path,
-    tables: &[redb::TableDefinition<&[u8], &[u8]>],
+    tables: &[format::TypedTable],
     log: bool,
     meta: redb::TableDefinition<&str, &[u8]>,
 ) -> io::Result<u64> {
     let db = open_db(path)?;
-    if format::file_version(&db, meta, path)? != Some(V1) {
+    if !matches!(format::file_version(&db, meta, path)?, Some(V1 | V2)) {
         return Ok(0);
     }
     let txn = db.begin_write().map_err(io::Error::other)?;

@@ -1,7 +1,9 @@
 //! Checked-in data written by earlier formats (`tests/fixtures/<version>/`), and the tests that decode it with
 //! the current code. The generator below wrote `tests/fixtures/v0/` with the unversioned (v0) code of commit
 //! 27ebc28; it is kept to show exactly what the fixture holds, and is `#[ignore]`d because the current code
-//! writes the current format (running it now would overwrite the v0 fixture with v1 data).
+//! writes the current format (running it now would overwrite the v0 fixture with v2 data). `tests/fixtures/v1/`
+//! holds what the same generator wrote with the v1 code of commit 86e2f28, then opened once by it as a data
+//! directory (so of directory version 2, with the log's journal).
 
 use std::path::{Path, PathBuf};
 
@@ -154,7 +156,7 @@ pub(super) async fn write_fixture(dir: &Path) {
 /// Wrote `tests/fixtures/v0/` with the v0 code (see the module doc). Run by hand only:
 /// `cargo test -p raftq --lib storage::fixtures::write_v0_fixture -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "wrote the checked-in v0 fixture with the v0 code; the current code writes v1"]
+#[ignore = "wrote the checked-in v0 fixture with the v0 code; the current code writes v2"]
 async fn write_v0_fixture() {
     let dir = v0_dir();
     if dir.exists() {
@@ -164,11 +166,96 @@ async fn write_v0_fixture() {
     write_fixture(&dir).await;
 }
 
+/// The v1 fixture: what `write_fixture` writes, written by the v1 code of commit 86e2f28 (fixed-width bincode
+/// behind a version byte) and opened once by it, so a data directory of version 2 with the log's journal.
+fn v1_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1/data")
+}
+
 /// Copies the checked-in v0 data directory to a temp dir (tests never change the fixture).
 fn copy_v0() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().expect("temp dir");
     copy_dir(&v0_dir(), tmp.path());
     tmp
+}
+
+/// Copies the checked-in v1 data directory to a temp dir.
+fn copy_v1() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    copy_dir(&v1_dir(), tmp.path());
+    tmp
+}
+
+/// The first byte of every record of the shard file's `table`, by key.
+fn record_versions(dir: &Path, table: redb::TableDefinition<&[u8], &[u8]>) -> Vec<(Vec<u8>, u8)> {
+    use redb::{ReadableDatabase, ReadableTable};
+    let db = redb::ReadOnlyDatabase::open(files::shard_path(&files::sm_dir(dir), 0)).expect("open");
+    let txn = db.begin_read().expect("read");
+    let t = txn.open_table(table).expect("table");
+    t.iter().expect("iter").map(|item| item.expect("item")).map(|(k, v)| (k.value().to_vec(), v.value()[0])).collect()
+}
+
+/// A data directory written by the v1 code opens with its state; opening writes the v2 markers and leaves every
+/// record as it was (each says its version), a record changed later is written in v2, and both kinds read back,
+/// hash alike and downgrade to v0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1_data_dir_opens_with_its_tasks_and_keeps_its_records_until_they_change() {
+    use super::tables::*;
+    use openraft::RaftLogReader;
+    let tmp = copy_v1();
+    let dir = tmp.path();
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V2));
+    let records = |c: &std::collections::BTreeMap<(String, String, Vec<u8>), Vec<u8>>| {
+        c.iter()
+            .filter(|((_, table, _), _)| table != "meta" && table != "log")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    let before = records(&contents(dir));
+    assert!(before.iter().all(|(_, v)| v[0] == format::V1), "the fixture holds v1 records");
+    let digest = {
+        let (mut log, mut sm) = super::open_data_dir(dir, 4).expect("open the v1 directory");
+        assert_fixture_state(&sm, true);
+        assert_eq!(sm.shared.read().count(), 1, "the directory keeps its shard count");
+        let entries = log.try_get_log_entries(..).await.expect("entries");
+        assert_eq!(entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), (4..=9).collect::<Vec<_>>());
+        assert_eq!(log.read_vote().await.expect("vote"), Some(openraft::impls::Vote::new_committed(1, 1)));
+        let cur = sm.get_current_snapshot().await.expect("current").expect("the fixture's snapshot");
+        assert_eq!(cur.meta.last_log_id, Some(log_id(7)));
+        sm.shared.digest().expect("digest")
+    };
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V3));
+    for (path, meta) in [(files::log_path(dir), LOG_META), (files::shard_path(&files::sm_dir(dir), 0), SHARD_META)] {
+        let db = super::codec::open_db(&path).expect("open");
+        assert_eq!(format::file_version(&db, meta, &path).expect("marker"), Some(format::V2), "{}", path.display());
+    }
+    assert_eq!(records(&contents(dir)), before, "the upgrade rewrote no record");
+
+    // Task 5 cancelled: its record is written again, in v2; the others stay v1.
+    {
+        let (mut log, mut sm) = super::open_data_dir(dir, 1).expect("reopen");
+        assert_eq!(sm.shared.digest().expect("digest"), digest);
+        let cancel = Command::Cancel { tenant: "t".into(), task_id: task_id(5) };
+        apply(&mut log, &mut sm, vec![entry(10, 1_010, cancel)]).await;
+        sm.shared.digest().expect("digest writes every layer");
+    }
+    let versions: std::collections::BTreeMap<Vec<u8>, u8> = record_versions(dir, TASKS).into_iter().collect();
+    assert_eq!(versions.get(task_id(5).0.as_slice()), Some(&format::V2));
+    assert_eq!(versions.get(task_id(6).0.as_slice()), Some(&format::V1));
+    let (log, sm) = super::open_data_dir(dir, 1).expect("reopen");
+    assert_eq!(task(&sm, 5).state, TaskState::Cancelled);
+    assert_eq!((task(&sm, 6).state, task(&sm, 6).visible_at), (TaskState::Pending, 900_000));
+    drop((log, sm));
+
+    // Before the switch to cluster version 1 a downgrade is allowed: both kinds become bare v0 values.
+    super::downgrade::downgrade_data_dir(dir).expect("downgrade").expect("was v2");
+    let v0 = contents(dir);
+    let task5 = &v0[&("shard-0.redb".to_string(), TASKS.to_string(), task_id(5).0.to_vec())];
+    let task6 = &v0[&("shard-0.redb".to_string(), TASKS.to_string(), task_id(6).0.to_vec())];
+    assert_eq!(bincode::deserialize::<Task>(task5).expect("v0 task 5").state, TaskState::Cancelled);
+    assert_eq!(bincode::deserialize::<Task>(task6).expect("v0 task 6").visible_at, 900_000);
+    let (_log, sm) = super::open_data_dir(dir, 1).expect("the v0 directory opens");
+    assert_eq!(task(&sm, 5).state, TaskState::Cancelled);
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -238,7 +325,7 @@ fn assert_fixture_state(sm: &StateMachine, with_task_7: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_v0_data_dir_opens_with_its_tasks_and_is_upgraded_to_v1() {
+async fn a_v0_data_dir_opens_with_its_tasks_and_is_upgraded_to_v2() {
     use openraft::RaftLogReader;
     let tmp = copy_v0();
     let dir = tmp.path();
@@ -259,13 +346,13 @@ async fn a_v0_data_dir_opens_with_its_tasks_and_is_upgraded_to_v1() {
         let cur = sm.get_current_snapshot().await.expect("current").expect("the v0 snapshot");
         assert_eq!(cur.meta.last_log_id, Some(log_id(7)));
     }
-    // Upgraded: the directory says version 2 (v1 files and the log's journal), every file v1, and a reopen (v1
-    // decoding only) finds the same.
-    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V2));
+    // Upgraded: the directory says version 3 (v2 files and the log's journal), every file v2, and a reopen (no v0
+    // decoding) finds the same.
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V3));
     for path in [files::log_path(dir), files::shard_path(&files::sm_dir(dir), 0)] {
         let db = super::codec::open_db(&path).expect("open");
         let meta = if path == files::log_path(dir) { super::tables::LOG_META } else { super::tables::SHARD_META };
-        assert_eq!(format::file_version(&db, meta, &path).expect("marker"), Some(format::V1), "{}", path.display());
+        assert_eq!(format::file_version(&db, meta, &path).expect("marker"), Some(format::V2), "{}", path.display());
     }
     let (mut log, sm) = super::open_data_dir(dir, 1).expect("reopen");
     assert_fixture_state(&sm, true);
@@ -303,7 +390,7 @@ async fn a_v0_snapshot_installs_and_a_v1_snapshot_round_trips() {
     let mut f = built.snapshot;
     tokio::io::AsyncSeekExt::seek(&mut f, std::io::SeekFrom::Start(0)).await.expect("seek");
     f.read_to_end(&mut bytes).await.expect("read");
-    assert!(bytes.starts_with(format::SNAPSHOT_MAGIC));
+    assert!(bytes.starts_with(b"RAFTQSNAP3\n"), "v1 records at cluster versions 1 to 3");
     let b = tempfile::tempdir().expect("dir");
     let mut other = StateMachine::open(b.path(), 3).expect("open");
     let path = b.path().join("v1.snap");
@@ -326,7 +413,7 @@ fn a_newer_data_dir_is_refused_at_start_and_left_byte_identical() {
     std::fs::write(dir.join(format::DATA_DIR_MARKER), "99\n").expect("write marker");
     let before = all_bytes(dir);
     let err = super::open_data_dir(dir, 1).err().expect("a v99 directory is refused");
-    assert_newer(&err, "99", "2");
+    assert_newer(&err, "99", "3");
     assert!(err.to_string().contains("data directory"), "{err}");
     assert_unchanged(dir, &before);
 }
@@ -349,10 +436,10 @@ fn a_newer_log_or_shard_file_is_refused_at_start_and_left_byte_identical() {
         set_file_marker(&path, meta, 7);
         let before = all_bytes(dir);
         let err = super::open_data_dir(dir, 1).err().expect("a v7 file is refused");
-        assert_newer(&err, "7", "1");
+        assert_newer(&err, "7", "2");
         assert!(err.to_string().contains(&path.display().to_string()), "names the file: {err}");
         assert_unchanged(dir, &before);
-        set_file_marker(&path, meta, format::V1);
+        set_file_marker(&path, meta, format::V2);
     }
     drop(super::open_data_dir(dir, 1).expect("opens again once both files are v1"));
 }
@@ -376,7 +463,7 @@ async fn newer_records_and_log_entries_are_refused_by_name() {
     let mut log = LogStore::open(&files::log_path(dir)).expect("the file is v1");
     assert_eq!(log.try_get_log_entries(4..10).await.expect("v1 entries").len(), 6);
     let err = log.try_get_log_entries(4..=10).await.expect_err("entry 10 is v99");
-    assert_newer(&err, "99", "1");
+    assert_newer(&err, "99", "2");
     assert!(err.to_string().contains("log entry"), "{err}");
     drop(log);
 
@@ -385,7 +472,7 @@ async fn newer_records_and_log_entries_are_refused_by_name() {
         t.insert(task_id(5).0.as_slice(), [99u8, 1, 2, 3].as_slice()).expect("insert");
     });
     let err = StateMachine::open(dir, 1).err().expect("a v99 task is refused at start");
-    assert_newer(&err, "99", "1");
+    assert_newer(&err, "99", "2");
     assert!(err.to_string().contains("task record"), "{err}");
 }
 
@@ -411,7 +498,7 @@ async fn a_newer_snapshot_is_refused_and_the_state_stays() {
     let mut header = good.clone();
     header[format::SNAPSHOT_MAGIC_LEN + 5] = 99;
     let mut target = StateMachine::open(bad_dir.path(), 1).expect("open");
-    for (bytes, found, supported) in [(layout, "9", "3"), (header, "99", "1")] {
+    for (bytes, found, supported) in [(layout, "9", "4"), (header, "99", "2")] {
         let p = bad_dir.path().join("bad.snap");
         std::fs::write(&p, &bytes).expect("write");
         let err = target.install_snapshot(&meta, tokio::fs::File::open(&p).await.expect("open")).await;
@@ -426,7 +513,7 @@ async fn a_newer_snapshot_is_refused_and_the_state_stays() {
         b
     })
     .expect("write");
-    assert_newer(super::open_data_dir(tmp.path(), 1).err().expect("refused at start"), "9", "3");
+    assert_newer(super::open_data_dir(tmp.path(), 1).err().expect("refused at start"), "9", "4");
 }
 
 /// Every stored value of a data directory, by (file, table, key): what a release reads, whatever the file bytes.

@@ -6,7 +6,12 @@
 //!
 //! # Versions
 //! - **v0**: everything written before formats carried versions (up to commit 27ebc28): bare bincode values.
-//! - **v1** ([`CURRENT`]): the same bincode values behind a version, as below.
+//! - **v1**: the same bincode values behind a version byte, as below.
+//! - **v2** ([`CURRENT`]): bincode with variable-length integers behind the version byte: lengths, enum tags and
+//!   small numbers take one byte instead of four or eight, so a task record is about a quarter smaller (a pending
+//!   task of 100 payload bytes 273 → 195 bytes, a completed one 387 → 290). A v2 file may still hold v1 records
+//!   (each says its version): opening a v1 file writes its v2 marker and nothing else, and a record is written in
+//!   v2 the next time it changes.
 //!
 //! # Telling v0 from v1
 //! A stored value cannot say by itself that it is v0: a v0 log entry starts with the low byte of its term and a
@@ -14,17 +19,24 @@
 //! version of records is therefore recorded **per file**, where the whole file is known:
 //! - every redb file (the log, each shard) holds a marker, [`META_FORMAT`] in its meta table (one byte, the
 //!   version of the records it holds). A file without it is v0 (or new) and is upgraded at open, in the one
-//!   transaction that also writes the marker: a crash leaves it all v0 or all v1. In a v1 file every value is
-//!   `[version byte] ++ bincode` (the byte lets a later version mix records in an older file and lets a newer
-//!   record be refused by name);
+//!   transaction that also writes the marker: a crash leaves it all v0 or all v1. In a v1 or v2 file every
+//!   value is `[version byte] ++ bincode` (the byte lets a later version mix records in an older file, as v2 does
+//!   with v1 records, and lets a newer record be refused by name);
 //! - a snapshot file says its layout in its magic (`RAFTQSNAP1`, `RAFTQSNAP2`: v0 records; `RAFTQSNAP3`: v1
-//!   records, and a header with a version byte); v0 snapshots are upgraded record by record as they install;
+//!   records, and a header with a version byte; `RAFTQSNAP4`: v1 and v2 records); v0 snapshots are upgraded
+//!   record by record as they install. A snapshot holds the records a member of the cluster's oldest binary
+//!   reads (the cluster version, `raft::version`): a record newer than that is re-encoded as it is written;
 //! - the current-snapshot meta file starts with [`META_FILE_MAGIC`] and a version byte: its v0 encoding starts
 //!   with an `Option` tag (0 or 1), never with `R`, so the two are told apart by the first byte;
 //! - the data directory holds [`DATA_DIR_MARKER`] (`FORMAT`), the directory's version, written when the
 //!   directory is created or once every file in it has been upgraded. A directory with raftq files and no
-//!   marker is v0. Version 2 ([`DIR_CURRENT`]) holds v1 files and the Raft log's journal: nothing is converted
-//!   from version 1, but a build of version 1 must not open it, since it would not replay the journal.
+//!   marker is v0. Version 2 holds v1 files and the Raft log's journal: nothing is converted from version 1, but
+//!   a build of version 1 must not open it, since it would not replay the journal. Version 3 ([`DIR_CURRENT`])
+//!   holds v2 files: a build of version 2 must not open it, since it cannot read v2 records.
+//!
+//! # State, not encoding
+//! The state digest (`read_view::StateDigest`, carried by backups) hashes every record in its v0 form (the
+//! fixed-width bincode body), whatever version it is stored in, so replicas and backups of any version agree.
 //!
 //! # Refusal
 //! Data of a version newer than [`CURRENT`] (a directory marker, a file marker, a record, a log entry, a
@@ -34,7 +46,9 @@
 //!
 //! # Cost
 //! Encoding pushes the version byte into the caller's buffer before bincode writes the value (no allocation of
-//! its own); decoding checks one byte and decodes the rest in place.
+//! its own); decoding checks one byte and decodes the rest in place. Variable-length integers cost a branch per
+//! integer and save the bytes: `backlog-1` +11 % and `cycle-1` +3 % in three alternating pairs against v1
+//! (docs/performance.md, "Smaller records").
 
 use std::borrow::Cow;
 use std::fs;
@@ -42,6 +56,7 @@ use std::io;
 use std::ops::Bound;
 use std::path::Path;
 
+use bincode::Options;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError, WriteTransaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -54,16 +69,21 @@ use crate::raft::types::{Entry, LogId, StoredMembership, Vote};
 pub type Version = u8;
 /// Unversioned data (bare bincode values), written by every build before formats carried versions.
 pub const V0: Version = 0;
-/// Values behind a version byte; redb files, snapshots and the data directory say their version.
+/// Values behind a version byte, then bincode with fixed-width integers; redb files, snapshots and the data
+/// directory say their version.
 pub const V1: Version = 1;
+/// Values behind a version byte, then bincode with variable-length integers (`varint`).
+pub const V2: Version = 2;
 /// The version this binary writes, and the newest it reads.
-pub const CURRENT: Version = V1;
+pub const CURRENT: Version = V2;
 /// The data directory's version 2: v1 files, and the Raft log's journal (`storage::journal`) beside the log
 /// file, which holds writes the log file may not yet hold. A build that knows only version 1 would not read it,
 /// so it must refuse the directory.
 pub const DIR_V2: Version = 2;
+/// The data directory's version 3: v2 files (which may still hold v1 records), and the journal.
+pub const DIR_V3: Version = 3;
 /// The data directory's version this binary writes, and the newest it reads.
-pub const DIR_CURRENT: Version = DIR_V2;
+pub const DIR_CURRENT: Version = DIR_V3;
 
 /// The data directory's marker file: the directory's format version in ASCII decimal.
 pub const DATA_DIR_MARKER: &str = "FORMAT";
@@ -72,12 +92,12 @@ pub const META_FILE_MAGIC: &[u8] = b"RAFTQMETA";
 
 /// Snapshot magics by layout. Every magic is `RAFTQSNAP`, one digit, a newline.
 const SNAPSHOT_MAGIC_PREFIX: &[u8] = b"RAFTQSNAP";
-/// The magic of snapshot files written now: v1 records, a SHA-256 digest at the end.
-pub const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP3\n";
+/// The magic of snapshot files written now: v1 and v2 records, a SHA-256 digest at the end.
+pub const SNAPSHOT_MAGIC: &[u8] = b"RAFTQSNAP4\n";
 /// The length of every snapshot magic.
 pub const SNAPSHOT_MAGIC_LEN: usize = SNAPSHOT_MAGIC.len();
 /// The newest snapshot layout this binary reads.
-const SNAPSHOT_LAYOUT: u8 = 3;
+const SNAPSHOT_LAYOUT: u8 = 4;
 
 /// Stored data this binary cannot read.
 #[derive(Debug, thiserror::Error)]
@@ -107,24 +127,31 @@ fn invalid(what: impl Into<String>, reason: impl std::fmt::Display) -> io::Error
 
 // ---- records and log entries -----------------------------------------------------------------------------------
 
+/// v2's bincode: variable-length integers (one byte below 251), little-endian, no size limit; like v1's
+/// `bincode::deserialize`, a value followed by more bytes decodes.
+fn varint() -> impl Options {
+    bincode::DefaultOptions::new().with_varint_encoding().allow_trailing_bytes()
+}
+
 /// Appends `v` in the current format to `buf`: the version byte, then bincode (reuses `buf`'s allocation).
 pub fn encode_into<T: Serialize>(buf: &mut Vec<u8>, v: &T) -> io::Result<()> {
     buf.push(CURRENT);
-    bincode::serialize_into(buf, v).map_err(|e| invalid("encoding a record", e))
+    varint().serialize_into(buf, v).map_err(|e| invalid("encoding a record", e))
 }
 
 /// `v` in the current format.
 pub fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(1 + bincode::serialized_size(v).unwrap_or(0) as usize);
+    let mut buf = Vec::with_capacity(1 + varint().serialized_size(v).unwrap_or(0) as usize);
     encode_into(&mut buf, v)?;
     Ok(buf)
 }
 
-/// Decodes a value stored in the current format (every value of a file whose marker is v1). `what` names the
-/// value in errors ("task record", "log entry").
+/// Decodes a value stored behind a version byte (every value of a file whose marker is v1 or v2: each says its
+/// own version). `what` names the value in errors ("task record", "log entry").
 pub fn decode<T: DeserializeOwned>(b: &[u8], what: &str) -> io::Result<T> {
     match b.split_first() {
         Some((&V1, rest)) => bincode::deserialize(rest).map_err(|e| invalid(what, e)),
+        Some((&V2, rest)) => varint().deserialize(rest).map_err(|e| invalid(what, e)),
         Some((&v, _)) if v > CURRENT => Err(newer(what, v.into(), CURRENT.into())),
         Some((&v, _)) => Err(invalid(what, format!("unknown format version {v}"))),
         None => Err(invalid(what, "empty value")),
@@ -144,43 +171,118 @@ pub fn decode_as<T: DeserializeOwned>(version: Version, b: &[u8], what: &str) ->
 pub fn encode_as<T: Serialize>(version: Version, v: &T) -> io::Result<Vec<u8>> {
     match version {
         V0 => bincode::serialize(v).map_err(|e| invalid("encoding a record (v0)", e)),
+        V1 => {
+            let mut buf = vec![V1];
+            bincode::serialize_into(&mut buf, v).map_err(|e| invalid("encoding a record (v1)", e))?;
+            Ok(buf)
+        }
         _ => encode(v),
     }
 }
 
-/// A value stored in the current format, as `version` stores it. v1 is v0 behind a version byte, so the v0 form
-/// is the same bytes without it (no decoding).
-pub fn stored_as<'a>(version: Version, b: &'a [u8], what: &str) -> io::Result<&'a [u8]> {
-    match (version, b.split_first()) {
-        (V0, Some((&V1, rest))) => Ok(rest),
-        (V0, _) => Err(invalid(what, "not a v1 value")),
-        _ => Ok(b),
+/// A stored value (behind its version byte) as a reader of `to` reads it: the same bytes when it can (a record
+/// of `to` or older, v0 excepted; a v1 record's body for v0, which is v1 without the byte), else decoded and
+/// encoded again.
+pub fn stored_as<'a, T: Serialize + DeserializeOwned>(
+    to: Version,
+    b: &'a [u8],
+    what: &str,
+) -> io::Result<Cow<'a, [u8]>> {
+    match (to, b.split_first()) {
+        (V0, Some((&V1, rest))) => Ok(Cow::Borrowed(rest)),
+        (to, Some((&from, _))) if to >= V1 && (V1..=to).contains(&from) => Ok(Cow::Borrowed(b)),
+        _ => Ok(Cow::Owned(encode_as(to, &decode::<T>(b, what)?)?)),
     }
 }
 
-/// The state a value stores, whatever its format: the bincode body, without a version byte. Replicas whose
-/// files are of different versions (a rolling upgrade) hash the same state alike (`digest`).
-pub fn body(version: Version, b: &[u8]) -> &[u8] {
-    match version {
-        V0 => b,
-        _ => b.get(1..).unwrap_or_default(),
-    }
+/// What a stored value is, from where it is stored: the type it decodes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Stored<'k> {
+    /// A `TASKS` value.
+    Task,
+    /// An `IDEMPOTENCY_KEYS` value.
+    Key,
+    /// A `WEBHOOK_OUTBOX` value.
+    Delivery,
+    /// A `SHARD_RECORDS` value under this key.
+    Record(&'k [u8]),
+    /// A `LOG` value.
+    Entry,
+    /// A `LOG_META` or `SHARD_META` value under this key.
+    Meta(&'k str),
 }
 
-/// The upgrade path: a value stored in `version`, decoded, and its bytes in the current format (borrowed when
-/// they already are). v1 records are v0 records behind a version byte, so upgrading re-encodes the decoded value.
+/// Calls the generic function `$f` with the type a value of `$of` (a [`Stored`]) decodes to, then `$args`, then
+/// the value's name for errors.
+macro_rules! by_type {
+    ($of:expr, $f:ident ( $($arg:expr),* )) => {
+        match $of {
+            Stored::Task => $f::<Task>($($arg,)* "task record"),
+            Stored::Key => $f::<KeyRecord>($($arg,)* "idempotency key record"),
+            Stored::Delivery => $f::<WebhookDelivery>($($arg,)* "webhook delivery record"),
+            Stored::Entry => $f::<Entry>($($arg,)* "log entry"),
+            Stored::Record(k) if RecordKey::is_schedule(k) => $f::<Schedule>($($arg,)* "schedule record"),
+            Stored::Record(k) if k == RecordKey::CLUSTER_VERSION => $f::<u32>($($arg,)* "cluster version record"),
+            Stored::Record(k) if RecordKey::parse_limits(k).is_some() => {
+                $f::<crate::queue::Limits>($($arg,)* "limits record")
+            }
+            Stored::Record(k) if RecordKey::parse_rate(k).is_some() => {
+                $f::<crate::queue::RateBucket>($($arg,)* "rate bucket record")
+            }
+            Stored::Record(k) if RecordKey::parse_key_limit(k).is_some() => {
+                $f::<crate::queue::KeyLimit>($($arg,)* "key limit record")
+            }
+            Stored::Record(k) if RecordKey::parse_weight(k).is_some() => $f::<u32>($($arg,)* "fairness weight record"),
+            Stored::Record(_) => $f::<()>($($arg,)* "shard record"),
+            Stored::Meta(META_VOTE) => $f::<Vote>($($arg,)* "vote"),
+            Stored::Meta(META_COMMITTED) => $f::<Option<LogId>>($($arg,)* "committed log id"),
+            Stored::Meta(META_LAST_PURGED) => $f::<LogId>($($arg,)* "last purged log id"),
+            Stored::Meta(META_LAST_APPLIED) => $f::<Option<LogId>>($($arg,)* "last applied log id"),
+            Stored::Meta(META_MEMBERSHIP) => $f::<StoredMembership>($($arg,)* "membership"),
+            Stored::Meta(META_NOW) => $f::<TimeMs>($($arg,)* "state machine time"),
+            Stored::Meta(META_JOURNAL) => $f::<u64>($($arg,)* "journal generation"),
+            Stored::Meta(k) => Err(invalid(format!("meta value {k:?}"), "not a value this binary knows")),
+        }
+    };
+}
+
+/// A record table of a redb file and what its values are (a downgrade rewrites each by its type).
+pub type TypedTable = (TableDefinition<'static, &'static [u8], &'static [u8]>, Stored<'static>);
+
+/// [`stored_as`] for a value of `of`.
+pub fn stored_value_as<'a>(to: Version, of: Stored<'_>, b: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
+    by_type!(of, stored_as(to, b))
+}
+
+/// The state a stored value holds, in one encoding whatever the version it is stored in: its v0 form (the
+/// fixed-width bincode body). Replicas whose files are of different versions (a rolling upgrade, records not
+/// rewritten since an upgrade) and backups of older builds hash the same state alike (`digest`).
+pub fn canonical<'a>(of: Stored<'_>, b: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
+    stored_value_as(V0, of, b)
+}
+
+/// The upgrade path: a value stored in `version`, decoded, and its bytes as the current format stores them:
+/// borrowed when they carry a version byte (a v1 or v2 value is valid in a current file), encoded again from v0.
 pub fn upgrade<'a, T: Serialize + DeserializeOwned>(
     version: Version,
     b: &'a [u8],
     what: &str,
 ) -> io::Result<(T, Cow<'a, [u8]>)> {
     let v: T = decode_as(version, b, what)?;
-    if version == CURRENT {
-        Ok((v, Cow::Borrowed(b)))
-    } else {
+    if version == V0 {
         let bytes = encode(&v)?;
         Ok((v, Cow::Owned(bytes)))
+    } else {
+        Ok((v, Cow::Borrowed(b)))
     }
+}
+
+fn upgraded_bytes<'a, T: Serialize + DeserializeOwned>(
+    version: Version,
+    b: &'a [u8],
+    what: &str,
+) -> io::Result<Cow<'a, [u8]>> {
+    upgrade::<T>(version, b, what).map(|(_, bytes)| bytes)
 }
 
 /// A pair of byte strings inside a snapshot frame (a key and its stored value). The pair is part of the
@@ -239,6 +341,13 @@ pub fn upgrade_log_file(txn: &WriteTransaction, found: Option<Version>) -> io::R
         return Ok(());
     }
     let from = found.unwrap_or(V0);
+    let mut meta = txn.open_table(LOG_META).map_err(|e| invalid("raft log meta", e))?;
+    if from != V0 {
+        // Every value says its version, and this binary reads them all: only the marker changes.
+        meta.insert(META_FORMAT, [CURRENT].as_slice()).map_err(|e| invalid("raft log meta", e))?;
+        return Ok(());
+    }
+    drop(meta);
     rewrite_log(txn, |v| Ok(upgrade::<Entry>(from, v, "log entry")?.1.into_owned()))?;
     let mut meta = txn.open_table(LOG_META).map_err(|e| invalid("raft log meta", e))?;
     upgrade_meta::<Vote>(&mut meta, from, META_VOTE, "vote")?;
@@ -254,6 +363,12 @@ pub fn upgrade_shard_file(txn: &WriteTransaction, found: Option<Version>) -> io:
         return Ok(());
     }
     let from = found.unwrap_or(V0);
+    if from != V0 {
+        // Every value says its version, and this binary reads them all: only the marker changes.
+        let mut meta = txn.open_table(SHARD_META).map_err(|e| invalid("shard meta", e))?;
+        meta.insert(META_FORMAT, [CURRENT].as_slice()).map_err(|e| invalid("shard meta", e))?;
+        return Ok(());
+    }
     upgrade_table(txn, TASKS, |_, v| Ok(upgrade::<Task>(from, v, "task record")?.1.into_owned()))?;
     upgrade_table(txn, IDEMPOTENCY_KEYS, |_, v| {
         Ok(upgrade::<KeyRecord>(from, v, "idempotency key record")?.1.into_owned())
@@ -270,47 +385,37 @@ pub fn upgrade_shard_file(txn: &WriteTransaction, found: Option<Version>) -> io:
     Ok(())
 }
 
-/// A `SHARD_RECORDS` value stored in `version`, in the current format: a schedule, or a paused queue's value
-/// (empty in v0, the encoded unit value in v1).
+/// A `SHARD_RECORDS` value stored in `version`, as the current format stores it: a schedule, or a paused
+/// queue's value (empty in v0, the encoded unit value since v1), ...
 pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io::Result<Cow<'a, [u8]>> {
-    if RecordKey::is_schedule(key) {
-        Ok(upgrade::<Schedule>(version, v, "schedule record")?.1)
-    } else if key == RecordKey::CLUSTER_VERSION {
-        Ok(upgrade::<u32>(version, v, "cluster version record")?.1)
-    } else if RecordKey::parse_limits(key).is_some() {
-        Ok(upgrade::<crate::queue::Limits>(version, v, "limits record")?.1)
-    } else if RecordKey::parse_rate(key).is_some() {
-        Ok(upgrade::<crate::queue::RateBucket>(version, v, "rate bucket record")?.1)
-    } else if RecordKey::parse_key_limit(key).is_some() {
-        Ok(upgrade::<crate::queue::KeyLimit>(version, v, "key limit record")?.1)
-    } else if RecordKey::parse_weight(key).is_some() {
-        Ok(upgrade::<u32>(version, v, "fairness weight record")?.1)
-    } else {
-        Ok(upgrade::<()>(version, v, "shard record")?.1)
-    }
+    by_type!(Stored::Record(key), upgraded_bytes(version, v))
 }
 
-/// The way back, for a downgrade before the cluster version is raised: every value of a v1 file in `tables` and
-/// `meta` rewritten as v0 (the same bytes without the version byte), and the file's marker removed, inside `txn`
-/// (so a crash leaves the file all v1 or all v0). Returns the values rewritten.
+/// The way back, for a downgrade before the cluster version is raised: every value of a v1 or v2 file in
+/// `tables` and `meta` rewritten as v0 (a v1 value without its version byte, a v2 value decoded and encoded
+/// again), and the file's marker removed, inside `txn` (so a crash leaves the file as it was or all v0). Returns
+/// the values rewritten.
 pub fn downgrade_file(
     txn: &WriteTransaction,
-    tables: &[TableDefinition<&[u8], &[u8]>],
+    tables: &[TypedTable],
     log: bool,
     meta: TableDefinition<&str, &[u8]>,
 ) -> io::Result<u64> {
-    let strip = |v: &[u8], what: &str| stored_as(V0, v, what).map(<[u8]>::to_vec);
+    let to_v0 = |of: Stored<'_>, v: &[u8]| stored_value_as(V0, of, v).map(Cow::into_owned);
     let mut n = 0u64;
-    for def in tables {
-        upgrade_table(txn, *def, |_, v| {
+    for (def, of) in tables {
+        upgrade_table(txn, *def, |k, v| {
             n += 1;
-            strip(v, "stored record")
+            match of {
+                Stored::Record(_) => to_v0(Stored::Record(k), v),
+                of => to_v0(*of, v),
+            }
         })?;
     }
     if log {
         rewrite_log(txn, |v| {
             n += 1;
-            strip(v, "log entry")
+            to_v0(Stored::Entry, v)
         })?;
     }
     let mut m = txn.open_table(meta).map_err(|e| invalid("meta", e))?;
@@ -325,7 +430,7 @@ pub fn downgrade_file(
         .map_err(|e| invalid("meta", e))?;
     for k in keys {
         let v = match m.get(k.as_str()).map_err(|e| invalid("meta", e))? {
-            Some(v) => strip(v.value(), &k)?,
+            Some(v) => to_v0(Stored::Meta(&k), v.value())?,
             None => continue,
         };
         m.insert(k.as_str(), v.as_slice()).map_err(|e| invalid("meta", e))?;
@@ -414,21 +519,23 @@ pub struct SnapshotLayout {
 }
 
 /// The version of the records in the snapshots a cluster at `cluster_version` builds: they are sent to every
-/// member, and a member of a binary from before cluster versions (cluster version 0) reads only v0 records. The
-/// cluster version rises past 0 only once every member's binary reads v1.
+/// member, and a member of a binary from before cluster versions (cluster version 0) reads only v0 records, one
+/// of a binary from before v2 (cluster versions 1 to 3) only v0 and v1. The cluster version rises only once every
+/// member's binary reads what it allows.
 pub fn snapshot_records_for(cluster_version: u32) -> Version {
-    if cluster_version == 0 {
-        V0
-    } else {
-        CURRENT
+    match cluster_version {
+        0 => V0,
+        1..=3 => V1,
+        _ => V2,
     }
 }
 
-/// The magic of a snapshot file whose records are of `records`: layout 2 for v0 records (what a build from before
-/// versions reads), [`SNAPSHOT_MAGIC`] otherwise. Both end with a digest.
+/// The magic of a snapshot file whose records are of `records` or older: layout 2 for v0 records (what a build
+/// from before versions reads), 3 for v1, [`SNAPSHOT_MAGIC`] for v2. Each ends with a digest.
 pub fn snapshot_magic(records: Version) -> &'static [u8] {
     match records {
         V0 => b"RAFTQSNAP2\n",
+        V1 => b"RAFTQSNAP3\n",
         _ => SNAPSHOT_MAGIC,
     }
 }
@@ -449,6 +556,7 @@ pub fn snapshot_layout(magic: &[u8]) -> io::Result<SnapshotLayout> {
         1 => Ok(SnapshotLayout { records: V0, digest: false }),
         2 => Ok(SnapshotLayout { records: V0, digest: true }),
         3 => Ok(SnapshotLayout { records: V1, digest: true }),
+        4 => Ok(SnapshotLayout { records: V2, digest: true }),
         n if n > SNAPSHOT_LAYOUT => Err(newer(format!("{what} (layout)"), n.into(), SNAPSHOT_LAYOUT.into())),
         _ => Err(invalid(what, "not a raftq snapshot")),
     }
@@ -561,12 +669,47 @@ mod tests {
         let mut buf = Vec::with_capacity(64);
         let cap = buf.capacity();
         encode_into(&mut buf, &v).expect("encode");
-        assert_eq!(buf[0], CURRENT);
-        assert_eq!(&buf[1..], bincode::serialize(&v).expect("bincode").as_slice());
+        // v2: the version byte, then varint bincode (one byte for 7, one for the string's length).
+        assert_eq!(buf, [&[V2, 7, 5][..], b"seven"].concat());
         assert_eq!(buf.capacity(), cap, "the version byte goes into the caller's buffer");
         assert_eq!(decode::<(u64, String)>(&buf, "pair").expect("decode"), v);
-        let (back, bytes) = upgrade::<(u64, String)>(V0, &buf[1..], "pair").expect("upgrade");
-        assert_eq!((back, bytes.as_ref()), (v, buf.as_slice()), "a v0 value upgrades to the v1 bytes");
+        let v0 = bincode::serialize(&v).expect("bincode");
+        assert_eq!(v0.len(), 8 + 8 + 5, "v0 and v1 integers are fixed-width");
+        let (back, bytes) = upgrade::<(u64, String)>(V0, &v0, "pair").expect("upgrade");
+        assert_eq!((back, bytes.as_ref()), (v.clone(), buf.as_slice()), "a v0 value upgrades to the v2 bytes");
+        // A v1 value reads as it is, and stays as it is in a current file (each value says its version).
+        let v1 = [&[V1][..], &v0].concat();
+        assert_eq!(decode::<(u64, String)>(&v1, "pair").expect("v1"), v);
+        let (back, bytes) = upgrade::<(u64, String)>(V1, &v1, "pair").expect("upgrade");
+        assert_eq!((back, bytes.as_ref()), (v.clone(), v1.as_slice()), "a v1 value is kept");
+        assert_eq!(encode_as(V1, &v).expect("v1"), v1);
+        assert_eq!(encode_as(V0, &v).expect("v0"), v0);
+    }
+
+    #[test]
+    fn stored_values_convert_to_what_an_older_reader_reads_and_hash_alike() {
+        let v = (300u64, "three hundred".to_string(), vec![1u32, 2, 3]);
+        type V = (u64, String, Vec<u32>);
+        let v0 = encode_as(V0, &v).expect("v0");
+        let v1 = encode_as(V1, &v).expect("v1");
+        let v2 = encode(&v).expect("v2");
+        assert!(v2.len() < v1.len(), "v2 is shorter: {} against {}", v2.len(), v1.len());
+        for (to, want) in [(V0, &v0), (V1, &v1), (V2, &v2)] {
+            let got = stored_as::<V>(to, &v2, "x").expect("from v2");
+            assert_eq!(got.as_ref(), want.as_slice(), "v2 as v{to}");
+            assert_eq!(decode_as::<V>(to, &got, "x").expect("reads back"), v);
+        }
+        // A v1 value needs no conversion for a reader of v1 or v2, and only loses its byte for v0.
+        assert!(matches!(stored_as::<V>(V2, &v1, "x").expect("v1"), Cow::Borrowed(b) if b == v1.as_slice()));
+        assert!(matches!(stored_as::<V>(V1, &v1, "x").expect("v1"), Cow::Borrowed(b) if b == v1.as_slice()));
+        assert!(matches!(stored_as::<V>(V0, &v1, "x").expect("v0"), Cow::Borrowed(b) if b == v0.as_slice()));
+        // The digest's form is the same whatever the version stored.
+        let of = Stored::Record(RecordKey::CLUSTER_VERSION);
+        let (r1, r2) = (encode_as(V1, &300u32).expect("v1"), encode(&300u32).expect("v2"));
+        assert_ne!(r1, r2);
+        assert_eq!(canonical(of, &r1).expect("v1"), canonical(of, &r2).expect("v2"));
+        assert_eq!(canonical(of, &r2).expect("v2").as_ref(), 300u32.to_le_bytes().as_slice());
+        assert!(canonical(Stored::Meta("nonsense"), &r2).is_err(), "an unknown meta value is named, not guessed");
     }
 
     #[test]
@@ -574,10 +717,11 @@ mod tests {
         let err = decode::<u64>(&[99, 1, 0, 0, 0, 0, 0, 0, 0], "task record").expect_err("v99");
         let msg = err.to_string();
         assert!(msg.starts_with("task record has format version 99"), "{msg}");
-        assert!(msg.contains("supports (version 1)"), "{msg}");
+        assert!(msg.contains("supports (version 2)"), "{msg}");
         assert!(decode::<u64>(&[0, 1, 0, 0, 0, 0, 0, 0, 0], "x").expect_err("v0 byte").to_string().contains("unknown"));
         assert!(decode::<u64>(&[], "x").expect_err("empty").to_string().contains("empty"));
-        assert!(decode::<u64>(&[CURRENT, 1], "x").is_err(), "cut short");
+        assert!(decode::<u64>(&[V2, 253, 1], "x").is_err(), "cut short (a u64 follows 253)");
+        assert!(decode::<u64>(&[V1, 1], "x").is_err(), "cut short (v1 integers are 8 bytes)");
     }
 
     #[test]
@@ -593,18 +737,28 @@ mod tests {
         let mut newer = META_FILE_MAGIC.to_vec();
         newer.extend([42, 0]);
         let msg = decode_meta_file::<Option<u64>>(&newer, "meta").expect_err("v42").to_string();
-        assert!(msg.contains("format version 42") && msg.contains("(version 1)"), "{msg}");
+        assert!(msg.contains("format version 42") && msg.contains("(version 2)"), "{msg}");
     }
 
     #[test]
     fn snapshot_layouts_map_to_record_versions_and_newer_ones_are_refused() {
         assert_eq!(snapshot_layout(b"RAFTQSNAP1\n").expect("1"), SnapshotLayout { records: V0, digest: false });
         assert_eq!(snapshot_layout(b"RAFTQSNAP2\n").expect("2"), SnapshotLayout { records: V0, digest: true });
-        assert_eq!(snapshot_layout(SNAPSHOT_MAGIC).expect("3"), SnapshotLayout { records: V1, digest: true });
-        for (magic, found) in [(&b"RAFTQSNAP4\n"[..], "4"), (b"RAFTQSNAP12", "12")] {
-            let msg = snapshot_layout(magic).expect_err("newer").to_string();
-            assert!(msg.contains(&format!("format version {found}")) && msg.contains("(version 3)"), "{msg}");
+        assert_eq!(snapshot_layout(b"RAFTQSNAP3\n").expect("3"), SnapshotLayout { records: V1, digest: true });
+        assert_eq!(snapshot_layout(SNAPSHOT_MAGIC).expect("4"), SnapshotLayout { records: V2, digest: true });
+        for (records, magic) in [(V0, &b"RAFTQSNAP2\n"[..]), (V1, b"RAFTQSNAP3\n"), (V2, SNAPSHOT_MAGIC)] {
+            assert_eq!(snapshot_magic(records), magic);
+            assert_eq!(snapshot_layout(magic).expect("known").records, records);
         }
+        for (magic, found) in [(&b"RAFTQSNAP5\n"[..], "5"), (b"RAFTQSNAP12", "12")] {
+            let msg = snapshot_layout(magic).expect_err("newer").to_string();
+            assert!(msg.contains(&format!("format version {found}")) && msg.contains("(version 4)"), "{msg}");
+        }
+        assert_eq!(
+            [0, 1, 3, 4, 9].map(snapshot_records_for),
+            [V0, V1, V1, V2, V2],
+            "v2 records only once every member reads them"
+        );
         for bad in [&b"RAFTQSNAP0\n"[..], b"RAFTQSNAPX\n", b"hello world"] {
             assert!(snapshot_layout(bad).expect_err("bad").to_string().contains("not a raftq snapshot"));
         }
@@ -623,18 +777,20 @@ mod tests {
     }
 
     #[test]
-    fn the_data_dir_marker_says_new_v0_v1_v2_or_refuses() {
+    fn the_data_dir_marker_says_new_v0_v1_v2_v3_or_refuses() {
         let dir = tempfile::tempdir().expect("dir");
         assert_eq!(data_dir_version(dir.path()).expect("new"), None);
         fs::create_dir(dir.path().join("sm")).expect("mkdir");
         assert_eq!(data_dir_version(dir.path()).expect("v0"), Some(V0));
         fs::write(dir.path().join(DATA_DIR_MARKER), "1\n").expect("write");
         assert_eq!(data_dir_version(dir.path()).expect("v1"), Some(V1));
-        mark_data_dir(dir.path()).expect("mark");
+        fs::write(dir.path().join(DATA_DIR_MARKER), "2\n").expect("write");
         assert_eq!(data_dir_version(dir.path()).expect("v2"), Some(DIR_V2));
+        mark_data_dir(dir.path()).expect("mark");
+        assert_eq!(data_dir_version(dir.path()).expect("v3"), Some(DIR_V3));
         fs::write(dir.path().join(DATA_DIR_MARKER), "300\n").expect("write");
         let msg = data_dir_version(dir.path()).expect_err("newer").to_string();
-        assert!(msg.contains("format version 300") && msg.contains("(version 2)"), "{msg}");
+        assert!(msg.contains("format version 300") && msg.contains("(version 3)"), "{msg}");
         fs::write(dir.path().join(DATA_DIR_MARKER), "one\n").expect("write");
         assert!(data_dir_version(dir.path()).expect_err("garbage").to_string().contains("unreadable"));
     }

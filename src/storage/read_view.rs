@@ -609,8 +609,16 @@ impl StateDigest {
         if table == Table::Tasks {
             self.tasks += 1;
         }
-        // The state, not its encoding: a replica whose files are of an older format hashes the same.
-        let v = format::body(format::CURRENT, v);
+        // The state, not its encoding: a replica whose files are of another format hashes the same. A value that
+        // does not decode (refused wherever it is read) is hashed as stored.
+        let of = match table {
+            Table::Tasks => format::Stored::Task,
+            Table::Keys => format::Stored::Key,
+            Table::Outbox => format::Stored::Delivery,
+            Table::Records => format::Stored::Record(k),
+        };
+        let canonical = format::canonical(of, v);
+        let v = canonical.as_deref().unwrap_or(v);
         let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ kind as u64;
         for b in k.iter().chain([0xffu8].iter()).chain(v.iter()) {
             h ^= *b as u64;

@@ -183,33 +183,32 @@ fn write_snapshot(
     let mut w = Hashing::new(w);
     w.write_all(format::snapshot_magic(version))?;
     write_frame(&mut w, FRAME_HEADER, &format::encode_as(version, header)?)?;
-    fn as_written(version: format::Version, v: &[u8]) -> io::Result<&[u8]> {
-        format::stored_as(version, v, "stored record")
-    }
+    let as_written = format::stored_value_as;
+    use format::Stored;
     let none = Overlay::default();
     let mut records: u64 = 0;
     for (i, txn) in txns.iter().enumerate() {
         let o = over.get(i).unwrap_or(&none);
         each_record(&txn.open_table(TASKS).map_err(io_err)?, &o.tasks, |k, v| {
-            write_frame(&mut w, FRAME_TASK, as_written(version, v)?)?;
+            write_frame(&mut w, FRAME_TASK, &as_written(version, Stored::Task, v)?)?;
             seen(Table::Tasks, i, k, v);
             records += 1;
             Ok(())
         })?;
         each_record(&txn.open_table(IDEMPOTENCY_KEYS).map_err(io_err)?, &o.keys, |k, v| {
-            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k, as_written(version, v)?)?)?;
+            write_frame(&mut w, FRAME_KEY, &format::encode_pair(k, &as_written(version, Stored::Key, v)?)?)?;
             seen(Table::Keys, i, k, v);
             records += 1;
             Ok(())
         })?;
         each_record(&txn.open_table(WEBHOOK_OUTBOX).map_err(io_err)?, &o.outbox, |k, v| {
-            write_frame(&mut w, FRAME_WEBHOOK, as_written(version, v)?)?;
+            write_frame(&mut w, FRAME_WEBHOOK, &as_written(version, Stored::Delivery, v)?)?;
             seen(Table::Outbox, i, k, v);
             records += 1;
             Ok(())
         })?;
         each_record(&txn.open_table(SHARD_RECORDS).map_err(io_err)?, &o.records, |k, v| {
-            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k, as_written(version, v)?)?)?;
+            write_frame(&mut w, FRAME_RECORD, &format::encode_pair(k, &as_written(version, Stored::Record(k), v)?)?)?;
             seen(Table::Records, i, k, v);
             records += 1;
             Ok(())

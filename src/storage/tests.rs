@@ -470,17 +470,17 @@ async fn entries_wait_in_the_tail_for_the_next_checkpoint_and_are_read_from_the_
     let tick = |i: u64| Request::new(i, i, Command::Tick);
     let term = |t: u64, i: u64| Entry { log_id: log_id(t, i), payload: openraft::EntryPayload::Normal(tick(i)) };
     let indexes = |v: &[Entry]| v.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
-    let file_len = |p: &std::path::Path| std::fs::metadata(p).expect("log file").len();
+    let file_bytes = |p: &std::path::Path| std::fs::read(p).expect("log file");
     let mut log = LogStore::open_checkpointing(&path, hour).expect("open");
-    let empty = file_len(&path);
+    let empty = file_bytes(&path);
     for chunk in (1..=total).collect::<Vec<_>>().chunks(1000) {
         append_synced(&log, chunk.iter().map(|i| term(1, *i)).collect()).await;
     }
-    assert_eq!(file_len(&path), empty, "no checkpoint yet: the log file was not written");
+    assert!(file_bytes(&path) == empty, "no checkpoint yet: the log file was not written");
     let want: Vec<(u64, u64)> = (1..=total).map(|i| (1, i)).collect();
     assert_eq!(indexes(&log.try_get_log_entries(..).await.expect("read")), want, "all served by the tail");
     log.save_vote(&openraft::impls::Vote::new(1, 1)).await.expect("vote: a checkpoint");
-    assert!(file_len(&path) > empty, "the checkpoint wrote the entries");
+    assert!(file_bytes(&path) != empty, "the checkpoint wrote the entries");
     // A conflict: the last 5,000 entries are replaced by a new term's, which the next checkpoint writes over the
     // ones the file holds.
     log.truncate_after(Some(log_id(1, total - 5_000))).await.expect("truncate");
@@ -704,25 +704,35 @@ async fn snapshots_keep_v0_records_until_the_cluster_version_is_raised_and_the_v
     // byte (its first task frame decodes as bare bincode, as the older binary decodes it).
     let (_, bytes) = snapshot_bytes(&mut leader).await;
     assert!(bytes.starts_with(b"RAFTQSNAP2\n"), "{:?}", &bytes[..11]);
-    let mut at = 11;
-    let frame = |at: &mut usize| {
-        let (kind, len) = (bytes[*at], u32::from_be_bytes(bytes[*at + 1..*at + 5].try_into().expect("4")) as usize);
-        *at += 5 + len;
-        (kind, &bytes[*at - len..*at])
-    };
-    let _header = frame(&mut at);
-    let (kind, body) = frame(&mut at);
-    assert_eq!(kind, 2, "a task frame follows the header");
-    let task: Task = bincode::deserialize(body).expect("a v0 task record");
+    // The first task frame (after the magic and the header frame).
+    fn first_task(bytes: &[u8]) -> &[u8] {
+        let mut at = 11;
+        let mut frame = || {
+            let (kind, len) = (bytes[at], u32::from_be_bytes(bytes[at + 1..at + 5].try_into().expect("4")) as usize);
+            at += 5 + len;
+            (kind, &bytes[at - len..at])
+        };
+        let _header = frame();
+        let (kind, body) = frame();
+        assert_eq!(kind, 2, "a task frame follows the header");
+        body
+    }
+    let task: Task = bincode::deserialize(first_task(&bytes)).expect("a v0 task record");
     assert!(dump(&leader).contains_key(&task.id));
 
     // The switch: raised once, never lowered, kept by every shard across a reopen.
     apply(&mut leader, vec![set_version(8, 1), set_version(9, 0)]).await;
     assert_eq!(leader.shared.cluster_version(), 1);
     let (snap, bytes) = snapshot_bytes(&mut leader).await;
-    assert!(bytes.starts_with(crate::storage::format::SNAPSHOT_MAGIC), "v1 records once the cluster runs version 1");
+    assert!(bytes.starts_with(b"RAFTQSNAP3\n"), "v1 records once the cluster runs version 1");
+    // The files hold v2 records; a member at cluster version 1 to 3 may be of a binary that reads only v1.
+    let body = first_task(&bytes);
+    assert_eq!(body[0], crate::storage::format::V1);
+    let v1: Task = bincode::deserialize(&body[1..]).expect("a v1 task record");
+    assert_eq!(dump(&leader).get(&v1.id), Some(&v1));
 
-    // A follower installs it and runs at the same version; so does a reopen.
+    // A follower installs it and runs at the same version; so does a reopen. It holds the v1 records of the
+    // snapshot, the leader v2 records: the same state, the same digest.
     let b = tempfile::tempdir().expect("dir");
     let mut follower = StateMachine::open(b.path(), 3).expect("open");
     follower.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
@@ -730,8 +740,20 @@ async fn snapshots_keep_v0_records_until_the_cluster_version_is_raised_and_the_v
     assert_eq!(follower.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     drop(follower);
     assert_eq!(StateMachine::open(b.path(), 3).expect("reopen").shared.cluster_version(), 1);
+
+    // Version 4: v2 records travel as they are stored.
+    apply(&mut leader, vec![set_version(10, 4)]).await;
+    let (snap, bytes) = snapshot_bytes(&mut leader).await;
+    assert!(bytes.starts_with(crate::storage::format::SNAPSHOT_MAGIC), "{:?}", &bytes[..11]);
+    assert_eq!(first_task(&bytes)[0], crate::storage::format::V2);
+    let c = tempfile::tempdir().expect("dir");
+    let mut other = StateMachine::open(c.path(), 1).expect("open");
+    other.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert_eq!(other.shared.cluster_version(), 4);
+    assert_eq!(dump(&other), dump(&leader));
+    assert_eq!(other.shared.digest().expect("digest").1, leader.shared.digest().expect("digest").1);
     drop(leader);
-    assert_eq!(StateMachine::open(a.path(), 2).expect("reopen").shared.cluster_version(), 1);
+    assert_eq!(StateMachine::open(a.path(), 2).expect("reopen").shared.cluster_version(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

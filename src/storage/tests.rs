@@ -1002,6 +1002,25 @@ async fn taken_ids_are_refused_after_the_flusher_wrote_them_and_free_ids_of_the_
     assert_eq!(sm.shared.digest().expect("digest").2, 7, "seven tasks, no duplicate");
 }
 
+/// Applies commands to one shard's core over a `CachedStore`, as apply does, without a log or a flusher.
+struct Applier {
+    core: ShardCore,
+    fx: Effects,
+}
+
+impl Applier {
+    fn new() -> Applier {
+        Applier { core: ShardCore::new(0, 1), fx: Effects::default() }
+    }
+
+    fn run(&mut self, store: &mut super::shard::CachedStore, time: u64, index: u64, command: Command) -> Response {
+        let req = Request::new(time, index, command);
+        let mut cx = ApplyContext::new(index, &req, &mut self.fx);
+        self.core.apply(store, &mut cx, &req).expect("apply");
+        cx.finish()
+    }
+}
+
 /// Claims and acks change a task's record in place when apply holds the only reference to it, and copy it when
 /// another holder shares it (a layer being flushed, a reader): a record someone holds never changes under them.
 #[test]
@@ -1014,14 +1033,8 @@ fn claim_and_ack_change_an_unshared_record_in_place_and_never_a_shared_one() {
     let db = super::codec::open_db(&dir.path().join("shard.redb")).expect("open");
     let (mut dirty, mut newest) = (Layer::default(), None);
     let mut store = CachedStore::new(&mut dirty, &[], &db, &mut newest, None);
-    let mut core = ShardCore::new(0, 1);
-    let mut fx = Effects::default();
-    let mut run = |store: &mut CachedStore, index: u64, command: Command| {
-        let req = Request::new(2_000, index, command);
-        let mut cx = ApplyContext::new(index, &req, &mut fx);
-        core.apply(store, &mut cx, &req).expect("apply");
-        cx.finish()
-    };
+    let mut applier = Applier::new();
+    let mut run = |store: &mut CachedStore, index: u64, command: Command| applier.run(store, 2_000, index, command);
     let (alone, shared) = (TaskId::new(2_000, 1, 1), TaskId::new(2_000, 2, 2));
     let task =
         |id: TaskId| NewTask { id, visible_at: 0, webhook_url: None, idempotency_key: None, ..new_task(1, None) };
@@ -1086,4 +1099,49 @@ async fn the_flusher_thread_runs_below_the_default_priority() {
     };
     assert!(!found.is_empty(), "a flusher thread runs");
     assert!(found.iter().all(|&n| n == super::flush::FLUSHER_NICE), "flusher threads' nice values: {found:?}");
+}
+
+/// v2's variable-length integers make a task record about a quarter smaller than v1's fixed-width ones, in each
+/// state of a full cycle. `--nocapture` prints the sizes (docs/performance.md, "Smaller records").
+#[test]
+fn v2_task_records_are_smaller() {
+    use super::format::{self, V1};
+    use super::shard::{CachedStore, Layer};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let db = super::codec::open_db(&dir.path().join("shard.redb")).expect("open");
+    let (mut dirty, mut newest) = (Layer::default(), None);
+    let mut store = CachedStore::new(&mut dirty, &[], &db, &mut newest, None);
+    let mut applier = Applier::new();
+    // A timestamp of 2026 and a log position in the millions, as a running cluster stamps them.
+    let (now, base) = (1_795_000_000_000, 4_000_000);
+    let mut run =
+        |store: &mut CachedStore, index: u64, command: Command| applier.run(store, now, base + index, command);
+    let id = TaskId::new(now, 1, 1);
+    let task = NewTask {
+        id,
+        tenant: "default".into(),
+        queue: "bench".into(),
+        payload: vec![7u8; 100].into(),
+        visible_at: 0,
+        webhook_url: None,
+        idempotency_key: None,
+        ..new_task(1, None)
+    };
+    let sizes = |store: &mut CachedStore, state: &str| {
+        let t = store.get(&id).expect("read").expect("stored");
+        let (v1, v2) = (format::encode_as(V1, &*t).expect("v1").len(), format::encode(&*t).expect("v2").len());
+        eprintln!("{state}: v1 {v1} bytes, v2 {v2} bytes ({:.0} %)", 100.0 * v2 as f64 / v1 as f64);
+        assert!(v2 * 100 <= v1 * 80, "{state}: v2 {v2} bytes against v1 {v1}");
+    };
+    run(&mut store, 1, Command::Enqueue(vec![task]));
+    sizes(&mut store, "pending");
+    let worker = "worker-3f2a9c1e-0b7d-4c55-9e61-2d8f0a7b1c44";
+    let claim = ClaimItem { task_id: id, tenant: "default".into(), worker_id: worker.into(), lease_ms: 30_000 };
+    run(&mut store, 2, Command::Claim(vec![claim]));
+    sizes(&mut store, "claimed");
+    let token = store.get(&id).expect("read").expect("stored").lease.as_ref().expect("leased").token;
+    let done = AckItem { task_id: id, tenant: "default".into(), token, action: AckAction::Complete { result: vec![] } };
+    run(&mut store, 3, Command::Ack(vec![done]));
+    sizes(&mut store, "completed");
 }

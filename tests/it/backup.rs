@@ -279,9 +279,11 @@ async fn damaged_newer_or_misplaced_backups_are_refused_and_nothing_is_half_appl
     let e = refused(&put("layout2.backup", &layout), "layout2");
     assert!(e.contains("format version 2") && e.contains("(version 1)"), "{e}");
     let mut record = good.clone();
-    record[raftq::storage::format::BACKUP_MAGIC_LEN + 4] = 2;
-    let e = refused(&put("record2.backup", &record), "record2");
-    assert!(e.contains("backup header has format version 2") && e.contains("(version 1)"), "{e}");
+    let newer = raftq::storage::format::CURRENT + 1;
+    record[raftq::storage::format::BACKUP_MAGIC_LEN + 4] = newer;
+    let e = refused(&put("record-newer.backup", &record), "record-newer");
+    let (found, supported) = (format!("format version {newer}"), format!("(version {})", newer - 1));
+    assert!(e.contains(&format!("backup header has {found}")) && e.contains(&supported), "{e}");
 
     // Not over a directory that holds something, unless forced: the CLI says why and leaves it as it was.
     let used = targets.path().join("used");

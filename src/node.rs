@@ -129,7 +129,9 @@ impl Node {
             tls: tls.clone(),
             append_timeout: crate::raft::network::append_timeout(&cfg),
             gate: crate::raft::network::QuorumGate::new(&cfg),
+            varint: Default::default(),
         };
+        tokio::spawn(crate::raft::network::follow_wire(Arc::downgrade(&shared), network.varint.clone()));
         let peers = network.clone();
         let raft =
             Raft::new(cfg.node_id, raft_cfg, network, log, sm).await.map_err(|e| StartError::Raft(e.to_string()))?;

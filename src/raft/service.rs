@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::network::Wire;
 use super::types::{NodeId, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
 /// Serves peers' Raft RPCs to the local Raft, whatever its state machine (snapshots arrive as files).
@@ -34,44 +35,47 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServe
         Ok(())
     }
 
-    fn decode<T: serde::de::DeserializeOwned>(&self, m: &RaftMessage) -> Result<T, Status> {
+    /// A request's openraft value, and the encoding its reply goes in (the request's).
+    fn decode<T: serde::de::DeserializeOwned>(&self, m: &RaftMessage) -> Result<(T, Wire), Status> {
         self.check(m.from, m.to)?;
-        bincode::deserialize(&m.data).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))
+        let wire = Wire::of(m.encoding).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
+        let v = wire.decode(&m.data).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
+        Ok((v, wire))
     }
 
-    fn reply<T: Serialize>(&self, v: &T) -> Result<Response<RaftMessage>, Status> {
-        let data = bincode::serialize(v).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(RaftMessage { from: self.node_id, to: 0, data: data.into() }))
+    fn reply<T: Serialize>(&self, wire: Wire, v: &T) -> Result<Response<RaftMessage>, Status> {
+        let data = wire.encode(v).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(RaftMessage { from: self.node_id, to: 0, data: data.into(), encoding: wire as u32 }))
     }
 }
 
 #[tonic::async_trait]
 impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftService for RaftServer<SM> {
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.decode(req.get_ref())?;
-        self.reply(&self.raft.vote(rpc).await)
+        let (rpc, wire) = self.decode(req.get_ref())?;
+        self.reply(wire, &self.raft.vote(rpc).await)
     }
 
     async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.decode(req.get_ref())?;
-        self.reply(&self.raft.pre_vote(rpc).await)
+        let (rpc, wire) = self.decode(req.get_ref())?;
+        self.reply(wire, &self.raft.pre_vote(rpc).await)
     }
 
     async fn append_entries(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.decode(req.get_ref())?;
+        let (rpc, wire) = self.decode(req.get_ref())?;
         self.contact.touch();
-        self.reply(&self.raft.append_entries(rpc).await)
+        self.reply(wire, &self.raft.append_entries(rpc).await)
     }
 
     async fn transfer_leader(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.decode(req.get_ref())?;
-        self.reply(&self.raft.handle_transfer_leader(rpc).await)
+        let (rpc, wire) = self.decode(req.get_ref())?;
+        self.reply(wire, &self.raft.handle_transfer_leader(rpc).await)
     }
 
     async fn version(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         let m = req.get_ref();
         self.check(m.from, m.to)?;
-        self.reply(&super::version::SUPPORTED)
+        self.reply(Wire::Fixed, &super::version::SUPPORTED)
     }
 
     async fn install_snapshot(&self, req: Request<Streaming<SnapshotChunk>>) -> Result<Response<RaftMessage>, Status> {
@@ -100,6 +104,6 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServi
         }
         .await;
         let _ = tokio::fs::remove_file(&path).await;
-        self.reply(&result?)
+        self.reply(Wire::Fixed, &result?)
     }
 }

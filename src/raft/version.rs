@@ -13,6 +13,7 @@
 //! | 2       | `SetLimits`, `SetFairnessWeight`, `SetRateLimit`, `RatedClaim` (and their `l`, `w`, `r` shard records) |
 //! | 3       | `EnqueueKeyed` (debounce and singleton keys; their records are idempotency-key records, `KeyRecord`); `SetKeyLimit` (concurrency key overrides, and their `o` shard records) |
 //! | 4       | snapshots of v2 records (`RAFTQSNAP4`: variable-length integers, `storage::format`)                |
+//! | 5       | Raft messages in bincode with variable-length integers (`raft::network::Wire::Varint`)             |
 //!
 //! A node's own files are its own business (`storage::format`): a newer binary upgrades them at start whatever
 //! the cluster version. A binary from before cluster versions applies version 0 and does not answer the version
@@ -25,7 +26,7 @@
 use std::io;
 
 /// The newest cluster version this binary can apply.
-pub const SUPPORTED: u32 = 4;
+pub const SUPPORTED: u32 = 5;
 
 /// Refuses an entry raising the cluster version past what this binary can apply: the node stops (apply fails)
 /// rather than apply entries of a version it does not know. The gate never proposes one while this node is a

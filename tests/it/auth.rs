@@ -695,7 +695,7 @@ async fn the_raft_port_takes_only_the_cluster_credential() {
         .await
         .expect("connect");
     let mut raft = RaftServiceClient::new(ch);
-    let msg = || pb::RaftMessage { from: 7, to: 1, data: vec![1, 2, 3].into() };
+    let msg = || pb::RaftMessage { from: 7, to: 1, data: vec![1, 2, 3].into(), ..Default::default() };
     let call = |mut r: Request<pb::RaftMessage>, header: Option<(&'static str, String)>| {
         if let Some((k, v)) = header {
             r.metadata_mut().insert(k, v.parse().expect("ascii"));
@@ -1153,7 +1153,7 @@ async fn a_tls_cluster_replicates_over_mutual_tls_and_refuses_peers_without_a_ce
     // The Raft port: a TLS client trusting the CA but without a certificate is refused, even with the cluster
     // credential; with the node certificate it gets through the TLS and credential gates.
     let msg = || {
-        let mut r = Request::new(pb::RaftMessage { from: 9, to: 1, data: vec![0].into() });
+        let mut r = Request::new(pb::RaftMessage { from: 9, to: 1, data: vec![0].into(), ..Default::default() });
         let cred = raftq::auth::cluster_credential(b"tls-cluster");
         r.metadata_mut().insert(raftq::auth::CLUSTER_AUTH_HEADER, cred.parse().expect("ascii"));
         r

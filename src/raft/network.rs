@@ -423,7 +423,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             Err(e) => return Err(unreachable(e.to_string())),
         }
         let msg = resp.into_inner();
-        match bincode::deserialize::<Result<SnapshotResponse<TypeConfig>, Fatal>>(&msg.data) {
+        let wire = Wire::of(msg.encoding).map_err(unreachable)?;
+        match wire.decode::<Result<SnapshotResponse<TypeConfig>, Fatal>>(&msg.data) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(unreachable(e.to_string())),
             Err(e) => Err(StreamingError::Network(NetworkError::new(&e))),

@@ -1,8 +1,12 @@
-//! Downgrade: a stopped node's data directory rewritten from v1 or v2 back to v0, so the release from before
-//! cluster versions (which reads only v0, see `format.rs`) can run on it. Allowed only while the cluster version is 0 (`raft::version`): before
-//! the switch the log holds only commands every release applies and snapshots hold v0 records, so the previous
-//! release finds a state it knows. Once the node has applied the switch, or holds it in its log, the downgrade is
-//! refused and nothing is written.
+//! Downgrade: a stopped node's data directory rewritten for the release before this one, which runs at the
+//! cluster version this node has applied (`raft::version`):
+//! - at cluster version 0 (every member was of a release from before cluster versions, which reads only v0, see
+//!   `format.rs`): every file back to v0;
+//! - at cluster versions 1 to 3 (every member read v1 records): every file back to v1, the directory to version 2.
+//!
+//! Before the next switch the log holds only commands that release applies and snapshots hold records it reads,
+//! so it finds a state it knows. Once the node has applied a cluster version of this release (4 or more), or
+//! holds such a switch or command in its log, the downgrade is refused and nothing is written.
 //!
 //! Every check reads only (the files are opened read-only, the log scanned) before the first write; a node that
 //! was killed rather than stopped (its log's journal holds writes, see `journal.rs`) is refused. Each redb
@@ -18,7 +22,7 @@ use redb::{ReadableDatabase, ReadableTable, TableError};
 
 use super::codec::open_db;
 use super::files::{self, sync_dir};
-use super::format::{self, Stored, V0, V1, V2};
+use super::format::{self, Stored, V0, V1};
 use super::snapshot;
 use super::tables::*;
 use crate::raft::types::Entry;
@@ -30,36 +34,50 @@ pub struct Downgraded {
     pub files: usize,
     /// Values rewritten in them.
     pub values: u64,
+    /// The format the files are in now: v0, or v1 (in a directory of version 2).
+    pub to: format::Version,
 }
+
+/// The newest cluster version a release of v1 records applies (86e2f28 and the releases before it back to
+/// cluster version 1).
+const V1_CLUSTER_VERSION: u32 = 3;
 
 fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-/// Rewrites `dir` (a stopped node's data directory) as v0. `Ok(None)` when it already is v0.
+/// Rewrites `dir` (a stopped node's data directory) for the release before this one: v0 at cluster version 0,
+/// v1 at 1 to 3. `Ok(None)` when it already is in that release's format.
 pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
-    match format::data_dir_version(dir)? {
+    let found = match format::data_dir_version(dir)? {
         None => return Err(refused(format!("{} holds no raftq data", dir.display()))),
         Some(V0) => return Ok(None),
-        Some(_) => {}
-    }
-    files::recover_install(dir)?;
+        Some(v) => v,
+    };
     let log = files::log_path(dir);
     let journal = super::files::journal_path(&log);
     let sm = files::sm_dir(dir);
     let shards: Vec<_> = (0..).map(|i| files::shard_path(&sm, i)).take_while(|p| p.exists()).collect();
 
     // ---- checks, reading only ----
+    let mut applied = 0;
     for path in &shards {
         let db = redb::ReadOnlyDatabase::open(path).map_err(|e| open_failed(path, e))?;
-        if let Some(v) = applied_cluster_version(&db, path)?.filter(|v| *v > 0) {
-            return Err(refused(format!(
-                "this node has applied cluster version {v}: the previous release cannot apply what the cluster \
-                 logged since the switch, so a downgrade is possible only before it (restore a backup taken \
-                 before the upgrade instead); nothing was changed"
-            )));
-        }
+        applied = applied.max(applied_cluster_version(&db, path)?.unwrap_or(0));
     }
+    if applied > V1_CLUSTER_VERSION {
+        return Err(refused(format!(
+            "this node has applied cluster version {applied}: the previous release cannot apply what the cluster \
+             logged since the switch, so a downgrade is possible only before it (restore a backup taken before \
+             the upgrade instead); nothing was changed"
+        )));
+    }
+    // The release the node goes back to: one from before cluster versions (v0), or one of v1 records.
+    let (to, newest) = if applied == 0 { (V0, 0) } else { (V1, V1_CLUSTER_VERSION) };
+    if to == V1 && found <= format::DIR_V2 {
+        return Ok(None);
+    }
+    files::recover_install(dir)?;
     if log.exists() {
         let db = redb::ReadOnlyDatabase::open(&log).map_err(|e| open_failed(&log, e))?;
         // A directory of version 2 has the log's journal. A stopped node checkpointed it into the log file; one
@@ -73,7 +91,7 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
                 journal.display()
             )));
         }
-        if let Some((index, required)) = first_newer_entry(&db, &log)? {
+        if let Some((index, required)) = first_newer_entry(&db, &log, newest)? {
             return Err(refused(format!(
                 "the log holds, at index {index}, a command of cluster version {required} (the switch or newer): \
                  the previous release cannot apply it; nothing was changed"
@@ -81,19 +99,19 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
         }
     }
     if let Some(layout) = snapshot::current_layout(dir)? {
-        if layout.records != V0 {
-            return Err(refused(
-                "the current snapshot holds v1 or newer records (it was built after the switch, or by a build from before \
-                 cluster versions): the previous release cannot install it; nothing was changed"
-                    .into(),
-            ));
+        if layout.records > to {
+            return Err(refused(format!(
+                "the current snapshot holds v{} records (it was built after the switch): the previous release \
+                 cannot install it; nothing was changed",
+                layout.records
+            )));
         }
     }
 
     // ---- rewrites ----
-    let mut out = Downgraded { files: 0, values: 0 };
+    let mut out = Downgraded { files: 0, values: 0, to };
     if log.exists() {
-        out.values += rewrite(&log, &[], true, LOG_META)?;
+        out.values += rewrite(&log, &[], true, LOG_META, to)?;
         out.files += 1;
     }
     for path in &shards {
@@ -103,14 +121,18 @@ pub fn downgrade_data_dir(dir: &Path) -> io::Result<Option<Downgraded>> {
             (WEBHOOK_OUTBOX, Stored::Delivery),
             (SHARD_RECORDS, Stored::Record(&[])),
         ];
-        out.values += rewrite(path, &tables, false, SHARD_META)?;
+        out.values += rewrite(path, &tables, false, SHARD_META, to)?;
         out.files += 1;
     }
-    snapshot::downgrade_current_meta(dir)?;
+    snapshot::downgrade_current_meta(dir, to)?;
     if journal.exists() {
         fs::remove_file(&journal)?;
     }
-    fs::remove_file(dir.join(format::DATA_DIR_MARKER))?;
+    if to == V0 {
+        fs::remove_file(dir.join(format::DATA_DIR_MARKER))?;
+    } else {
+        format::mark_data_dir_as(dir, format::DIR_V2)?;
+    }
     sync_dir(dir)?;
     Ok(Some(out))
 }
@@ -136,8 +158,9 @@ fn applied_cluster_version(db: &redb::ReadOnlyDatabase, path: &Path) -> io::Resu
     format::decode_as(version.unwrap_or(V0), v.value(), "cluster version record").map(Some)
 }
 
-/// The first log entry whose command needs a cluster version above 0: (its index, that version).
-fn first_newer_entry(db: &redb::ReadOnlyDatabase, path: &Path) -> io::Result<Option<(u64, u32)>> {
+/// The first log entry whose command needs a cluster version above `newest`, or switches to one: (its index, that
+/// version).
+fn first_newer_entry(db: &redb::ReadOnlyDatabase, path: &Path, newest: u32) -> io::Result<Option<(u64, u32)>> {
     let version = format::file_version(db, LOG_META, path)?.unwrap_or(V0);
     let txn = db.begin_read().map_err(io::Error::other)?;
     let table = match txn.open_table(LOG) {
@@ -149,8 +172,11 @@ fn first_newer_entry(db: &redb::ReadOnlyDatabase, path: &Path) -> io::Result<Opt
         let (k, v) = item.map_err(io::Error::other)?;
         let entry: Entry = format::decode_as(version, v.value(), "log entry")?;
         if let openraft::EntryPayload::Normal(req) = &entry.payload {
-            let required = req.command.required_version();
-            if required > 0 {
+            let required = match &*req.command {
+                crate::queue::Command::SetClusterVersion { version } => *version,
+                c => c.required_version(),
+            };
+            if required > newest {
                 return Ok(Some((k.value(), required)));
             }
         }
@@ -158,19 +184,21 @@ fn first_newer_entry(db: &redb::ReadOnlyDatabase, path: &Path) -> io::Result<Opt
     Ok(None)
 }
 
-/// Rewrites one redb file as v0 in one transaction (a file already without a marker is left as it is).
+/// Rewrites one redb file as `to` (v0 or v1) in one transaction (a file already of `to` or older is left as it
+/// is).
 fn rewrite(
     path: &Path,
     tables: &[format::TypedTable],
     log: bool,
     meta: redb::TableDefinition<&str, &[u8]>,
+    to: format::Version,
 ) -> io::Result<u64> {
     let db = open_db(path)?;
-    if !matches!(format::file_version(&db, meta, path)?, Some(V1 | V2)) {
+    if format::file_version(&db, meta, path)?.unwrap_or(V0) <= to {
         return Ok(0);
     }
     let txn = db.begin_write().map_err(io::Error::other)?;
-    let n = format::downgrade_file(&txn, tables, log, meta)?;
+    let n = format::downgrade_file(&txn, tables, log, meta, to)?;
     txn.commit().map_err(io::Error::other)?;
     Ok(n)
 }

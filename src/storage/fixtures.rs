@@ -53,7 +53,12 @@ fn new_task(i: u16, max_attempts: u32) -> NewTask {
 
 /// Applies the switch to cluster version 1 at `index`, after which snapshots carry v1 records.
 async fn raise_cluster_version(sm: &mut StateMachine, index: u64) {
-    let e = entry(index, 1_100, Command::SetClusterVersion { version: 1 });
+    set_cluster_version(sm, index, 1).await;
+}
+
+/// Applies the switch to cluster version `version` at `index`.
+async fn set_cluster_version(sm: &mut StateMachine, index: u64, version: u32) {
+    let e = entry(index, 1_100, Command::SetClusterVersion { version });
     sm.apply(futures::stream::iter([Ok((e, None))])).await.expect("apply");
 }
 
@@ -567,15 +572,16 @@ async fn a_downgrade_before_the_switch_gives_back_the_v0_values_and_after_it_is_
     assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::V0));
     assert_eq!(super::downgrade::downgrade_data_dir(dir).expect("again"), None, "already v0: nothing to do");
 
-    // Upgraded again, the node runs on with its state; then it applies the switch.
+    // Upgraded again, the node runs on with its state; then it applies this release's switch (a member of a
+    // release of v1 records applies up to 3).
     {
         let (_log, mut sm) = super::open_data_dir(dir, 1).expect("upgrade again");
         assert_fixture_state(&sm, true);
-        raise_cluster_version(&mut sm, 100).await;
+        set_cluster_version(&mut sm, 100, 4).await;
     }
     let before = all_bytes(dir);
     let msg = super::downgrade::downgrade_data_dir(dir).expect_err("after the switch").to_string();
-    assert!(msg.contains("applied cluster version 1") && msg.contains("nothing was changed"), "{msg}");
+    assert!(msg.contains("applied cluster version 4") && msg.contains("nothing was changed"), "{msg}");
     assert_unchanged(dir, &before);
 }
 
@@ -590,6 +596,59 @@ async fn a_downgrade_is_refused_while_the_log_holds_the_switch_unapplied() {
     let before = all_bytes(dir);
     let msg = super::downgrade::downgrade_data_dir(dir).expect_err("logged switch").to_string();
     assert!(msg.contains("at index 10") && msg.contains("cluster version 1"), "{msg}");
+    assert_unchanged(dir, &before);
+}
+
+/// A node upgraded from a release of v1 records (cluster versions 1 to 3) goes back to it before this release's
+/// switch: v2 records decoded and written as v1, v1 records left as they were, the files' markers and the
+/// directory's back to what that release wrote. Once the log holds the switch to 4, it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_at_cluster_version_3_gives_back_v1_files() {
+    use super::tables::*;
+    let tmp = copy_v1();
+    let dir = tmp.path();
+    let v1_meta = std::fs::read(files::current_meta_path(dir)).expect("current snapshot meta");
+    {
+        let (mut log, mut sm) = super::open_data_dir(dir, 1).expect("upgrade");
+        set_cluster_version(&mut sm, 10, 3).await;
+        let cancel = Command::Cancel { tenant: "t".into(), task_id: task_id(5) };
+        apply(&mut log, &mut sm, vec![entry(11, 1_011, cancel)]).await;
+        sm.shared.digest().expect("digest writes every layer");
+    }
+    let versions = |dir: &Path| record_versions(dir, TASKS).into_iter().map(|(_, v)| v).collect::<Vec<_>>();
+    assert!(versions(dir).contains(&format::V2), "task 5 was written in v2");
+    let digest = super::backup::data_dir_digest(dir).expect("digest");
+
+    let done = super::downgrade::downgrade_data_dir(dir).expect("downgrade").expect("was v2");
+    assert_eq!((done.to, done.files), (format::V1, 2));
+    assert_eq!(format::data_dir_version(dir).expect("version"), Some(format::DIR_V2));
+    for (path, meta) in [(files::log_path(dir), LOG_META), (files::shard_path(&files::sm_dir(dir), 0), SHARD_META)] {
+        let db = redb::ReadOnlyDatabase::open(&path).expect("open");
+        assert_eq!(format::file_version(&db, meta, &path).expect("marker"), Some(format::V1), "{}", path.display());
+    }
+    // Every value as a v1 build reads it: the version byte 1, then fixed-width bincode.
+    for ((file, table, key), v) in contents(dir) {
+        if key == META_FORMAT.as_bytes() {
+            continue;
+        }
+        assert_eq!(v.first(), Some(&format::V1), "{file} {table} {key:?}");
+    }
+    let task5 = &contents(dir)[&("shard-0.redb".to_string(), TASKS.to_string(), task_id(5).0.to_vec())];
+    let t: Task = bincode::deserialize(&task5[1..]).expect("a v1 task record");
+    assert_eq!(t.state, TaskState::Cancelled);
+    assert_eq!(std::fs::read(files::current_meta_path(dir)).expect("meta"), v1_meta, "as the v1 build wrote it");
+    assert_eq!(super::backup::data_dir_digest(dir).expect("digest"), digest, "the same state");
+    assert_eq!(super::downgrade::downgrade_data_dir(dir).expect("again"), None, "already v1: nothing to do");
+
+    // This build opens it again; once its log holds the switch to 4, there is no way back.
+    {
+        let (mut log, sm) = super::open_data_dir(dir, 1).expect("upgrade again");
+        assert_eq!(task(&sm, 5).state, TaskState::Cancelled);
+        append(&mut log, &[entry(12, 1_100, Command::SetClusterVersion { version: 4 })]).await;
+    }
+    let before = all_bytes(dir);
+    let msg = super::downgrade::downgrade_data_dir(dir).expect_err("logged switch").to_string();
+    assert!(msg.contains("at index 12") && msg.contains("cluster version 4"), "{msg}");
     assert_unchanged(dir, &before);
 }
 

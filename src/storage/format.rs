@@ -19,7 +19,7 @@
 //! version of records is therefore recorded **per file**, where the whole file is known:
 //! - every redb file (the log, each shard) holds a marker, [`META_FORMAT`] in its meta table (one byte, the
 //!   version of the records it holds). A file without it is v0 (or new) and is upgraded at open, in the one
-//!   transaction that also writes the marker: a crash leaves it all v0 or all v1. In a v1 or v2 file every
+//!   transaction that also writes the marker: a crash leaves it all v0 or all current. In a v1 or v2 file every
 //!   value is `[version byte] ++ bincode` (the byte lets a later version mix records in an older file, as v2 does
 //!   with v1 records, and lets a newer record be refused by name);
 //! - a snapshot file says its layout in its magic (`RAFTQSNAP1`, `RAFTQSNAP2`: v0 records; `RAFTQSNAP3`: v1
@@ -391,35 +391,39 @@ pub fn upgrade_shard_record<'a>(version: Version, key: &[u8], v: &'a [u8]) -> io
     by_type!(Stored::Record(key), upgraded_bytes(version, v))
 }
 
-/// The way back, for a downgrade before the cluster version is raised: every value of a v1 or v2 file in
-/// `tables` and `meta` rewritten as v0 (a v1 value without its version byte, a v2 value decoded and encoded
-/// again), and the file's marker removed, inside `txn` (so a crash leaves the file as it was or all v0). Returns
-/// the values rewritten.
+/// The way back, for a downgrade before the cluster version is raised: every value of a newer file in `tables`
+/// and `meta` rewritten as `to` (v0: a v1 value without its version byte; v0 or v1: a v2 value decoded and
+/// encoded again), and the file's marker set to `to` (removed for v0), inside `txn` (so a crash leaves the file
+/// as it was or all `to`). Returns the values rewritten.
 pub fn downgrade_file(
     txn: &WriteTransaction,
     tables: &[TypedTable],
     log: bool,
     meta: TableDefinition<&str, &[u8]>,
+    to: Version,
 ) -> io::Result<u64> {
-    let to_v0 = |of: Stored<'_>, v: &[u8]| stored_value_as(V0, of, v).map(Cow::into_owned);
+    let convert = |of: Stored<'_>, v: &[u8]| stored_value_as(to, of, v).map(Cow::into_owned);
     let mut n = 0u64;
     for (def, of) in tables {
         upgrade_table(txn, *def, |k, v| {
             n += 1;
             match of {
-                Stored::Record(_) => to_v0(Stored::Record(k), v),
-                of => to_v0(*of, v),
+                Stored::Record(_) => convert(Stored::Record(k), v),
+                of => convert(*of, v),
             }
         })?;
     }
     if log {
         rewrite_log(txn, |v| {
             n += 1;
-            to_v0(Stored::Entry, v)
+            convert(Stored::Entry, v)
         })?;
     }
     let mut m = txn.open_table(meta).map_err(|e| invalid("meta", e))?;
     m.remove(META_FORMAT).map_err(|e| invalid("meta", e))?;
+    if to != V0 {
+        m.insert(META_FORMAT, [to].as_slice()).map_err(|e| invalid("meta", e))?;
+    }
     // The journal's generation: the downgrade runs only on a journal with nothing to replay, and removes it.
     m.remove(META_JOURNAL).map_err(|e| invalid("meta", e))?;
     let keys: Vec<String> = m
@@ -428,9 +432,9 @@ pub fn downgrade_file(
         .map(|item| item.map(|(k, _)| k.value().to_string()))
         .collect::<Result<_, _>>()
         .map_err(|e| invalid("meta", e))?;
-    for k in keys {
+    for k in keys.into_iter().filter(|k| k != META_FORMAT) {
         let v = match m.get(k.as_str()).map_err(|e| invalid("meta", e))? {
-            Some(v) => to_v0(Stored::Meta(&k), v.value())?,
+            Some(v) => convert(Stored::Meta(&k), v.value())?,
             None => continue,
         };
         m.insert(k.as_str(), v.as_slice()).map_err(|e| invalid("meta", e))?;
@@ -599,6 +603,15 @@ pub fn encode_meta_file<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// A small metadata file as a reader of `version` reads it: bare bincode for v0, else the magic, the version byte
+/// and its bincode.
+pub fn encode_meta_file_as<T: Serialize>(version: Version, v: &T) -> io::Result<Vec<u8>> {
+    match version {
+        V0 => encode_as(V0, v),
+        _ => Ok([META_FILE_MAGIC, &encode_as(version, v)?].concat()),
+    }
+}
+
 /// Reads a metadata file of any version: v0 ones are bare bincode, whose first byte (an `Option` tag of the
 /// snapshot meta, 0 or 1) is never the magic's first.
 pub fn decode_meta_file<T: DeserializeOwned>(b: &[u8], what: &str) -> io::Result<T> {
@@ -635,9 +648,14 @@ pub fn data_dir_version(dir: &Path) -> io::Result<Option<Version>> {
 
 /// Writes the directory's marker with the current version (atomically: a temp file renamed over it).
 pub fn mark_data_dir(dir: &Path) -> io::Result<()> {
+    mark_data_dir_as(dir, DIR_CURRENT)
+}
+
+/// Writes the directory's marker with `version` (a downgrade's).
+pub fn mark_data_dir_as(dir: &Path, version: Version) -> io::Result<()> {
     let path = dir.join(DATA_DIR_MARKER);
     let tmp = dir.join(format!("{DATA_DIR_MARKER}.tmp"));
-    fs::write(&tmp, format!("{DIR_CURRENT}\n"))?;
+    fs::write(&tmp, format!("{version}\n"))?;
     fs::File::open(&tmp)?.sync_all()?;
     fs::rename(&tmp, &path)?;
     fs::File::open(dir)?.sync_all()

@@ -9,7 +9,7 @@
 //!
 //! Format (`docs/design.md`, "Snapshots"; its versions are `format.rs`'s): the magic, then frames (kind u8,
 //! length u32 BE, bytes): a header (last log id, membership, time), every task record, idempotency key, webhook
-//! delivery and shard record, an end frame with their count; layouts 2 and 3 end with the SHA-256 of every byte
+//! delivery and shard record, an end frame with their count; layouts 2 to 4 end with the SHA-256 of every byte
 //! before it. A snapshot whose count or digest does not match is refused before anything of it is committed.
 
 use std::collections::BTreeMap;
@@ -576,8 +576,8 @@ pub(super) fn current_layout(dir: &Path) -> io::Result<Option<format::SnapshotLa
     format::snapshot_layout(&magic).map(Some)
 }
 
-/// Writes the current snapshot's meta file in the v0 encoding (a downgrade, `downgrade.rs`).
-pub(super) fn downgrade_current_meta(dir: &Path) -> io::Result<()> {
+/// Writes the current snapshot's meta file in `to`'s encoding (a downgrade, `downgrade.rs`).
+pub(super) fn downgrade_current_meta(dir: &Path, to: format::Version) -> io::Result<()> {
     let path = files::current_meta_path(dir);
     let bytes = match fs::read(&path) {
         Ok(b) => b,
@@ -586,7 +586,7 @@ pub(super) fn downgrade_current_meta(dir: &Path) -> io::Result<()> {
     };
     let cur: CurrentSnapshot = format::decode_meta_file(&bytes, "current snapshot meta")?;
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, format::encode_as(format::V0, &cur)?)?;
+    fs::write(&tmp, format::encode_meta_file_as(to, &cur)?)?;
     fs::File::open(&tmp)?.sync_all()?;
     fs::rename(&tmp, &path)?;
     sync_dir(&snap_dir(dir))

@@ -139,7 +139,7 @@ pub struct UpgradeAnalysis {
     pub upgraded_at_ms: Option<u64>,
     /// (what, passed, detail) of each expectation the scenario checked as it ran.
     pub expectations: Vec<(String, bool, String)>,
-    /// A node reported cluster version 1 or more while another still ran the previous binary.
+    /// A node reported a cluster version above the previous release's own while another still ran that release.
     pub switched_early: Finding,
 }
 
@@ -696,9 +696,11 @@ pub fn check(events: &[Event]) -> Analysis {
         });
     }
     a.upgrade.upgraded_at_ms = marks.get(UPGRADED).copied();
+    // Which nodes ran the previous binary at each report of a node's versions.
     let mut old_nodes: BTreeSet<u64> = BTreeSet::new();
     let mut binaries = a.upgrade.binaries.iter().peekable();
-    for (t, node, _, cv) in &a.upgrade.versions {
+    let mut reports = Vec::new();
+    for (t, node, version, cv) in &a.upgrade.versions {
         while let Some((_, n, b)) = binaries.next_if(|(bt, _, _)| bt <= t) {
             if b == "old" {
                 old_nodes.insert(*n);
@@ -706,9 +708,15 @@ pub fn check(events: &[Event]) -> Analysis {
                 old_nodes.remove(n);
             }
         }
+        reports.push((*t, *node, *version, *cv, old_nodes.clone()));
+    }
+    // The previous release's own version (what its nodes reported; 0 for one from before cluster versions): the
+    // cluster may run at it, not above, while a node runs that release.
+    let old_version = reports.iter().filter(|r| r.4.contains(&r.1)).map(|r| r.2).min().unwrap_or(0);
+    for (t, node, _, cv, old_nodes) in &reports {
         // After the upgrade the scenario starts the previous binary once more, to see it refuse the files.
         let before_upgraded = a.upgrade.upgraded_at_ms.is_none_or(|u| *t < u);
-        if *cv >= 1 && before_upgraded && !old_nodes.is_empty() {
+        if *cv > old_version && before_upgraded && !old_nodes.is_empty() {
             a.upgrade.switched_early.add(format!(
                 "at {t} ms node {node} reported cluster version {cv} while nodes {old_nodes:?} ran the previous binary"
             ));
@@ -1100,6 +1108,16 @@ mod tests {
         let a = h.check();
         assert_eq!(a.upgrade.switched_early.count, 1, "{a:#?}");
         assert!(!a.valid);
+        // A previous release of cluster versions (3): the cluster may run at 3 while a node runs it, not above.
+        let from_3 = |last_cv: u32| {
+            let mut h = clean();
+            binary(&mut h, 1, "old");
+            binary(&mut h, 2, "new");
+            version(&mut h, 1, 3, 3);
+            version(&mut h, 2, 5, last_cv);
+            h.check().upgrade.switched_early.count
+        };
+        assert_eq!((from_3(3), from_3(5)), (0, 1));
         let mut h = upgraded();
         h.push(Op::Expect { what: "data downgrade refuses".into(), passed: false, detail: "exit 0".into() });
         let a = h.check();

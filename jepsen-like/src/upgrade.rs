@@ -65,11 +65,19 @@ pub fn server_settings(base: &str) -> String {
 pub struct Upgrade<'a, B: Backend> {
     c: &'a mut B,
     rec: Arc<Recorder>,
+    /// The binary version the previous release reports (0 for one from before cluster versions, which does not
+    /// answer the call), read from the nodes as the run starts.
+    old_version: u32,
 }
+
+/// The newest cluster version the current build applies (`raft::version::SUPPORTED` in the server: 5 since Raft
+/// messages in variable-length integers, 4 since snapshots of v2 records, 3 since SetKeyLimit, 2 since SetLimits,
+/// SetFairnessWeight and SetRateLimit); the harness links only the SDK, so the number is written here.
+const CURRENT_VERSION: u32 = 5;
 
 impl<'a, B: Backend> Upgrade<'a, B> {
     pub fn new(c: &'a mut B, rec: Arc<Recorder>) -> Upgrade<'a, B> {
-        Upgrade { c, rec }
+        Upgrade { c, rec, old_version: 0 }
     }
 
     fn say(&self, phase: FaultPhase, node: Option<u64>, detail: impl Into<String>) {
@@ -120,11 +128,7 @@ impl<'a, B: Backend> Upgrade<'a, B> {
             self.say(FaultPhase::Note, Some(id), format!("{e:#}"));
         }
         let version = self.c.admins().status(id).await.map(|s| s.version);
-        // The newest cluster version this build applies (`raft::version::SUPPORTED` in the server: 5 since Raft
-        // messages in variable-length integers, 4 since snapshots of v2 records, 3 since SetKeyLimit, 2 since
-        // SetLimits, SetFairnessWeight and SetRateLimit); the harness links only the SDK, so the number is
-        // written here.
-        let want = if old { 0 } else { 5 };
+        let want = if old { self.old_version } else { CURRENT_VERSION };
         if version != Some(want) {
             self.expect(
                 "a node reports its binary's version",
@@ -162,11 +166,22 @@ impl<'a, B: Backend> Upgrade<'a, B> {
             let old = self.c.runs_old_binary(*id);
             self.rec.record(Op::Binary { node: *id, binary: if old { "old" } else { "new" }.into() });
         }
+        // The previous release: one from before cluster versions (version 0), or a later one below this build's
+        // version; every node runs it, at a cluster version it applies.
         let versions = self.c.admins().statuses(&ids).await;
-        let all_old = ids.iter().all(|id| versions.get(id).is_some_and(|s| s.version == 0 && s.cluster_version == 0));
+        self.old_version = versions.values().map(|s| s.version).min().unwrap_or(0);
+        let all_old = ids.iter().all(|id| {
+            versions.get(id).is_some_and(|s| {
+                s.version == self.old_version && s.version < CURRENT_VERSION && s.cluster_version <= s.version
+            })
+        });
         let seen: Vec<String> =
             versions.values().map(|s| format!("{}:v{}/cv{}", s.node_id, s.version, s.cluster_version)).collect();
-        self.expect("every node starts on the previous release (version 0)", all_old, seen.join(" "));
+        self.expect(
+            &format!("every node starts on the previous release (version {})", self.old_version),
+            all_old,
+            seen.join(" "),
+        );
         tokio::time::sleep(load).await;
 
         // 1. Up and down again before the switch.
@@ -311,17 +326,20 @@ impl<'a, B: Backend> Upgrade<'a, B> {
         tokio::time::sleep(BETWEEN_STEPS).await;
     }
 
-    /// Waits until every node reports cluster version 1; records how long it took from `since`.
+    /// Waits until every node reports a cluster version above what the previous release applies; records how
+    /// long it took from `since`.
     async fn wait_switch(&mut self, ids: &[u64], since: Instant) {
         let deadline = since + SWITCH_BOUND;
         loop {
             let st = self.c.admins().statuses(ids).await;
-            let all = ids.iter().all(|id| st.get(id).is_some_and(|s| s.cluster_version >= 1));
+            let all = ids.iter().all(|id| st.get(id).is_some_and(|s| s.cluster_version > self.old_version));
             if all || Instant::now() >= deadline {
                 let seen: Vec<String> = st.values().map(|s| format!("{}:cv{}", s.node_id, s.cluster_version)).collect();
                 let detail =
                     format!("{} ms after the last node was started ({})", since.elapsed().as_millis(), seen.join(" "));
-                return self.expect("cluster version 1 on every node within 15 s of the last upgrade", all, detail);
+                let what =
+                    format!("cluster version above {} on every node within 15 s of the last upgrade", self.old_version);
+                return self.expect(&what, all, detail);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -73,7 +73,7 @@ impl Wire {
         use bincode::Options;
         match self {
             Wire::Fixed => bincode::serialize(v),
-            Wire::Varint => bincode::DefaultOptions::new().allow_trailing_bytes().serialize(v),
+            Wire::Varint => crate::storage::format::varint().serialize(v),
         }
     }
 
@@ -81,7 +81,7 @@ impl Wire {
         use bincode::Options;
         match self {
             Wire::Fixed => bincode::deserialize(b),
-            Wire::Varint => bincode::DefaultOptions::new().allow_trailing_bytes().deserialize(b),
+            Wire::Varint => crate::storage::format::varint().deserialize(b),
         }
     }
 }

@@ -128,8 +128,8 @@ fn invalid(what: impl Into<String>, reason: impl std::fmt::Display) -> io::Error
 // ---- records and log entries -----------------------------------------------------------------------------------
 
 /// v2's bincode: variable-length integers (one byte below 251), little-endian, no size limit; like v1's
-/// `bincode::deserialize`, a value followed by more bytes decodes.
-fn varint() -> impl Options {
+/// `bincode::deserialize`, a value followed by more bytes decodes. Raft messages use it too (`raft::network::Wire`).
+pub(crate) fn varint() -> impl Options {
     bincode::DefaultOptions::new().with_varint_encoding().allow_trailing_bytes()
 }
 

@@ -10,28 +10,36 @@ mod cmd;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// How long memory freed by the process waits before mimalloc returns it to the OS, for `raftq serve`. mimalloc's
-/// default (1 s) is no longer than the state machine's flush interval (1 s, `storage::flush`): memory a flush
-/// freed was given back, and apply faulted it in again, zeroed by the kernel in 2 MiB huge pages (a sixth of a
-/// follower's CPU went to `clear_page_erms`). Memory freed and reused within this delay stays
-/// with the process; memory idle for longer still goes back.
-const PURGE_DELAY: (&str, &str) = ("MIMALLOC_PURGE_DELAY", "10000");
+/// mimalloc's options for `raftq serve`, each set unless the user set it.
+///
+/// - `MIMALLOC_PURGE_DELAY`: how long memory freed by the process waits before mimalloc returns it to the OS.
+///   mimalloc's default (1 s) is no longer than the state machine's flush interval (1 s, `storage::flush`):
+///   memory a flush freed was given back, and apply faulted it in again, zeroed by the kernel (a sixth of a
+///   follower's CPU went to `clear_page_erms`). Memory freed and reused within this delay stays with the
+///   process; memory idle for longer still goes back.
+/// - `MIMALLOC_ALLOW_THP=0`: no transparent huge pages for the heap. A node's memory grows for its first
+///   seconds and with the tasks it keeps, and each first touch of a huge page zeroes 2 MiB at once in whichever
+///   thread touched it (about 1.6 ms on this kind of VM), often a thread on a request's path: enqueue→claim p99
+///   at `latency-3` fell from 25–37 ms to 16–18 ms without them, at the same CPU per task (docs/performance.md,
+///   "Huge pages and the latency tail").
+const ALLOCATOR_OPTIONS: [(&str, &str); 2] = [("MIMALLOC_PURGE_DELAY", "10000"), ("MIMALLOC_ALLOW_THP", "0")];
 
 /// mimalloc reads its options from the environment when the process starts, before `main`, and setting one
-/// from Rust would take `unsafe` FFI, which this workspace forbids: so `raftq serve`, started without the
-/// variable, runs itself again (same pid, arguments and environment) with it set. When that cannot be done (the
-/// binary was replaced on disk since it started), it goes on with mimalloc's default. A variable the user set
-/// is kept as it is.
+/// from Rust would take `unsafe` FFI, which this workspace forbids: so `raftq serve`, started without one of
+/// [`ALLOCATOR_OPTIONS`], runs itself again (same pid, arguments and environment) with the missing ones set.
+/// When that cannot be done (the binary was replaced on disk since it started), it goes on with mimalloc's
+/// defaults. A variable the user set is kept as it is.
 fn with_allocator_options() {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
     let (Some(arg0), Some(sub)) = (args.next(), args.next()) else { return };
-    if sub != "serve" || std::env::var_os(PURGE_DELAY.0).is_some() {
+    let missing: Vec<_> = ALLOCATOR_OPTIONS.iter().filter(|(k, _)| std::env::var_os(k).is_none()).collect();
+    if sub != "serve" || missing.is_empty() {
         return;
     }
     let Ok(exe) = std::env::current_exe() else { return };
-    let err = std::process::Command::new(exe).arg0(arg0).arg(sub).args(args).env(PURGE_DELAY.0, PURGE_DELAY.1).exec();
-    eprintln!("note: running with mimalloc's default purge delay (could not re-run with {}: {err})", PURGE_DELAY.0);
+    let err = std::process::Command::new(exe).arg0(arg0).arg(sub).args(args).envs(missing.into_iter().copied()).exec();
+    eprintln!("note: running with mimalloc's default options (could not re-run with them set: {err})");
 }
 
 #[derive(Parser)]

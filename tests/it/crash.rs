@@ -152,24 +152,30 @@ fn environ(pid: u32) -> BTreeMap<String, String> {
 }
 
 /// `raftq serve` runs with a longer allocator purge delay than mimalloc's 1 s (memory a flush frees is reused,
-/// not given back and faulted in again): it re-runs itself with the variable set, as the same process (the pid a
+/// not given back and faulted in again) and without transparent huge pages (a first touch does not zero 2 MiB at
+/// once on a request's path): it re-runs itself with the variables set, as the same process (the pid a
 /// supervisor holds, and signals it sends, still reach the node), and a value the user set is left as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_runs_with_the_allocator_purge_delay_set_unless_the_user_set_one() {
+async fn serve_runs_with_the_allocator_options_set_unless_the_user_set_them() {
     let root = tempfile::tempdir().expect("tempdir");
     let mut node = ProcNode::new(root.path(), 1, "");
     node.start();
     let mut c = node.ready().await;
     let pid = node.pid().expect("runs");
-    assert_eq!(environ(pid).get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("10000"));
+    let env = environ(pid);
+    assert_eq!(env.get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("10000"));
+    assert_eq!(env.get("MIMALLOC_ALLOW_THP").map(String::as_str), Some("0"));
     let id = c.enqueue(enq("q", "x")).await.expect("the node serves").into_inner().task_id;
     assert_eq!(id.len(), 32);
     // The spawned process is the node: SIGTERM to its pid stops it cleanly.
     node.terminate();
 
     let mut node = ProcNode::new(root.path(), 2, "");
+    // One option set by the user: kept, and the other still set.
     node.start_with_env(&[], &[("MIMALLOC_PURGE_DELAY", "-1")]);
     node.ready().await;
-    assert_eq!(environ(node.pid().expect("runs")).get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("-1"));
+    let env = environ(node.pid().expect("runs"));
+    assert_eq!(env.get("MIMALLOC_PURGE_DELAY").map(String::as_str), Some("-1"));
+    assert_eq!(env.get("MIMALLOC_ALLOW_THP").map(String::as_str), Some("0"));
     node.terminate();
 }

@@ -33,8 +33,11 @@ fn with_allocator_options() {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
     let (Some(arg0), Some(sub)) = (args.next(), args.next()) else { return };
+    if sub != "serve" {
+        return;
+    }
     let missing: Vec<_> = ALLOCATOR_OPTIONS.iter().filter(|(k, _)| std::env::var_os(k).is_none()).collect();
-    if sub != "serve" || missing.is_empty() {
+    if missing.is_empty() {
         return;
     }
     let Ok(exe) = std::env::current_exe() else { return };

@@ -93,7 +93,7 @@ pub struct Node {
     tasks: TaskTracker,
     leader_watch: openraft::WatchChangeHandle<crate::raft::types::TypeConfig>,
     /// Dropped once the files are closed: `stop` waits for both, so a restart can reopen them.
-    files: (std::sync::Weak<redb::Database>, std::sync::Weak<SmShared>),
+    files: (std::sync::Weak<redb::Database>, std::sync::Weak<()>),
 }
 
 impl Node {
@@ -304,7 +304,7 @@ impl Node {
             shards = shared.read().count(),
             "raftq node started"
         );
-        let files = (log_closed, Arc::downgrade(&shared));
+        let files = (log_closed, shared.closed_watch());
         Ok(Node {
             raft,
             proposer,

@@ -142,9 +142,19 @@ pub struct SmShared {
     pub(super) flush_wake: Mutex<Option<mpsc::Sender<()>>>,
     /// The first flush error: apply fails from then on, which stops the node.
     pub(super) broken: Mutex<Option<String>>,
+    /// Held by nothing else, and the last field, so it is dropped after the close's final flush (`Drop`) and
+    /// after the shard files: a `Weak` of it (`closed_watch`) tells when the files are closed. The state
+    /// machine's own count drops to zero *before* that, while the last holder's thread still writes the files.
+    closed: Arc<()>,
 }
 
 impl SmShared {
+    /// A handle that tells when the shard files have been closed (the state machine dropped and its close
+    /// finished, on whichever thread dropped it last).
+    pub fn closed_watch(&self) -> std::sync::Weak<()> {
+        Arc::downgrade(&self.closed)
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, Shards> {
         self.shards.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -191,6 +201,7 @@ impl StateMachine {
             rates_set: rates_set.into(),
             flush_wake: Mutex::new(Some(wake)),
             broken: Mutex::new(None),
+            closed: Arc::new(()),
         });
         super::flush::spawn_flusher(&shared, woken)?;
         Ok(StateMachine { shared, dir: dir.to_path_buf() })

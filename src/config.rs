@@ -77,6 +77,10 @@ pub struct Config {
     pub flow_backlog: u64,
     /// Longest an enqueue waits for room under flow control before it is refused with `RATE_LIMITED`.
     pub flow_max_wait_ms: u64,
+    /// Longest an enqueue that finds its queue (or tenant) at its `max_depth` waits on the leader for room
+    /// before it is refused with `QUEUE_FULL` (0: refused at once). A full queue that workers drain then stays
+    /// topped up, where producers that all waited out a retry hint let it run dry (`leader::limits`).
+    pub depth_hold_ms: u64,
 
     /// `jwt` (the default): every call needs a valid token. `none`: anyone may call, as tenant `default`.
     pub auth: AuthMode,
@@ -216,6 +220,7 @@ impl Default for Config {
             stream_max_in_flight: 1024,
             flow_backlog: 20_000,
             flow_max_wait_ms: 2_000,
+            depth_hold_ms: 250,
             auth: AuthMode::Jwt,
             auth_keys_dir: None,
             auth_hs256_secret_file: None,
@@ -336,6 +341,7 @@ impl Config {
             (10..self.write_timeout_ms).contains(&self.flow_max_wait_ms),
             "flow_max_wait_ms must be >= 10 and below write_timeout_ms",
         );
+        check(self.depth_hold_ms < self.write_timeout_ms, "depth_hold_ms must be below write_timeout_ms");
         check(
             self.tenant_enqueue_per_s >= 0.0 && self.tenant_claim_per_s >= 0.0,
             "tenant_enqueue_per_s and tenant_claim_per_s must be >= 0 (0: no limit)",
@@ -635,7 +641,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    /// A default as the README's limits table writes it: `1,000`, `1 MiB`, `30 s`, `12 h`, `366 days`,
+    /// A default as the README's limits table writes it: `1,000`, `1 MiB`, `250 ms`, `30 s`, `12 h`, `366 days`,
     /// `0 (no limit)`.
     fn as_written(key: &str, v: &serde_json::Value) -> String {
         let n = v.as_f64().expect("a number");
@@ -658,6 +664,7 @@ mod tests {
             return match n {
                 n if n % 86_400_000 == 0 && n > 86_400_000 => format!("{} days", n / 86_400_000),
                 n if n % 3_600_000 == 0 => format!("{} h", n / 3_600_000),
+                n if n % 1000 != 0 => format!("{n} ms"),
                 n => format!("{} s", n / 1000),
             };
         }

@@ -130,6 +130,9 @@ pub struct Metrics {
     webhooks: [AtomicU64; WEBHOOK_EVENTS.len()],
     /// Tasks whose enqueue was refused by a depth limit (on the leader).
     pub refused_full: AtomicU64,
+    /// Tasks whose enqueue found a depth limit full and waited on the leader for room (`depth_hold_ms`), let in
+    /// or, when the wait ran out, refused (and counted in `refused_full` too).
+    pub enqueue_held_full: AtomicU64,
     /// Times the leader held back claims because a queue was at its running cap.
     pub capped_claims: AtomicU64,
     /// Token buckets (a queue's or a fairness key's) passed over by a dispatch pass for lack of tokens while
@@ -200,6 +203,11 @@ impl Metrics {
                 "raftq_enqueue_refused_full_total",
                 "Tasks refused by this leader because their queue or tenant was at its depth limit.",
                 &self.refused_full,
+            ),
+            (
+                "raftq_enqueue_held_full_total",
+                "Tasks whose enqueue found its queue or tenant at its depth limit and waited on this leader for room.",
+                &self.enqueue_held_full,
             ),
             (
                 "raftq_claims_capped_total",

@@ -3,7 +3,9 @@
 //! Limits (`queue::Limits`) are replicated records; enforcing them needs counts over every shard, which no single
 //! shard's apply may read. So the leader, which alone proposes enqueues and claims, decides: it admits an enqueue
 //! or a claim only if the applied counts, plus what it has itself proposed and not yet seen applied, stay within
-//! the limits. Its decisions are entries of the log, so every replica applies the same.
+//! the limits. Its decisions are entries of the log, so every replica applies the same. An enqueue that does not
+//! fit waits for room for a while (`Admission::admit_or_hold`, `depth_hold_ms`) before it is refused, so a full
+//! queue that workers drain is topped up as they drain it.
 //!
 //! A leader decides only once it has applied an entry of its own term (`caught_up`): every entry of earlier terms
 //! is applied by then, so the counts include whatever an earlier leader admitted. Until then an enqueue to a
@@ -35,6 +37,10 @@ pub fn is_leader(raft: &Raft) -> bool {
 #[derive(Default)]
 pub struct Admission {
     in_flight: Mutex<HashMap<QueueKey, u64>>,
+    /// Enqueues waiting for room in a full queue (`admit_or_hold`) line up per limit that refused them: the
+    /// first of each line re-checks at every apply, the rest wait their turn, so a hundred held creates cost
+    /// one check per apply, not a hundred.
+    lines: Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Holds an admitted enqueue's place until its write is answered (by then apply counts it).
@@ -78,6 +84,16 @@ impl Admission {
         shared: &SmShared,
         items: &[T],
     ) -> Result<Option<Admitted>, ProposeError> {
+        self.check(shared, items).map_err(|f| refusal(shared, f))
+    }
+
+    /// [`Admission::admit`] without the refusal's retry hint (the completion rates it needs are summed over
+    /// minutes of every shard: a held enqueue re-checks often and needs the hint only when it is refused).
+    fn check<T: std::borrow::Borrow<NewTask>>(
+        self: &Arc<Self>,
+        shared: &SmShared,
+        items: &[T],
+    ) -> Result<Option<Admitted>, Box<Full>> {
         let mut adding: HashMap<QueueKey, u64> = HashMap::new();
         for t in items.iter().map(|t| t.borrow()) {
             *adding.entry(QueueKey::new(&t.tenant, &t.queue)).or_default() += 1;
@@ -98,15 +114,14 @@ impl Admission {
             let c = shared.queue_counts(&qk.tenant, &qk.queue);
             let waiting = c.pending + c.delayed + g.get(qk).copied().unwrap_or(0);
             if waiting + n > *max {
-                let tp = shared.throughput(&qk.tenant, &qk.queue).completed_1m;
-                return Err(ProposeError::QueueFull(Box::new(Full {
+                return Err(Box::new(Full {
                     tenant: qk.tenant.clone(),
                     queue: qk.queue.clone(),
                     max_depth: *max,
                     waiting,
                     adding: *n,
-                    retry_after_ms: retry_after_ms(waiting + n - max, tp),
-                })));
+                    retry_after_ms: 0,
+                }));
             }
         }
         let taken: Vec<(QueueKey, u64)> = limited.into_iter().map(|(qk, n, _)| (qk, n)).collect();
@@ -115,6 +130,66 @@ impl Admission {
         }
         Ok(Some(Admitted { admission: self.clone(), taken }))
     }
+}
+
+impl Admission {
+    /// [`Admission::admit`], but an enqueue that finds a limit full waits up to `hold` for room instead of being
+    /// refused at once: apply makes room as it applies claims (and cancels, and deletions), and the waiting
+    /// enqueue is let in as soon as it fits, in the order the enqueues came to wait. Refused with the last
+    /// `QUEUE_FULL` when `hold` runs out, when it can never fit (more items than the limit), or once this node no
+    /// longer leads. Nothing is proposed while an enqueue waits, so a refusal still applied nothing.
+    pub async fn admit_or_hold<T: std::borrow::Borrow<NewTask>>(
+        self: &Arc<Self>,
+        raft: &Raft,
+        shared: &SmShared,
+        items: &[T],
+        hold: std::time::Duration,
+    ) -> Result<Option<Admitted>, ProposeError> {
+        let mut full = match self.check(shared, items) {
+            Err(f) => f,
+            Ok(admitted) => return Ok(admitted),
+        };
+        if hold.is_zero() || full.adding > full.max_depth {
+            return Err(refusal(shared, full));
+        }
+        let deadline = tokio::time::Instant::now() + hold;
+        let line = {
+            let key = QueueKey::new(&full.tenant, &full.queue);
+            let mut g = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+            g.entry(key).or_default().clone()
+        };
+        shared.metrics.enqueue_held_full.fetch_add(items.len() as u64, Relaxed);
+        let Ok(_turn) = tokio::time::timeout_at(deadline, line.lock()).await else {
+            return Err(refusal(shared, full));
+        };
+        let mut applied = shared.applied.subscribe();
+        loop {
+            match self.check(shared, items) {
+                Err(f) => full = f,
+                Ok(admitted) => return Ok(admitted),
+            }
+            if !is_leader(raft) {
+                break;
+            }
+            tokio::select! {
+                changed = applied.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        Err(refusal(shared, full))
+    }
+}
+
+/// A refusal with its retry hint: the time the limited queue's (or tenant's) last-minute completion rate takes
+/// to make room for the excess.
+fn refusal(shared: &SmShared, mut full: Box<Full>) -> ProposeError {
+    let tp = shared.throughput(&full.tenant, &full.queue).completed_1m;
+    full.retry_after_ms = retry_after_ms((full.waiting + full.adding).saturating_sub(full.max_depth), tp);
+    ProposeError::QueueFull(full)
 }
 
 /// When an enqueue refused for `excess` tasks too many may fit: the time the queue's recent completion rate takes

@@ -249,7 +249,8 @@ impl Proposer {
         if !super::limits::caught_up(&self.raft) {
             self.linearize().await?;
         }
-        let admitted = self.admission.admit(&self.shared, items);
+        let hold = Duration::from_millis(self.cfg.depth_hold_ms);
+        let admitted = self.admission.admit_or_hold(&self.raft, &self.shared, items, hold).await;
         if matches!(admitted, Err(ProposeError::QueueFull(_))) {
             self.shared.metrics.refused_full.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }

@@ -45,7 +45,8 @@ fn batch(queue: &str, n: usize) -> pb::EnqueueBatchRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_depth_limit_refuses_enqueues_whole_with_a_retry_hint_until_tasks_are_taken() {
-    let n = TestNode::start().await;
+    // Refused at once (no hold): the refusals below come back without waiting for room.
+    let n = TestNode::start_with(|c| c.depth_hold_ms = 0).await;
     wait_version_2(&n).await;
     let addr = n.node().grpc_addr.to_string();
     let mut c = n.client().await;
@@ -101,6 +102,7 @@ async fn a_depth_limit_refuses_enqueues_whole_with_a_retry_hint_until_tasks_are_
     let (_, _, metrics) = crate::rest::exchange(a, "GET", "/metrics", None).await;
     let refused = metrics.lines().find(|l| l.starts_with("raftq_enqueue_refused_full_total ")).expect("metric");
     assert!(refused.split(' ').nth(1).unwrap().parse::<u64>().unwrap() >= 5, "{refused}");
+    assert_eq!(counter(&metrics, "raftq_enqueue_held_full_total"), 0, "depth_hold_ms = 0 holds nothing");
     let mut n = n;
     n.stop().await;
     n.restart().await;
@@ -317,6 +319,65 @@ async fn the_running_cap_holds_across_a_leader_kill() {
 
 /// The SDK's producer stream meets a full queue: refused creates wait the server's hint, holding their room in
 /// the stream's in-flight limit, and get in once workers make room; past `request_timeout` they end refused.
+fn counter(metrics: &str, name: &str) -> u64 {
+    let line = metrics.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("no {name}"));
+    line.split(' ').nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_into_a_full_queue_waits_on_the_leader_for_room_then_is_refused() {
+    const HOLD: Duration = Duration::from_millis(2_000);
+    let n = TestNode::start_with(|c| c.depth_hold_ms = HOLD.as_millis() as u64).await;
+    wait_version_2(&n).await;
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    jobs(&addr).await.set_queue_limits(limits("hq", 0, 3)).await.expect("depth 3");
+    c.enqueue_batch(batch("hq", 3)).await.expect("fills the queue");
+
+    // Three single enqueues find the queue full: they wait on the leader instead of being refused.
+    let held: Vec<_> = (0..3)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let t0 = Instant::now();
+                (c.enqueue(enq("hq", &format!("held {i}"))).await, t0.elapsed())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(held.iter().all(|h| !h.is_finished()), "the enqueues wait for room");
+    assert_eq!(pending(&mut c, "hq").await, 3, "nothing past the limit got in");
+    // A batch that could never fit is refused at once, held by nobody.
+    let t0 = Instant::now();
+    let e = c.enqueue_batch(batch("hq", 4)).await.expect_err("4 never fit in 3");
+    assert_eq!(reason(&e), "QUEUE_FULL");
+    assert!(t0.elapsed() < HOLD, "{:?}", t0.elapsed());
+
+    // Two claims make room for two: two of the held enqueues get in long before their hold runs out, the third
+    // is refused when it does, and the queue never holds more than its limit.
+    assert_eq!(claim_now(&mut c, "hq", 2).await.len(), 2);
+    let mut admitted = Vec::new();
+    let mut refused = Vec::new();
+    for h in held {
+        match h.await.expect("join") {
+            (Ok(_), took) => admitted.push(took),
+            (Err(e), took) => {
+                assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::ResourceExhausted, "QUEUE_FULL"), "{e:?}");
+                assert!(e.metadata().get("x-raftq-retry-after-ms").is_some(), "a refusal after the hold has a hint");
+                refused.push(took);
+            }
+        }
+    }
+    assert_eq!((admitted.len(), refused.len()), (2, 1), "admitted after {admitted:?}, refused after {refused:?}");
+    assert!(admitted.iter().all(|t| *t < HOLD), "let in as room came, not at the hold's end: {admitted:?}");
+    assert!(refused[0] >= HOLD - Duration::from_millis(100), "refused only once the hold ran out: {refused:?}");
+    assert_eq!(pending(&mut c, "hq").await, 3);
+
+    let (_, _, metrics) = crate::rest::exchange(n.node().http_addr, "GET", "/metrics", None).await;
+    assert_eq!(counter(&metrics, "raftq_enqueue_held_full_total"), 3, "three enqueues waited");
+    assert_eq!(counter(&metrics, "raftq_enqueue_refused_full_total"), 5, "the batch of 4 and the last held one");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_stream_waits_out_a_full_queue_and_gives_up_after_its_timeout() {
     use raftq_client::{NewTask, Producer, ProducerConfig};

@@ -13,8 +13,9 @@ use crate::producer::{Kind, Producer};
 use crate::task::{Task, TaskState};
 
 /// Flow-control limits of a queue, or of the tenant over all its queues (`queue` empty). `None`: no limit.
-/// An enqueue past `max_depth` waiting tasks is refused whole with `QUEUE_FULL` (retried by the SDK after a
-/// backoff); claims past `max_running` running tasks wait.
+/// An enqueue past `max_depth` waiting tasks waits on the leader for room (the server's `depth_hold_ms`), then
+/// is refused whole with `QUEUE_FULL` (retried by the SDK after a backoff); claims past `max_running` running
+/// tasks wait.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueLimits {
     /// The queue (empty: the tenant's own limit).

@@ -101,7 +101,8 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ("put", "/v1/queues/{queue}/limits") => op(
             "setQueueLimits",
             "Set a queue's flow-control limits: max_running (claims past it wait) and max_depth (enqueues past it \
-             are refused with 429 QUEUE_FULL and Retry-After); null or absent: no limit",
+             wait up to depth_hold_ms for room, then are refused with 429 QUEUE_FULL and Retry-After); null or \
+             absent: no limit",
             Some("Limits"),
             (200, Some("QueueLimits")),
         ),

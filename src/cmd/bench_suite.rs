@@ -15,9 +15,10 @@
 //!   keyed tasks and the fair pick across keys cost against `cycle-1`.
 //! - `overload-1`, `overload-3`: the same without the cap (producers as fast as the server acknowledges):
 //!   completions should stay at the capped peak while enqueues are slowed.
-//! - `overload-capped-1`: `overload-1` with the queue's `max_depth` set to `--backlog-cap`: the server refuses
-//!   enqueues past it (`QUEUE_FULL`) and the SDK's producer stream waits the retry hint, holding its room, so
-//!   producers are slowed and completions should stay at `cycle-1`'s peak.
+//! - `overload-capped-1`: `overload-1` with the queue's `max_depth` set to `--backlog-cap`: an enqueue past it
+//!   waits on the leader for room (`depth_hold_ms`), holding its place in the SDK's producer stream, and is
+//!   refused (`QUEUE_FULL`, whose retry hint the stream waits out) only if none comes, so producers are slowed
+//!   and completions should stay at `cycle-1`'s peak.
 //! - `latency-1`, `latency-3`: one node paced at half of `cycle-1`'s median, three at half of `cycle-3`'s;
 //!   enqueue→claim p50 and p99.
 //! - `failover-3`, `transfer-3`, `pause-3`: three nodes at half of the peak; the leader is killed (`kill -9`),

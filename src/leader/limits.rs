@@ -76,19 +76,13 @@ pub struct Full {
 }
 
 impl Admission {
-    /// Admits `items` whole or refuses them whole: for each queue and tenant they touch that has a depth limit,
-    /// the waiting tasks (applied pending and delayed, plus admitted enqueues in flight) plus these must fit.
-    /// The caller must be caught up (`caught_up`). `None` when no limit applies (nothing is held).
-    pub fn admit<T: std::borrow::Borrow<NewTask>>(
-        self: &Arc<Self>,
-        shared: &SmShared,
-        items: &[T],
-    ) -> Result<Option<Admitted>, ProposeError> {
-        self.check(shared, items).map_err(|f| refusal(shared, f))
-    }
-
-    /// [`Admission::admit`] without the refusal's retry hint (the completion rates it needs are summed over
-    /// minutes of every shard: a held enqueue re-checks often and needs the hint only when it is refused).
+    /// Checks `items` whole: for each queue and tenant they touch that has a depth limit, the waiting tasks
+    /// (applied pending and delayed, plus admitted enqueues in flight) plus these must fit. Admitted, they hold
+    /// their place until the `Admitted` is dropped. The caller must be caught up (`caught_up`). `None` when no
+    /// limit applies (nothing is held). A refusal names the limit and carries no retry hint yet (`refusal` adds
+    /// it: the completion rates it needs are summed over minutes of every shard, and a held enqueue re-checks
+    /// often). The limits are looked at in one order (the queue's before the tenant's, then by name), and one
+    /// that the items alone exceed is named first, so the same items are always refused for the same limit.
     fn check<T: std::borrow::Borrow<NewTask>>(
         self: &Arc<Self>,
         shared: &SmShared,
@@ -99,7 +93,7 @@ impl Admission {
             *adding.entry(QueueKey::new(&t.tenant, &t.queue)).or_default() += 1;
             *adding.entry(QueueKey::new(&t.tenant, "")).or_default() += 1;
         }
-        let limited: Vec<(QueueKey, u64, u64)> = adding
+        let mut limited: Vec<(QueueKey, u64, u64)> = adding
             .into_iter()
             .filter_map(|(qk, n)| {
                 let max = shared.limits(&qk.tenant, &qk.queue).and_then(|l: Limits| l.max_depth)?;
@@ -109,19 +103,29 @@ impl Admission {
         if limited.is_empty() {
             return Ok(None);
         }
+        limited.sort_by(|a, b| (a.0.queue.is_empty(), &a.0).cmp(&(b.0.queue.is_empty(), &b.0)));
+        let full = |qk: &QueueKey, n: u64, max: u64, waiting: u64| {
+            Box::new(Full {
+                tenant: qk.tenant.clone(),
+                queue: qk.queue.clone(),
+                max_depth: max,
+                waiting,
+                adding: n,
+                retry_after_ms: 0,
+            })
+        };
         let mut g = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        for (qk, n, max) in &limited {
+        let counted = |qk: &QueueKey, g: &HashMap<QueueKey, u64>| {
             let c = shared.queue_counts(&qk.tenant, &qk.queue);
-            let waiting = c.pending + c.delayed + g.get(qk).copied().unwrap_or(0);
+            c.pending + c.delayed + g.get(qk).copied().unwrap_or(0)
+        };
+        if let Some((qk, n, max)) = limited.iter().find(|(_, n, max)| n > max) {
+            return Err(full(qk, *n, *max, counted(qk, &g)));
+        }
+        for (qk, n, max) in &limited {
+            let waiting = counted(qk, &g);
             if waiting + n > *max {
-                return Err(Box::new(Full {
-                    tenant: qk.tenant.clone(),
-                    queue: qk.queue.clone(),
-                    max_depth: *max,
-                    waiting,
-                    adding: *n,
-                    retry_after_ms: 0,
-                }));
+                return Err(full(qk, *n, *max, waiting));
             }
         }
         let taken: Vec<(QueueKey, u64)> = limited.into_iter().map(|(qk, n, _)| (qk, n)).collect();
@@ -132,12 +136,18 @@ impl Admission {
     }
 }
 
+/// How often a held enqueue re-checks for room when no apply wakes it.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Admission {
-    /// [`Admission::admit`], but an enqueue that finds a limit full waits up to `hold` for room instead of being
-    /// refused at once: apply makes room as it applies claims (and cancels, and deletions), and the waiting
-    /// enqueue is let in as soon as it fits, in the order the enqueues came to wait. Refused with the last
-    /// `QUEUE_FULL` when `hold` runs out, when it can never fit (more items than the limit), or once this node no
-    /// longer leads. Nothing is proposed while an enqueue waits, so a refusal still applied nothing.
+    /// Admits `items` whole (`check`), but items that find a limit full wait up to `hold` for room instead of
+    /// being refused at once: apply makes room as it applies claims (and cancels, and deletions), and the waiting
+    /// enqueues of a limit are let in as soon as they fit, in the order they came to wait (an enqueue that
+    /// arrives meanwhile and fits goes in at once). Refused with `QUEUE_FULL` and a retry hint when `hold` runs
+    /// out (after a last look), or at once when the items alone exceed a limit or `hold` is zero. If this node
+    /// stops leading (or leads again in a later term, whose counts it has not caught up on) while they wait, they
+    /// are answered `NOT_LEADER`, so the client goes to the new leader. Nothing is proposed while an enqueue
+    /// waits, so either answer applied nothing.
     pub async fn admit_or_hold<T: std::borrow::Borrow<NewTask>>(
         self: &Arc<Self>,
         raft: &Raft,
@@ -145,41 +155,62 @@ impl Admission {
         items: &[T],
         hold: std::time::Duration,
     ) -> Result<Option<Admitted>, ProposeError> {
-        let mut full = match self.check(shared, items) {
+        let full = match self.check(shared, items) {
             Err(f) => f,
             Ok(admitted) => return Ok(admitted),
         };
         if hold.is_zero() || full.adding > full.max_depth {
             return Err(refusal(shared, full));
         }
-        let deadline = tokio::time::Instant::now() + hold;
-        let line = {
-            let key = QueueKey::new(&full.tenant, &full.queue);
-            let mut g = self.lines.lock().unwrap_or_else(|p| p.into_inner());
-            g.entry(key).or_default().clone()
-        };
+        let term = raft.metrics().borrow_watched().current_term;
+        let key = QueueKey::new(&full.tenant, &full.queue);
+        let line = self.lines.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().clone();
         shared.metrics.enqueue_held_full.fetch_add(items.len() as u64, Relaxed);
-        let Ok(_turn) = tokio::time::timeout_at(deadline, line.lock()).await else {
-            return Err(refusal(shared, full));
-        };
+        let deadline = tokio::time::Instant::now() + hold;
+        let out = self.wait_in_line(&line, (raft, term), shared, items, deadline).await;
+        // A line nobody else holds or waits in is dropped (a queue that was full once keeps no entry).
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::strong_count(&line) == 2 {
+            lines.remove(&key);
+        }
+        out
+    }
+
+    async fn wait_in_line<T: std::borrow::Borrow<NewTask>>(
+        self: &Arc<Self>,
+        line: &tokio::sync::Mutex<()>,
+        (raft, term): (&Raft, u64),
+        shared: &SmShared,
+        items: &[T],
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Admitted>, ProposeError> {
+        let turn = tokio::time::timeout_at(deadline, line.lock()).await;
         let mut applied = shared.applied.subscribe();
-        loop {
-            match self.check(shared, items) {
-                Err(f) => full = f,
-                Ok(admitted) => return Ok(admitted),
+        let full = loop {
+            let m = raft.metrics().borrow_watched().clone();
+            if !m.state.is_leader() || m.current_term != term {
+                let leader_id = m.current_leader.filter(|l| Some(*l) != Some(m.id));
+                return Err(ProposeError::NotLeader { leader_id, leader_addr: None });
             }
-            if !is_leader(raft) {
-                break;
+            let full = match self.check(shared, items) {
+                Err(f) => f,
+                Ok(admitted) => return Ok(admitted),
+            };
+            if turn.is_err() || tokio::time::Instant::now() >= deadline {
+                break full;
             }
             tokio::select! {
                 changed = applied.changed() => {
                     if changed.is_err() {
-                        break;
+                        break full;
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => break,
+                // Room an apply did not signal: an admitted enqueue's place given back after its apply (it
+                // turned out a duplicate, or was refused there).
+                _ = tokio::time::sleep(RECHECK) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
-        }
+        };
         Err(refusal(shared, full))
     }
 }

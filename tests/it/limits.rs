@@ -1,5 +1,6 @@
-//! Flow control (issue 17): a queue's and a tenant's depth limit refuse enqueues whole with `QUEUE_FULL`
-//! (gRPC `RESOURCE_EXHAUSTED`, REST 429 with `Retry-After`); a queue's running cap holds claims back; limits are
+//! Flow control (issue 17): a queue's and a tenant's depth limit hold enqueues on the leader for room
+//! (`depth_hold_ms`), then refuse them whole with `QUEUE_FULL` (gRPC `RESOURCE_EXHAUSTED`, REST 429 with
+//! `Retry-After`); a queue's running cap holds claims back; limits are
 //! replicated state that survives a restart and a leader change.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -317,16 +318,19 @@ async fn the_running_cap_holds_across_a_leader_kill() {
     c.wait_digests_agree(Duration::from_secs(20)).await;
 }
 
-/// The SDK's producer stream meets a full queue: refused creates wait the server's hint, holding their room in
-/// the stream's in-flight limit, and get in once workers make room; past `request_timeout` they end refused.
 fn counter(metrics: &str, name: &str) -> u64 {
     let line = metrics.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("no {name}"));
     line.split(' ').nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
 
+async fn node_counter(n: &TestNode, name: &str) -> u64 {
+    let (_, _, metrics) = crate::rest::exchange(n.node().http_addr, "GET", "/metrics", None).await;
+    counter(&metrics, name)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_into_a_full_queue_waits_on_the_leader_for_room_then_is_refused() {
-    const HOLD: Duration = Duration::from_millis(2_000);
+    const HOLD: Duration = Duration::from_millis(5_000);
     let n = TestNode::start_with(|c| c.depth_hold_ms = HOLD.as_millis() as u64).await;
     wait_version_2(&n).await;
     let addr = n.node().grpc_addr.to_string();
@@ -340,44 +344,66 @@ async fn an_enqueue_into_a_full_queue_waits_on_the_leader_for_room_then_is_refus
             let mut c = c.clone();
             tokio::spawn(async move {
                 let t0 = Instant::now();
-                (c.enqueue(enq("hq", &format!("held {i}"))).await, t0.elapsed())
+                let r = c.enqueue(enq("hq", &format!("held {i}"))).await;
+                (r, t0.elapsed(), Instant::now())
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = Instant::now() + HOLD / 2;
+    while node_counter(&n, "raftq_enqueue_held_full_total").await < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(node_counter(&n, "raftq_enqueue_held_full_total").await, 3, "three enqueues wait");
     assert!(held.iter().all(|h| !h.is_finished()), "the enqueues wait for room");
     assert_eq!(pending(&mut c, "hq").await, 3, "nothing past the limit got in");
     // A batch that could never fit is refused at once, held by nobody.
-    let t0 = Instant::now();
     let e = c.enqueue_batch(batch("hq", 4)).await.expect_err("4 never fit in 3");
     assert_eq!(reason(&e), "QUEUE_FULL");
-    assert!(t0.elapsed() < HOLD, "{:?}", t0.elapsed());
+    assert_eq!(node_counter(&n, "raftq_enqueue_held_full_total").await, 3, "the batch was not held");
 
-    // Two claims make room for two: two of the held enqueues get in long before their hold runs out, the third
-    // is refused when it does, and the queue never holds more than its limit.
+    // Two claims make room for two: two of the held enqueues get in right after, the third is refused when its
+    // hold runs out, and the queue never holds more than its limit.
+    let claimed_at = Instant::now();
     assert_eq!(claim_now(&mut c, "hq", 2).await.len(), 2);
     let mut admitted = Vec::new();
     let mut refused = Vec::new();
     for h in held {
         match h.await.expect("join") {
-            (Ok(_), took) => admitted.push(took),
-            (Err(e), took) => {
+            (Ok(_), _, done) => admitted.push(done.duration_since(claimed_at)),
+            (Err(e), took, _) => {
                 assert_eq!((e.code(), reason(&e).as_str()), (tonic::Code::ResourceExhausted, "QUEUE_FULL"), "{e:?}");
                 assert!(e.metadata().get("x-raftq-retry-after-ms").is_some(), "a refusal after the hold has a hint");
                 refused.push(took);
             }
         }
     }
-    assert_eq!((admitted.len(), refused.len()), (2, 1), "admitted after {admitted:?}, refused after {refused:?}");
-    assert!(admitted.iter().all(|t| *t < HOLD), "let in as room came, not at the hold's end: {admitted:?}");
+    assert_eq!(
+        (admitted.len(), refused.len()),
+        (2, 1),
+        "admitted {admitted:?} after the claim, refused after {refused:?}"
+    );
+    assert!(admitted.iter().all(|t| *t < HOLD / 2), "let in as room came, not at the hold's end: {admitted:?}");
     assert!(refused[0] >= HOLD - Duration::from_millis(100), "refused only once the hold ran out: {refused:?}");
     assert_eq!(pending(&mut c, "hq").await, 3);
+    let refusals = node_counter(&n, "raftq_enqueue_refused_full_total").await;
+    assert_eq!(refusals, 5, "the batch of 4 and the last held one");
 
-    let (_, _, metrics) = crate::rest::exchange(n.node().http_addr, "GET", "/metrics", None).await;
-    assert_eq!(counter(&metrics, "raftq_enqueue_held_full_total"), 3, "three enqueues waited");
-    assert_eq!(counter(&metrics, "raftq_enqueue_refused_full_total"), 5, "the batch of 4 and the last held one");
+    // Two limits, both full for it: a batch that would fit the queue's limit later (5 of 6, with 3 waiting) but
+    // never fits the tenant's is refused at once, for the tenant's, never held.
+    jobs(&addr).await.set_queue_limits(limits("hq", 0, 6)).await.expect("depth 6");
+    let a = n.node().http_addr;
+    let (code, _, _) = http(a, "PUT", "/v1/limits", Some(json!({"max_depth": 4}))).await;
+    assert_eq!(code, 200);
+    let t0 = Instant::now();
+    let e = c.enqueue_batch(batch("hq", 5)).await.expect_err("5 never fit the tenant's 4");
+    assert!(reason(&e) == "QUEUE_FULL" && e.message().contains("tenant 'default'"), "{e:?}");
+    assert!(t0.elapsed() < HOLD, "{:?}", t0.elapsed());
+    assert_eq!(node_counter(&n, "raftq_enqueue_held_full_total").await, 3, "the batch was not held");
+    c.enqueue(enq("hq", "fourth")).await.expect("the tenant's fourth waiting task fits");
 }
 
+/// The SDK's producer stream meets a full queue: refused creates wait the server's hint, holding their room in
+/// the stream's in-flight limit, and get in once workers make room; past `request_timeout` they end refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_stream_waits_out_a_full_queue_and_gives_up_after_its_timeout() {
     use raftq_client::{NewTask, Producer, ProducerConfig};

@@ -219,8 +219,9 @@ class Producer:
         self, queue: str, max_running: Optional[int] = None, max_depth: Optional[int] = None
     ) -> Dict[str, Any]:
         """Sets a queue's flow-control limits (``queue=""``: the tenant's ``max_depth`` over all its queues);
-        ``None`` is no limit. Enqueues past ``max_depth`` waiting tasks are refused with ``QUEUE_FULL`` (retried
-        after a backoff); claims past ``max_running`` running tasks wait. Needs the admin scope."""
+        ``None`` is no limit. Enqueues past ``max_depth`` waiting tasks wait on the leader for room (the server's
+        ``depth_hold_ms``), then are refused with ``QUEUE_FULL`` (retried after a backoff); claims past
+        ``max_running`` running tasks wait. Needs the admin scope."""
         return self._run(_ops.set_limits(queue, max_running, max_depth))
 
     def queue_limits(self) -> List[Dict[str, Any]]:

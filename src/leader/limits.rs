@@ -187,9 +187,12 @@ impl Admission {
         let turn = tokio::time::timeout_at(deadline, line.lock()).await;
         let mut applied = shared.applied.subscribe();
         let full = loop {
-            let m = raft.metrics().borrow_watched().clone();
-            if !m.state.is_leader() || m.current_term != term {
-                let leader_id = m.current_leader.filter(|l| Some(*l) != Some(m.id));
+            let deposed = {
+                let rx = raft.metrics();
+                let m = rx.borrow_watched();
+                (!m.state.is_leader() || m.current_term != term).then(|| m.current_leader.filter(|l| *l != m.id))
+            };
+            if let Some(leader_id) = deposed {
                 return Err(ProposeError::NotLeader { leader_id, leader_addr: None });
             }
             let full = match self.check(shared, items) {

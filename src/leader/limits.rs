@@ -38,8 +38,8 @@ pub fn is_leader(raft: &Raft) -> bool {
 pub struct Admission {
     in_flight: Mutex<HashMap<QueueKey, u64>>,
     /// Enqueues waiting for room in a full queue (`admit_or_hold`) line up per limit that refused them: the
-    /// first of each line re-checks at every apply, the rest wait their turn, so a hundred held creates cost
-    /// one check per apply, not a hundred.
+    /// first of each line re-checks at every apply (and every `RECHECK`), the rest wait their turn, so a hundred
+    /// held creates cost one check per apply, not a hundred.
     lines: Mutex<HashMap<QueueKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -167,7 +167,7 @@ impl Admission {
         let line = self.lines.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().clone();
         shared.metrics.enqueue_held_full.fetch_add(items.len() as u64, Relaxed);
         let deadline = tokio::time::Instant::now() + hold;
-        let out = self.wait_in_line(&line, (raft, term), shared, items, deadline).await;
+        let out = self.wait_in_line(&line, raft, term, shared, items, deadline).await;
         // A line nobody else holds or waits in is dropped (a queue that was full once keeps no entry).
         let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::strong_count(&line) == 2 {
@@ -179,7 +179,8 @@ impl Admission {
     async fn wait_in_line<T: std::borrow::Borrow<NewTask>>(
         self: &Arc<Self>,
         line: &tokio::sync::Mutex<()>,
-        (raft, term): (&Raft, u64),
+        raft: &Raft,
+        term: u64,
         shared: &SmShared,
         items: &[T],
         deadline: tokio::time::Instant,
@@ -210,8 +211,7 @@ impl Admission {
                 }
                 // Room an apply did not signal: an admitted enqueue's place given back after its apply (it
                 // turned out a duplicate, or was refused there).
-                _ = tokio::time::sleep(RECHECK) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until((tokio::time::Instant::now() + RECHECK).min(deadline)) => {}
             }
         };
         Err(refusal(shared, full))

@@ -5,7 +5,9 @@
 //! - an answer (a result, or a refusal by raftq's rules) is passed on as it is;
 //! - nothing applied (`NOT_LEADER`: leadership moved, the leader could not be reached, no leader is known; or
 //!   the leader's `UNAVAILABLE`): routed again with backoff until the call's deadline, then answered as it is
-//!   (`NOT_LEADER` carries the leader's address when one is known, none when no leader is);
+//!   (`NOT_LEADER` carries the leader's address when one is known, none when no leader is). The deadline bounds
+//!   the search for a leader: time a leader spent on the call before it answered `NOT_LEADER` (it stopped leading
+//!   while an enqueue waited there for room) is added to it;
 //! - an unknown outcome (the forwarded call may have reached the leader and no answer came: the connection broke,
 //!   or the leader stopped leading while the call was in flight): sent again only for calls that are safe to
 //!   repeat ([`Kind`]); a write answers `UNKNOWN_OUTCOME`.
@@ -114,6 +116,10 @@ enum Outcome<R> {
     Answer(Result<R, ApiError>),
     /// Nothing was applied: route again (until the deadline, then answer this).
     Retry(ApiError),
+    /// A leader took the call and answered `NOT_LEADER`: it stopped leading while it served it (an enqueue
+    /// waiting for room, say). Nothing was applied; routed again, and the time spent there is not counted
+    /// against the deadline, which bounds the search for a leader, not a leader's work.
+    Left(ApiError),
     /// The call may have been applied (an `UNKNOWN_OUTCOME` error).
     Unknown(ApiError),
 }
@@ -175,7 +181,7 @@ fn route_again(kind: Kind, e: &ApiError) -> bool {
 /// answered at once, so a node going down does not hold requests; the client tries another node.
 fn local_outcome<R>(r: Result<R, ApiError>) -> Outcome<R> {
     match r {
-        Err(e) if e.reason() == Reason::NotLeader => Outcome::Retry(e),
+        Err(e) if e.reason() == Reason::NotLeader => Outcome::Left(e),
         Err(e @ ApiError::Unknown(_)) => Outcome::Unknown(e),
         r => Outcome::Answer(r),
     }
@@ -187,6 +193,7 @@ fn remote_outcome<R>(kind: Kind, r: Result<R, Status>) -> Outcome<R> {
         Err(s) => s,
     };
     match ApiError::from_status(&s) {
+        Some(e) if e.reason() == Reason::NotLeader => Outcome::Left(e),
         Some(e) if route_again(kind, &e) => Outcome::Retry(e),
         Some(e) if e.reason() == Reason::UnknownOutcome => Outcome::Unknown(e),
         Some(e) => Outcome::Answer(Err(e)),
@@ -228,6 +235,7 @@ impl Forwarder {
         // A repeatable write sent again after an unknown outcome may have been applied by then: if it then runs
         // out of time, its answer is that unknown outcome, not a "nothing applied".
         let mut maybe_applied = None;
+        let mut deadline = plan.deadline;
         loop {
             if plan.move_to_leader && maybe_applied.is_none() {
                 if let Some(addr) = self.live_leader_elsewhere() {
@@ -235,11 +243,12 @@ impl Forwarder {
                 }
             }
             let routed_to = self.leader();
+            let began = Instant::now();
             let outcome = match routed_to.clone() {
                 (Some(l), _) if l == self.node_id => match local_outcome(local().await) {
                     // This node leads but is cut off from its quorum: the others have elected a leader it cannot
                     // hear of. A client that follows redirects tries another node now instead of waiting here.
-                    Outcome::Retry(e) if plan.move_to_leader && crate::raft::control::cut_off(&self.raft) => {
+                    Outcome::Left(e) if plan.move_to_leader && crate::raft::control::cut_off(&self.raft) => {
                         return Err(maybe_applied.unwrap_or(e));
                     }
                     o => o,
@@ -254,6 +263,10 @@ impl Forwarder {
             let again = match outcome {
                 Outcome::Answer(r) => return r,
                 Outcome::Retry(e) => e,
+                Outcome::Left(e) => {
+                    deadline += began.elapsed();
+                    e
+                }
                 Outcome::Unknown(e) if plan.kind == Kind::Read => e,
                 Outcome::Unknown(e) if plan.kind == Kind::Repeatable => {
                     maybe_applied = Some(e.clone());
@@ -261,7 +274,7 @@ impl Forwarder {
                 }
                 Outcome::Unknown(e) => return Err(e),
             };
-            if Instant::now() + pause >= plan.deadline {
+            if Instant::now() + pause >= deadline {
                 return Err(maybe_applied.unwrap_or(again));
             }
             tracing::debug!(error = %again, "routing the call again");
@@ -392,6 +405,7 @@ mod tests {
             Outcome::Answer(Ok(_)) => ("answer", None),
             Outcome::Answer(Err(e)) => ("answer", Some(e.reason())),
             Outcome::Retry(e) => ("retry", Some(e.reason())),
+            Outcome::Left(e) => ("left", Some(e.reason())),
             Outcome::Unknown(e) => ("unknown", Some(e.reason())),
         }
     }
@@ -402,7 +416,8 @@ mod tests {
         let cases = [
             (Kind::Write, Ok(()), ("answer", None)),
             (Kind::Write, status(ApiError::Rejected(Rejected::LeaseLost)), ("answer", Some(Reason::LeaseLost))),
-            (Kind::Write, status(ApiError::NotLeader { leader_addr: None }), ("retry", Some(Reason::NotLeader))),
+            // The leader stopped leading while it had the call: routed again, its time there not counted.
+            (Kind::Write, status(ApiError::NotLeader { leader_addr: None }), ("left", Some(Reason::NotLeader))),
             (Kind::Write, status(ApiError::Unavailable("x".into())), ("retry", Some(Reason::Unavailable))),
             (Kind::Transfer, status(ApiError::Unavailable("x".into())), ("answer", Some(Reason::Unavailable))),
             (Kind::Write, status(ApiError::Unknown("x".into())), ("unknown", Some(Reason::UnknownOutcome))),
@@ -418,9 +433,9 @@ mod tests {
             let shown = format!("{kind:?} {r:?}");
             assert_eq!(what(remote_outcome(kind, r)), want, "{shown}");
         }
-        // This node's own NOT_LEADER is routed again; its UNAVAILABLE (shutting down) and UNKNOWN_OUTCOME are not
+        // This node's own NOT_LEADER is routed again (it led when the call came); its UNAVAILABLE (shutting down) and UNKNOWN_OUTCOME are not
         // taken for "nothing applied".
-        assert_eq!(what(local_outcome::<()>(Err(ApiError::NotLeader { leader_addr: None }))).0, "retry");
+        assert_eq!(what(local_outcome::<()>(Err(ApiError::NotLeader { leader_addr: None }))).0, "left");
         assert_eq!(what(local_outcome::<()>(Err(ApiError::Unavailable("down".into())))).0, "answer");
         assert_eq!(what(local_outcome::<()>(Err(ApiError::Unknown("timeout".into())))).0, "unknown");
     }

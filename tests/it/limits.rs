@@ -402,6 +402,84 @@ async fn an_enqueue_into_a_full_queue_waits_on_the_leader_for_room_then_is_refus
     c.enqueue(enq("hq", "fourth")).await.expect("the tenant's fourth waiting task fits");
 }
 
+/// A real 3-node cluster: enqueues waiting on the leader for room when an operator moves leadership are answered
+/// `NOT_LEADER` there (nothing applied) and routed to the new leader, also after they have waited longer than a
+/// request is routed without one (`LEADER_WAIT`, 5 s): the new leader holds them against its own counts and lets
+/// in as many as claims make room for. Sent to the old leader, to the new one and to the third node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_waiting_for_room_follow_a_leadership_transfer() {
+    use crate::procs::*;
+    const HOLD: Duration = Duration::from_millis(8_000);
+    let mut c = ProcCluster::start(3, &format!("{FAST}depth_hold_ms = {}\n", HOLD.as_millis())).await;
+    let old = c.wait_leader(Duration::from_secs(10)).await;
+    c.wait_cluster_version(old, 2, Duration::from_secs(20)).await;
+    let new = old % 3 + 1;
+    let grpc = |id: u64| c.nodes.iter().find(|n| n.id == id).expect("node").grpc.clone();
+    jobs(&grpc(old)).await.set_queue_limits(limits("tq", 0, 3)).await.expect("depth 3");
+    let mut on_old = connect(&grpc(old)).await;
+    on_old.enqueue_batch(batch("tq", 3)).await.expect("fills the queue");
+
+    let sent = Instant::now();
+    let held: Vec<_> = (1..=3u64)
+        .map(|id| {
+            let addr = grpc(id);
+            tokio::spawn(async move {
+                let r = connect(&addr).await.enqueue(enq("tq", &format!("via {id}"))).await;
+                (id, r)
+            })
+        })
+        .collect();
+    let held_on = |id: u64| {
+        let n = c.nodes.iter().find(|n| n.id == id).expect("node");
+        async move { n.metric("raftq_enqueue_held_full_total").await.unwrap_or(0.0) as u64 }
+    };
+    let deadline = Instant::now() + HOLD / 2;
+    while held_on(old).await < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held_on(old).await, 3, "the three enqueues wait on the leader");
+    // Past the routing budget of the calls, then the transfer.
+    tokio::time::sleep(Duration::from_millis(5_300).saturating_sub(sent.elapsed())).await;
+    assert!(held.iter().all(|h| !h.is_finished()), "still waiting for room");
+    let mut admin = c.nodes.iter().find(|n| n.id == new).expect("node").admin().await.expect("admin");
+    let moved = admin.transfer_leader(pb::TransferLeaderRequest { to: new, timeout_ms: 10_000 }).await;
+    assert_eq!(moved.expect("transfer").into_inner().leader_id, new);
+
+    // The new leader holds them in turn: nothing was applied by the old one.
+    let deadline = Instant::now() + HOLD / 2;
+    while held_on(new).await < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held_on(new).await, 3, "the new leader holds all three");
+    assert!(held.iter().all(|h| !h.is_finished()), "routed, not answered");
+    let mut on_new = connect(&grpc(new)).await;
+    assert_eq!(pending(&mut on_new, "tq").await, 3, "nothing past the limit got in");
+    assert_eq!(claim_now(&mut on_new, "tq", 2).await.len(), 2);
+    let mut admitted = Vec::new();
+    for h in held {
+        match h.await.expect("join") {
+            (id, Ok(_)) => admitted.push(id),
+            (id, Err(e)) => assert_eq!(reason(&e), "QUEUE_FULL", "sent to node {id}: {e:?}"),
+        }
+    }
+    assert_eq!(admitted.len(), 2, "room for two: {admitted:?}");
+    assert_eq!(pending(&mut on_new, "tq").await, 3);
+    let listed = jobs(&grpc(new))
+        .await
+        .list_tasks(pb::ListTasksRequest { queue: "tq".into(), page_size: 100, ..Default::default() })
+        .await
+        .expect("list")
+        .into_inner()
+        .tasks;
+    for id in &admitted {
+        let via = format!("via {id}");
+        let copies = listed.iter().filter(|t| t.payload.as_ref() == via.as_bytes()).count();
+        assert_eq!(copies, 1, "the enqueue sent to node {id} applied once");
+    }
+    assert_eq!(listed.len(), 5, "3 + 2 admitted");
+    c.wait_digests_agree(Duration::from_secs(20)).await;
+}
+
 /// The SDK's producer stream meets a full queue: refused creates wait the server's hint, holding their room in
 /// the stream's in-flight limit, and get in once workers make room; past `request_timeout` they end refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

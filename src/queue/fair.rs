@@ -175,7 +175,7 @@ fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &IdSet)
             return None;
         }
         let (_, set) = keyed.keys.get("")?;
-        heads.push(set.iter().filter(|rk| !skip.contains(&rk.2)).peekable());
+        heads.push(set.keys().filter(|rk| !skip.contains(&rk.2)).peekable());
     }
     let mut out = Vec::new();
     while out.len() < count {
@@ -360,15 +360,15 @@ impl<'a> Pick<'a> {
     fn next_of(&self, qi: usize, key: &str) -> KeyHead {
         let after = self.cursor[qi].get(key);
         let mut active = false;
-        let mut best: Option<(ReadyKey, usize)> = None;
+        let mut best: Option<(ReadyKey, u32, usize)> = None;
         for &(s, keyed) in &self.queues[qi] {
             let Some((_, set)) = keyed.keys.get(key) else { continue };
             active = true;
             let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
-            let next = set.range((lower, Bound::Unbounded)).find(|rk| !self.skip.contains(&rk.2));
-            if let Some(rk) = next {
+            let next = set.range((lower, Bound::Unbounded)).find(|(rk, _)| !self.skip.contains(&rk.2));
+            if let Some((rk, limit)) = next {
                 if best.is_none_or(|b| *rk < b.0) {
-                    best = Some((*rk, s));
+                    best = Some((*rk, *limit, s));
                 }
             }
             if !key.is_empty() {
@@ -379,15 +379,19 @@ impl<'a> Pick<'a> {
         match best {
             None if active => KeyHead::Exhausted,
             None => KeyHead::Inactive,
-            Some((rk, s)) => match self.shards[s].idx.pending_keys.get(&rk.2) {
-                Some(ck) if self.full(s, &ck.key, self.shards[s].key_limit(self.tenant, ck, self.shards[s].now)) => {
-                    KeyHead::Blocked
-                }
-                _ if self.budget.is_some_and(|b| !b.allows(self.rates_of(qi), &self.qks[qi], Some(key))) => {
-                    KeyHead::Throttled
-                }
-                _ => KeyHead::Ready(rk),
-            },
+            // A key's tasks are its concurrency key's ("" has none): the head's own limit came with it.
+            Some((_, limit, s))
+                if !key.is_empty() && {
+                    let shard = &self.shards[s];
+                    self.full(s, key, shard.key_limit_of(self.tenant, key, limit, shard.now))
+                } =>
+            {
+                KeyHead::Blocked
+            }
+            Some(_) if self.budget.is_some_and(|b| !b.allows(self.rates_of(qi), &self.qks[qi], Some(key))) => {
+                KeyHead::Throttled
+            }
+            Some((rk, _, _)) => KeyHead::Ready(rk),
         }
     }
 

@@ -84,8 +84,10 @@ pub struct ShardIndex {
 /// The ready tasks of one queue split by fairness key (the concurrency key; "" for tasks without one).
 #[derive(Debug, Default)]
 pub struct KeyedReady {
-    /// Each active key (one with ready tasks): its activation number and its ready tasks in claim order.
-    pub(super) keys: HashMap<String, (u64, BTreeSet<ReadyKey>)>,
+    /// Each active key (one with ready tasks): its activation number and its ready tasks in claim order, each
+    /// with its own concurrency limit (0 under "", tasks without a key), so the pick checks a key's head against
+    /// its limit without looking the task up.
+    pub(super) keys: HashMap<String, (u64, BTreeMap<ReadyKey, u32>)>,
     /// The active keys by activation number: a key gets a new number each time it becomes active, so the
     /// leader finds the keys that became active since it last looked without walking them all.
     pub(super) activated: BTreeMap<u64, String>,
@@ -202,7 +204,8 @@ impl ShardIndex {
             }
             TaskState::Pending => {
                 let key = fairness_key(t.concurrency.as_ref());
-                self.ready_insert(t, key, (Reverse(t.priority), t.seq, t.id));
+                let limit = t.concurrency.as_ref().map_or(0, |c| c.limit);
+                self.ready_insert(t, key, (Reverse(t.priority), t.seq, t.id), limit);
             }
             TaskState::InProgress => {
                 if let Some(l) = &t.lease {
@@ -307,16 +310,16 @@ impl ShardIndex {
     }
 
     /// Adds a ready task to its key's set in `by_key`, activating the key if it had none.
-    pub(super) fn ready_insert(&mut self, qk: &dyn QueueRef, key: &str, rk: ReadyKey) {
+    pub(super) fn ready_insert(&mut self, qk: &dyn QueueRef, key: &str, rk: ReadyKey, limit: u32) {
         let keyed = of_queue(&mut self.by_key, qk);
         match keyed.keys.get_mut(key) {
             Some((_, set)) => {
-                set.insert(rk);
+                set.insert(rk, limit);
             }
             None => {
                 self.activations += 1;
                 keyed.activated.insert(self.activations, key.to_string());
-                keyed.keys.insert(key.to_string(), (self.activations, BTreeSet::from([rk])));
+                keyed.keys.insert(key.to_string(), (self.activations, BTreeMap::from([(rk, limit)])));
             }
         }
     }

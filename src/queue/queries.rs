@@ -31,9 +31,14 @@ impl ShardCore {
     /// The limit of a tenant's concurrency key at state-machine time `now`: the operator's override while it is
     /// in force, else the limit the task carries (`ck`). Apply's claim check and the leader's pick both ask here.
     pub fn key_limit(&self, tenant: &str, ck: &ConcurrencyKey, now: TimeMs) -> u32 {
-        match self.idx.key_limits.get(tenant).and_then(|keys| keys.get(&ck.key)) {
+        self.key_limit_of(tenant, &ck.key, ck.limit, now)
+    }
+
+    /// [`Self::key_limit`] of a task whose concurrency key is `key` with its own limit `own`.
+    pub fn key_limit_of(&self, tenant: &str, key: &str, own: u32, now: TimeMs) -> u32 {
+        match self.idx.key_limits.get(tenant).and_then(|keys| keys.get(key)) {
             Some(o) if o.in_force(now) => o.limit.max(1),
-            _ => ck.limit.max(1),
+            _ => own.max(1),
         }
     }
 

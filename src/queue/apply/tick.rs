@@ -37,9 +37,10 @@ impl ShardCore {
                 c.delayed = c.delayed.saturating_sub(1);
                 c.pending += 1;
             }
-            let key = fairness_key(idx.pending_keys.get(&id)).to_string();
+            let ck = idx.pending_keys.get(&id);
+            let (key, limit) = (fairness_key(ck).to_string(), ck.map_or(0, |c| c.limit));
             cx.fx.ready.insert(qk.clone());
-            idx.ready_insert(&qk, &key, (Reverse(prio), seq, id));
+            idx.ready_insert(&qk, &key, (Reverse(prio), seq, id), limit);
         }
     }
 

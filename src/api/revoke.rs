@@ -33,7 +33,8 @@ const SEND_WAIT: Duration = Duration::from_secs(1);
 
 struct Hold {
     token: u64,
-    out: Out,
+    /// Shared by the deliveries of one batch: one clone of the stream's sender per batch, not per task.
+    out: Arc<Out>,
 }
 
 /// Keyed by task id (parsed: no key is allocated per delivery, and ids hash cheaply). Only ids of tasks this
@@ -81,24 +82,39 @@ impl LeaseWatch {
         self.holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stream `out` holds this delivery (its TaskBatch was sent, or an extension of it applied). A delivery
-    /// revoked just before is pushed at once.
-    pub fn hold(&self, task_id: &str, token: u64, out: &Out) {
-        // Not a task id: no delivery of it exists to hold.
-        let Ok(id) = task_id.parse::<TaskId>() else { return };
-        let mut h = self.lock();
-        if let Some(why) = h.recent.get(&(id, token)).copied() {
-            drop(h);
-            let _ = out.try_send(Ok(revoked_event(task_id, token, why)));
+    /// The stream `out` holds these deliveries (their TaskBatch was sent, or extensions of them applied). A
+    /// delivery revoked just before is pushed at once.
+    pub fn hold(&self, deliveries: &[(TaskId, u64)], out: &Out) {
+        if deliveries.is_empty() {
             return;
         }
-        h.by_task.insert(id, Hold { token, out: out.clone() });
+        let shared = Arc::new(out.clone());
+        let mut revoked = Vec::new();
+        {
+            let mut h = self.lock();
+            for &(id, token) in deliveries {
+                match h.recent.get(&(id, token)).copied() {
+                    Some(why) => revoked.push((id, token, why)),
+                    None => {
+                        h.by_task.insert(id, Hold { token, out: shared.clone() });
+                    }
+                }
+            }
+        }
+        for (id, token, why) in revoked {
+            let _ = out.try_send(Ok(revoked_event(&id.to_string(), token, why)));
+        }
     }
 
-    /// The worker's outcome for this delivery was answered: the stream no longer holds it.
-    pub fn release(&self, task_id: &str, token: u64) {
-        let Ok(id) = task_id.parse::<TaskId>() else { return };
-        self.lock().remove(id, token);
+    /// The worker's outcomes for these deliveries were answered: the stream no longer holds them.
+    pub fn release(&self, deliveries: &[(TaskId, u64)]) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let mut h = self.lock();
+        for &(id, token) in deliveries {
+            h.remove(id, token);
+        }
     }
 
     /// The stream ended: it holds nothing any more.
@@ -112,7 +128,7 @@ impl LeaseWatch {
     }
 
     /// Takes the stream holding this delivery, or remembers the revocation for a hold that comes late.
-    fn take(&self, task_id: TaskId, token: u64, why: &'static str) -> Option<Out> {
+    fn take(&self, task_id: TaskId, token: u64, why: &'static str) -> Option<Arc<Out>> {
         let mut h = self.lock();
         if let Some(held) = h.remove(task_id, token) {
             return Some(held.out);
@@ -211,8 +227,8 @@ mod tests {
         let w = LeaseWatch::new();
         let (a, mut ra) = mpsc::channel(4);
         let (b, mut rb) = mpsc::channel(4);
-        w.hold(&id(1).to_string(), 7, &a);
-        w.hold(&id(2).to_string(), 8, &b);
+        w.hold(&[(id(1), 7)], &a);
+        w.hold(&[(id(2), 8)], &b);
         w.push(&revoked(1, 6)).await; // an older delivery of the task: not this stream's
         assert!(next(&mut ra).is_none());
         w.push(&revoked(1, 7)).await;
@@ -227,9 +243,9 @@ mod tests {
     async fn released_and_forgotten_deliveries_are_not_pushed() {
         let w = LeaseWatch::new();
         let (a, mut ra) = mpsc::channel(4);
-        w.hold(&id(1).to_string(), 7, &a);
-        w.hold(&id(2).to_string(), 8, &a);
-        w.release(&id(1).to_string(), 7);
+        w.hold(&[(id(1), 7), (id(2), 8)], &a);
+        w.release(&[(id(1), 7)]);
+        assert_eq!(w.held(), 1);
         w.forget_stream(&a);
         assert_eq!(w.held(), 0);
         w.push(&revoked(1, 7)).await;
@@ -242,9 +258,11 @@ mod tests {
         let w = LeaseWatch::new();
         let (a, mut ra) = mpsc::channel(4);
         w.push(&RevokedLease { task_id: id(3), token: 9, outcome: RunOutcome::LeaseExpired }).await;
-        w.hold(&id(3).to_string(), 9, &a);
+        // In a batch with a delivery not revoked, which is held.
+        w.hold(&[(id(4), 1), (id(3), 9)], &a);
         let r = next(&mut ra).expect("pushed on hold");
-        assert_eq!((r.token, r.reason.as_str()), (9, "LEASE_EXPIRED"));
-        assert_eq!(w.held(), 0);
+        assert_eq!((r.task_id, r.token, r.reason.as_str()), (id(3).to_string(), 9, "LEASE_EXPIRED"));
+        assert!(next(&mut ra).is_none());
+        assert_eq!(w.held(), 1);
     }
 }

@@ -30,7 +30,7 @@ use super::limits::{Limits, StreamSlot};
 use crate::auth::{AuthError, Authenticator, Scope};
 use crate::leader::dispatcher::Dispatcher;
 use crate::leader::proposer::{wall_clock_ms, Proposer};
-use crate::queue::{AckAction, AckItem};
+use crate::queue::{AckAction, AckItem, TaskId};
 
 /// How long a new stream may take to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -238,8 +238,8 @@ impl StreamApi {
 
     async fn serve_acks(&self, caller: &Caller, req: AckRequest, out: &Out<pb::ServerEvent>) {
         let (ids, checked): (Vec<String>, Vec<Result<AckItem, ApiError>>) = req.items.into_iter().unzip();
-        let marks: Vec<Option<(u64, bool)>> =
-            checked.iter().map(|c| c.as_ref().ok().map(|i| (i.token, i.action.is_heartbeat()))).collect();
+        let marks: Vec<Option<(TaskId, u64, bool)>> =
+            checked.iter().map(|c| c.as_ref().ok().map(|i| (i.task_id, i.token, i.action.is_heartbeat()))).collect();
         let (valid, checked) = split_items(checked);
         let applied = if valid.is_empty() { Ok(vec![]) } else { self.apply_acks(caller, valid).await };
         let event = match applied {
@@ -271,15 +271,19 @@ impl StreamApi {
     }
 
     /// An applied lease extension means this stream holds the delivery (again, after a reconnect); an answered
-    /// outcome means it no longer does. `marks` are the items' tokens and whether each is an extension.
-    fn track_acks(&self, acks: &[pb::TaskAck], marks: &[Option<(u64, bool)>], out: &Out<pb::ServerEvent>) {
+    /// outcome means it no longer does. `marks` are the valid items' task ids and tokens, and whether each is an
+    /// extension.
+    fn track_acks(&self, acks: &[pb::TaskAck], marks: &[Option<(TaskId, u64, bool)>], out: &Out<pb::ServerEvent>) {
+        let (mut extended, mut answered) = (Vec::new(), Vec::with_capacity(acks.len()));
         for (ack, mark) in acks.iter().zip(marks) {
-            match mark {
-                Some((token, true)) if ack.applied => self.leases.hold(&ack.task_id, *token, out),
-                Some((token, false)) => self.leases.release(&ack.task_id, *token),
+            match *mark {
+                Some((id, token, true)) if ack.applied => extended.push((id, token)),
+                Some((id, token, false)) => answered.push((id, token)),
                 _ => {}
             }
         }
+        self.leases.hold(&extended, out);
+        self.leases.release(&answered);
     }
 
     /// Claims for a Ready here when this node leads, else on the leader; across leader changes it is sent again
@@ -354,8 +358,8 @@ impl StreamApi {
             // The client left: dropping the claim withdraws it and gives its slots back.
             _ = out.closed() => return,
         };
-        let held: Vec<(String, u64)> = match &answer {
-            Ok(tasks) => tasks.iter().filter_map(|t| Some((t.id.clone(), t.lease.as_ref()?.token))).collect(),
+        let held: Vec<(TaskId, u64)> = match &answer {
+            Ok(tasks) => tasks.iter().filter_map(|t| Some((t.id.parse().ok()?, t.lease.as_ref()?.token))).collect(),
             Err(_) => vec![],
         };
         let event = match answer {
@@ -382,9 +386,7 @@ impl StreamApi {
         };
         // Held once the batch is queued on the stream, so a revocation is always sent after the batch.
         if out.send(Ok(event)).await.is_ok() {
-            for (task_id, token) in held {
-                self.leases.hold(&task_id, token, out);
-            }
+            self.leases.hold(&held, out);
         }
     }
 }

@@ -116,8 +116,8 @@ enum Outcome<R> {
     Answer(Result<R, ApiError>),
     /// Nothing was applied: route again (until the deadline, then answer this).
     Retry(ApiError),
-    /// A leader took the call and answered `NOT_LEADER`: it stopped leading while it served it (an enqueue
-    /// waiting for room, say). Nothing was applied; routed again, and the time spent there is not counted
+    /// The node the call went to as the leader answered `NOT_LEADER`: it stopped leading while it served it (an
+    /// enqueue waiting for room, say), or had stopped before. Nothing was applied; routed again, and the time spent there is not counted
     /// against the deadline, which bounds the search for a leader, not a leader's work.
     Left(ApiError),
     /// The call may have been applied (an `UNKNOWN_OUTCOME` error).
@@ -193,8 +193,10 @@ fn remote_outcome<R>(kind: Kind, r: Result<R, Status>) -> Outcome<R> {
         Err(s) => s,
     };
     match ApiError::from_status(&s) {
-        Some(e) if e.reason() == Reason::NotLeader => Outcome::Left(e),
-        Some(e) if route_again(kind, &e) => Outcome::Retry(e),
+        Some(e) if route_again(kind, &e) => match e.reason() {
+            Reason::NotLeader => Outcome::Left(e),
+            _ => Outcome::Retry(e),
+        },
         Some(e) if e.reason() == Reason::UnknownOutcome => Outcome::Unknown(e),
         Some(e) => Outcome::Answer(Err(e)),
         // No raftq reason: the transport answered, not the leader.
@@ -433,8 +435,8 @@ mod tests {
             let shown = format!("{kind:?} {r:?}");
             assert_eq!(what(remote_outcome(kind, r)), want, "{shown}");
         }
-        // This node's own NOT_LEADER is routed again (it led when the call came); its UNAVAILABLE (shutting down) and UNKNOWN_OUTCOME are not
-        // taken for "nothing applied".
+        // This node's own NOT_LEADER is routed again (it led when the call came); its UNAVAILABLE (shutting down)
+        // and UNKNOWN_OUTCOME are not taken for "nothing applied".
         assert_eq!(what(local_outcome::<()>(Err(ApiError::NotLeader { leader_addr: None }))).0, "left");
         assert_eq!(what(local_outcome::<()>(Err(ApiError::Unavailable("down".into())))).0, "answer");
         assert_eq!(what(local_outcome::<()>(Err(ApiError::Unknown("timeout".into())))).0, "unknown");

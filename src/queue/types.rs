@@ -72,10 +72,9 @@ impl TaskId {
         TaskId(b)
     }
 
-    /// The placement shared by every task of one tenant's concurrency key (a namespace apart from idempotency
-    /// keys).
-    /// The key's placement is that of the idempotency key `"\u{1}concurrency\u{1}{key}"`, hashed without
-    /// building that string (this runs for every keyed enqueue).
+    /// The placement shared by every task of one tenant's concurrency key: that of the idempotency key
+    /// `"\u{1}concurrency\u{1}{key}"` (a namespace apart from idempotency keys), hashed without building that
+    /// string, since this runs for every keyed enqueue.
     pub fn placement_for_concurrency_key(tenant: &str, key: &str) -> u16 {
         Self::placement_of(tenant, "\u{1}concurrency\u{1}".bytes().chain(key.bytes()))
     }

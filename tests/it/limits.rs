@@ -414,7 +414,8 @@ async fn enqueues_waiting_for_room_follow_a_leadership_transfer() {
     let old = c.wait_leader(Duration::from_secs(10)).await;
     c.wait_cluster_version(old, 2, Duration::from_secs(20)).await;
     let new = old % 3 + 1;
-    let grpc = |id: u64| c.nodes.iter().find(|n| n.id == id).expect("node").grpc.clone();
+    let node = |id: u64| c.nodes.iter().find(|n| n.id == id).expect("node");
+    let grpc = |id: u64| node(id).grpc.clone();
     jobs(&grpc(old)).await.set_queue_limits(limits("tq", 0, 3)).await.expect("depth 3");
     let mut on_old = connect(&grpc(old)).await;
     on_old.enqueue_batch(batch("tq", 3)).await.expect("fills the queue");
@@ -429,10 +430,7 @@ async fn enqueues_waiting_for_room_follow_a_leadership_transfer() {
             })
         })
         .collect();
-    let held_on = |id: u64| {
-        let n = c.nodes.iter().find(|n| n.id == id).expect("node");
-        async move { n.metric("raftq_enqueue_held_full_total").await.unwrap_or(0.0) as u64 }
-    };
+    let held_on = |id: u64| async move { node(id).metric("raftq_enqueue_held_full_total").await.unwrap_or(0.0) as u64 };
     let deadline = Instant::now() + HOLD / 2;
     while held_on(old).await < 3 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -441,7 +439,7 @@ async fn enqueues_waiting_for_room_follow_a_leadership_transfer() {
     // Past the routing budget of the calls, then the transfer.
     tokio::time::sleep(Duration::from_millis(5_300).saturating_sub(sent.elapsed())).await;
     assert!(held.iter().all(|h| !h.is_finished()), "still waiting for room");
-    let mut admin = c.nodes.iter().find(|n| n.id == new).expect("node").admin().await.expect("admin");
+    let mut admin = node(new).admin().await.expect("admin");
     let moved = admin.transfer_leader(pb::TransferLeaderRequest { to: new, timeout_ms: 10_000 }).await;
     assert_eq!(moved.expect("transfer").into_inner().leader_id, new);
 

@@ -387,6 +387,11 @@ fn peer_check(expected: Option<String>) -> impl tonic::service::Interceptor + Cl
     }
 }
 
+/// How often at most the health loop asks whether the node is ready. Raft's metrics change at every append,
+/// flush, commit and apply (thousands of times a second under load, on every node); waking the loop for each
+/// cost a task wake-up, often a thread's, per change. Readiness is now seen at most this late.
+const HEALTH_RECHECK: Duration = Duration::from_millis(50);
+
 /// Keeps the gRPC health status (the whole server, "", and each raftq service) in line with readiness.
 async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, shutdown: CancellationToken) {
     let mut last = None;
@@ -408,6 +413,11 @@ async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, s
                     return;
                 }
             }
+        }
+        // The changes of the next `HEALTH_RECHECK` are taken together: `changed` returns at once for them.
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(HEALTH_RECHECK) => {}
         }
     }
 }

@@ -3,9 +3,10 @@
 //! A dependency usually lives in another shard than the task waiting on it, and apply may only read its own
 //! shard (the sharding rule). So the leader, reading replicated state, proposes `ResolveDependencies` with each
 //! ended dependency's outcome; apply on the waiting task's shard crosses it off (idempotent: a dependency already
-//! crossed off is ignored). It runs when a task ends (the state machine's `ended` notifications), and scans
-//! everything every `SCAN_INTERVAL` and when it becomes leader, which covers a dependency that ended before its
-//! dependent existed, lost notifications and a leader change.
+//! crossed off is ignored). It runs when a task ends (the state machine's `ended` notifications) while
+//! some task waits on a dependency, and when such a task appears; it scans everything every `SCAN_INTERVAL` and
+//! when it becomes leader, which covers a dependency that ended before its dependent existed, lost notifications
+//! and a leader change.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +22,10 @@ const SCAN_INTERVAL: Duration = Duration::from_millis(250);
 const MAX_PER_ENTRY: usize = 1_000;
 
 /// The resolver's work for one term: a scan at once (it may just have become leader), then one after each batch
-/// of ended tasks and every `SCAN_INTERVAL`.
+/// of ended tasks while a task waits on a dependency, when such a task appears, and every `SCAN_INTERVAL`.
 pub async fn lead(proposer: Arc<Proposer>) {
     let mut ended = proposer.shared.ended.subscribe();
+    let mut dependents = proposer.shared.dependents.subscribe();
     loop {
         match proposer.shared.dependency_resolutions(MAX_PER_ENTRY) {
             Ok(items) if items.is_empty() => {}
@@ -33,6 +35,21 @@ pub async fn lead(proposer: Arc<Proposer>) {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read dependencies"),
+        }
+        if !*dependents.borrow_and_update() {
+            // No task waits on a dependency: an ended task concerns none, so the batches that end tasks (nearly
+            // every one under load) do not wake this. A dependent's arrival does; the scan then covers what ended
+            // meanwhile, and the notifications of that time are skipped.
+            tokio::select! {
+                r = dependents.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep(SCAN_INTERVAL) => {}
+            }
+            ended = ended.resubscribe();
+            continue;
         }
         tokio::select! {
             r = ended.recv() => {

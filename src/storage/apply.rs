@@ -162,6 +162,7 @@ impl StateMachine {
         let changed = dirty.iter().map(|d| d.len()).sum();
         shared.limits_set.store(g.any_limits(), std::sync::atomic::Ordering::Relaxed);
         shared.rates_set.store(g.any_rates(), std::sync::atomic::Ordering::Relaxed);
+        shared.set_dependents(g.any_dependents());
         drop(g);
         shared.note_changed(changed);
         Ok((responses, fx))

@@ -365,6 +365,7 @@ fn install_blocking(shared: &SmShared, dir: &Path, meta: &SnapshotMeta, mut file
     shared.dirty_records.store(0, std::sync::atomic::Ordering::Relaxed);
     shared.limits_set.store(g.any_limits(), std::sync::atomic::Ordering::Relaxed);
     shared.rates_set.store(g.any_rates(), std::sync::atomic::Ordering::Relaxed);
+    shared.set_dependents(g.any_dependents());
     drop(g);
     publish_current(dir, meta, &keep)?;
     Ok(())

@@ -101,6 +101,11 @@ impl Shards {
         self.cores.first().is_some_and(|c| !c.all_rates().is_empty())
     }
 
+    /// Whether any shard holds a task waiting on a dependency.
+    pub(super) fn any_dependents(&self) -> bool {
+        self.cores.iter().any(|c| !c.waiters().is_empty())
+    }
+
     /// The cluster version every shard has applied.
     pub fn cluster_version(&self) -> u32 {
         self.cores.iter().map(|c| c.cluster_version).min().unwrap_or(0)
@@ -126,6 +131,9 @@ pub struct SmShared {
     pub applied: watch::Sender<u64>,
     /// Bumped when apply adds webhook deliveries to an outbox; the leader's webhook sender watches it.
     pub webhooks: watch::Sender<u64>,
+    /// Whether any task waits on a dependency, kept after every apply batch, open and install: while none does,
+    /// the dependency resolver is not woken by every batch that ends tasks (`leader::resolver`).
+    pub dependents: watch::Sender<bool>,
     /// Task lifecycle counters and latencies, fed by apply.
     pub metrics: Arc<crate::telemetry::Metrics>,
     /// One flush at a time: the flusher's, or one a snapshot or a digest makes inline (`flush.rs`).
@@ -153,6 +161,11 @@ impl SmShared {
     /// finished, on whichever thread dropped it last).
     pub fn closed_watch(&self) -> std::sync::Weak<()> {
         Arc::downgrade(&self.closed)
+    }
+
+    /// Publishes whether any task waits on a dependency (watchers are woken only when that changes).
+    pub(super) fn set_dependents(&self, any: bool) {
+        self.dependents.send_if_modified(|d| std::mem::replace(d, any) != any);
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, Shards> {
@@ -186,6 +199,7 @@ impl StateMachine {
         let applied = set.applied().0.map(|l| l.index).unwrap_or(0);
         let limits_set = set.any_limits();
         let rates_set = set.any_rates();
+        let dependents = set.any_dependents();
         let (wake, woken) = mpsc::channel();
         let shared = Arc::new(SmShared {
             shards: RwLock::new(set),
@@ -194,6 +208,7 @@ impl StateMachine {
             work: watch::channel(0).0,
             applied: watch::channel(applied).0,
             webhooks: watch::channel(0).0,
+            dependents: watch::channel(dependents).0,
             metrics: Arc::default(),
             flush_lock: Mutex::new(()),
             dirty_records: AtomicUsize::new(0),

@@ -1145,3 +1145,41 @@ fn v2_task_records_are_smaller() {
     run(&mut store, 3, Command::Ack(vec![done]));
     sizes(&mut store, "completed");
 }
+
+/// Whether any task waits on a dependency (what wakes the leader's dependency resolver) follows apply, and is
+/// read again at open and after a snapshot install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whether_a_task_waits_on_a_dependency_follows_apply_reopen_and_install() {
+    let a = tempfile::tempdir().expect("dir");
+    let mut sm = populated(a.path(), 4).await;
+    let waits = |sm: &StateMachine| *sm.shared.dependents.borrow();
+    assert!(!waits(&sm), "no task of the populated state waits on a dependency");
+    let mut changed = sm.shared.dependents.subscribe();
+    changed.mark_unchanged();
+
+    // A task waiting on a pending one: the flag rises, once.
+    let (dep, waiter) = (TaskId::new(1_000, 1, 1), TaskId::new(2_000, 7, 77));
+    let mut t = new_task(77, None);
+    t.id = waiter;
+    t.depends_on = vec![dep];
+    apply(&mut sm, vec![entry(8, Request::new(2_000, 8, Command::Enqueue(vec![t])))]).await;
+    assert!(waits(&sm) && changed.has_changed().expect("open"), "a dependent task raises it");
+    changed.mark_unchanged();
+    apply(&mut sm, vec![entry(9, Request::new(2_001, 9, Command::Tick))]).await;
+    assert!(waits(&sm) && !changed.has_changed().expect("open"), "an entry that changes nothing wakes no one");
+
+    // It travels in a snapshot and is read at open.
+    let snap = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+    let b = tempfile::tempdir().expect("dir");
+    let mut other = StateMachine::open(b.path(), 3).expect("open");
+    assert!(!waits(&other));
+    other.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert!(waits(&other), "an installed snapshot's dependents count");
+    drop(other);
+    assert!(waits(&StateMachine::open(b.path(), 3).expect("reopen")), "and a reopened state's");
+
+    // Resolved, the task waits on nothing: the flag falls.
+    let done = DependencyResolved { task_id: waiter, dependency: dep, outcome: Some(TaskState::Completed) };
+    apply(&mut sm, vec![entry(10, Request::new(2_002, 10, Command::ResolveDependencies(vec![done])))]).await;
+    assert!(!waits(&sm) && changed.has_changed().expect("open"), "no dependent left lowers it");
+}

@@ -8,7 +8,7 @@
 //! proposes those alone, and may refuse them before its cluster version allows them), nor is a create sent again
 //! after an overload refusal (a depth limit refuses a whole batch: alone, each gets in as room allows).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -220,6 +220,9 @@ impl Inner {
                 p.insert(seq, Waiter { tx, permit });
             }
             let sent = tokio::select! {
+                // The send first: with room on the stream it is done at its first poll, without waiting on the
+                // stream's shared `closed` token.
+                biased;
                 r = s.tx.send((event(seq, items), pack)) => r.is_ok(),
                 _ = s.closed.cancelled() => false,
             };

@@ -102,19 +102,52 @@ pub struct Lease {
 }
 
 /// Fires when a delivery ends before its handler does (see [`Task::cancellation`]). Shared by the clones of a
-/// task; never part of its identity.
+/// task (one allocation; a clone is a reference count); never part of its identity.
 #[derive(Clone, Default)]
-pub(crate) struct Signal {
-    token: tokio_util::sync::CancellationToken,
-    reason: std::sync::Arc<std::sync::OnceLock<String>>,
+pub(crate) struct Signal(std::sync::Arc<SignalState>);
+
+#[derive(Default)]
+struct SignalState {
+    /// Why it fired: set once, by the first `fire`.
+    reason: std::sync::OnceLock<String>,
+    /// The handler's token, made when first asked for (most handlers never ask, so most deliveries make none).
+    token: std::sync::Mutex<Option<tokio_util::sync::CancellationToken>>,
 }
 
 impl Signal {
     /// Fires with `reason`; false when it had fired already (the first reason stays).
     pub(crate) fn fire(&self, reason: &str) -> bool {
-        let first = self.reason.set(reason.to_string()).is_ok();
-        self.token.cancel();
+        let first = self.0.reason.set(reason.to_string()).is_ok();
+        // The reason is set first: a token made after this lock is cancelled as it is made (`token`).
+        if let Some(t) = self.0.slot().as_ref() {
+            t.cancel();
+        }
         first
+    }
+
+    /// The handler's cancellation token: the same one on every call, cancelled if the signal fired.
+    pub(crate) fn token(&self) -> tokio_util::sync::CancellationToken {
+        let mut slot = self.0.slot();
+        let t = slot.get_or_insert_with(tokio_util::sync::CancellationToken::new).clone();
+        if self.0.reason.get().is_some() {
+            t.cancel();
+        }
+        t
+    }
+
+    /// Whether the delivery ended: the signal fired, or the handler cancelled its token itself.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.0.reason.get().is_some() || self.0.slot().as_ref().is_some_and(|t| t.is_cancelled())
+    }
+
+    pub(crate) fn reason(&self) -> Option<&str> {
+        self.0.reason.get().map(String::as_str)
+    }
+}
+
+impl SignalState {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<tokio_util::sync::CancellationToken>> {
+        self.token.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -128,7 +161,7 @@ impl Eq for Signal {}
 
 impl std::fmt::Debug for Signal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Signal({:?})", self.reason.get())
+        write!(f, "Signal({:?})", self.reason())
     }
 }
 
@@ -430,12 +463,12 @@ impl Task {
     /// three on the worker stream as it applies them. Any outcome sent afterwards is refused: stop and return.
     /// Never fires for a task read with a [`Producer`](crate::Producer).
     pub fn cancellation(&self) -> tokio_util::sync::CancellationToken {
-        self.signal.token.clone()
+        self.signal.token()
     }
 
     /// Why [`Task::cancellation`] fired, once it has.
     pub fn revocation(&self) -> Option<&str> {
-        self.signal.reason.get().map(String::as_str)
+        self.signal.reason()
     }
 
     pub(crate) fn signal(&self) -> &Signal {
@@ -727,6 +760,29 @@ pub(crate) fn duration_ms(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivery_signal_cancels_its_token_whether_asked_for_before_or_after_it_fires() {
+        // Asked for first: the token fires with the signal, and later calls give the same token.
+        let t = Task::from_proto(pb::Task { id: "a".into(), ..Default::default() });
+        let token = t.cancellation();
+        assert!(!token.is_cancelled() && !t.signal().is_cancelled());
+        assert!(t.signal().fire("LEASE_EXPIRED"));
+        assert!(token.is_cancelled() && t.signal().is_cancelled());
+        assert!(!t.signal().fire("CANCELLED"), "the first reason stays");
+        assert_eq!(t.revocation(), Some("LEASE_EXPIRED"));
+        // Asked for after it fired (no token was made before): cancelled as it is made.
+        let late = Task::from_proto(pb::Task { id: "b".into(), ..Default::default() });
+        let clone = late.clone();
+        assert!(clone.signal().fire("CANCELLED"));
+        assert!(late.cancellation().is_cancelled(), "clones of a task share its signal");
+        assert_eq!(late.revocation(), Some("CANCELLED"));
+        // A handler that cancels its own token ends the delivery too, with no reason.
+        let own = Task::from_proto(pb::Task { id: "c".into(), ..Default::default() });
+        own.cancellation().cancel();
+        assert!(own.signal().is_cancelled() && own.cancellation().is_cancelled());
+        assert_eq!(own.revocation(), None);
+    }
 
     #[test]
     fn new_task_builder_fills_every_field() {

@@ -117,8 +117,8 @@ enum Outcome<R> {
     /// Nothing was applied: route again (until the deadline, then answer this).
     Retry(ApiError),
     /// The node the call went to as the leader answered `NOT_LEADER`: it stopped leading while it served it (an
-    /// enqueue waiting for room, say), or had stopped before. Nothing was applied; routed again, and the time spent there is not counted
-    /// against the deadline, which bounds the search for a leader, not a leader's work.
+    /// enqueue waiting for room, say), or had stopped before. Nothing was applied; routed again, and the time
+    /// spent there is not counted against the deadline, which bounds the search for a leader, not a leader's work.
     Left(ApiError),
     /// The call may have been applied (an `UNKNOWN_OUTCOME` error).
     Unknown(ApiError),

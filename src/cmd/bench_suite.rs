@@ -44,6 +44,17 @@ use tokio_util::sync::CancellationToken;
 /// The nodes' log filter (`RAFTQ_LOG` syntax) when set; their logs are then kept after each run. Default `warn`,
 /// logs removed with the run's data.
 const NODE_LOG_ENV: &str = "RAFTQ_SUITE_NODE_LOG";
+/// The CPU time a process has used, user and system (`/proc/PID/stat`; "self" for this one), in microseconds.
+fn process_cpu_us(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces, inside parentheses): utime is the 14th field of the
+    // line, stime the 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * (1_000_000 / CLOCK_TICKS_PER_SECOND))
+}
+
 /// A file to write each run's claims to (send time and the three stages, one line per claim), for finding when
 /// the slow ones happen; each run overwrites it.
 const TRACE_ENV: &str = "RAFTQ_SUITE_TRACE";
@@ -539,20 +550,7 @@ impl Cluster {
     /// CPU time (user + system, µs) the running nodes have used so far, together.
     fn cpu_us(&self) -> u64 {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        let tick_us = 1_000_000 / CLOCK_TICKS_PER_SECOND;
-        nodes
-            .iter()
-            .filter_map(|n| n.child.as_ref())
-            .filter_map(|c| std::fs::read_to_string(format!("/proc/{}/stat", c.id())).ok())
-            .filter_map(|stat| {
-                // Fields after the command name (which may hold spaces, inside parentheses): utime is the 14th
-                // field of the line, stime the 15th.
-                let rest = &stat[stat.rfind(')')? + 2..];
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-            })
-            .sum::<u64>()
-            * tick_us
+        nodes.iter().filter_map(|n| n.child.as_ref()).filter_map(|c| process_cpu_us(&c.id().to_string())).sum()
     }
 
     fn rss_kib(&self, id: u64) -> Option<u64> {
@@ -784,6 +782,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     let completed = || workers.iter().map(|w| w.snapshot().completed).sum::<u64>();
     measuring.store(true, Ordering::Relaxed);
     let (c0, e0, t0, cpu0) = (completed(), enqueued.load(Ordering::Relaxed), Instant::now(), c.cpu_us());
+    let driver0 = process_cpu_us("self");
     let mut fault_at_ms = None;
     if fault != Fault::None {
         tokio::time::sleep(a.duration / 2).await;
@@ -807,6 +806,7 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
         tokio::time::sleep(a.duration).await;
     }
     let (c1, e1, dt, cpu1) = (completed(), enqueued.load(Ordering::Relaxed), t0.elapsed().as_secs_f64(), c.cpu_us());
+    let driver1 = process_cpu_us("self");
     let end_ms = start.elapsed().as_millis() as u32;
     measuring.store(false, Ordering::Relaxed);
     stop.cancel();
@@ -818,6 +818,10 @@ async fn cycle_with(c: &Cluster, a: &SuiteArgs, pace: Pace, fault: Fault, keys: 
     r.extra.insert("enqueued/s", (e1 - e0) as f64 / dt);
     if fault == Fault::None && c1 > c0 {
         r.extra.insert("server CPU µs/task", cpu1.saturating_sub(cpu0) as f64 / (c1 - c0) as f64);
+        // The suite's own process: the SDK's producers and workers (and the suite's bookkeeping), on the same cores.
+        if let (Some(d0), Some(d1)) = (driver0, driver1) {
+            r.extra.insert("driver CPU µs/task", d1.saturating_sub(d0) as f64 / (c1 - c0) as f64);
+        }
     }
     let mut lat = std::mem::take(&mut *seen.latency_us.lock().unwrap_or_else(|p| p.into_inner()));
     lat.sort_unstable();

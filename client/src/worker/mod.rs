@@ -11,8 +11,8 @@ mod outcome;
 mod session;
 mod stats;
 
+use foldhash::HashMap;
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -404,7 +404,7 @@ struct Ctx {
     fatal: Mutex<Option<Error>>,
     orphans: mpsc::Sender<pb::Task>,
     /// The deliveries whose handlers run or wait in a slot: task id -> (token, the handler's signal).
-    running: Mutex<HashMap<String, (u64, Signal)>>,
+    running: Mutex<HashMap<Arc<str>, (u64, Signal)>>,
 }
 
 impl Ctx {
@@ -781,10 +781,10 @@ async fn claim(ctx: &Ctx) -> Option<Vec<pb::Task>> {
 
 /// The leases a slot holds, for the heartbeat: task id -> (token, outcome on its way).
 #[derive(Default)]
-struct Held(Mutex<HashMap<String, (u64, bool)>>);
+struct Held(Mutex<HashMap<Arc<str>, (u64, bool)>>);
 
 impl Held {
-    fn beats(&self) -> Vec<(String, u64)> {
+    fn beats(&self) -> Vec<(Arc<str>, u64)> {
         self.0.lock().expect("held lock poisoned").iter().map(|(id, (token, _))| (id.clone(), *token)).collect()
     }
 
@@ -807,12 +807,13 @@ where
     F: Future<Output = Outcome> + Send + 'static,
 {
     let tasks: Vec<Task> = tasks.into_iter().map(Task::from_proto).collect();
-    let held = Held(Mutex::new(tasks.iter().map(|t| (t.id.clone(), (t.token(), false))).collect()));
+    // Each id is copied once; the maps share it.
+    let ids: Vec<(Arc<str>, u64)> = tasks.iter().map(|t| (Arc::from(t.id.as_str()), t.token())).collect();
+    let held = Held(Mutex::new(ids.iter().map(|(id, token)| (id.clone(), (*token, false))).collect()));
     ctx.running
         .lock()
         .expect("running lock poisoned")
-        .extend(tasks.iter().map(|t| (t.id.clone(), (t.token(), t.signal().clone()))));
-    let ids: Vec<(String, u64)> = tasks.iter().map(|t| (t.id.clone(), t.token())).collect();
+        .extend(ids.iter().zip(&tasks).map(|((id, token), t)| (id.clone(), (*token, t.signal().clone()))));
     let beat = async {
         match ctx.cfg.heartbeat {
             Some(every) => heartbeat(ctx, &held, every).await,
@@ -824,10 +825,10 @@ where
         for task in tasks {
             let (task_id, token) = (task.id.clone(), task.token());
             // Shutdown began, or the delivery already ended: tasks not yet started go back at once.
-            let outcome = if ctx.stopping.is_cancelled() || task.cancellation().is_cancelled() {
+            let outcome = if ctx.stopping.is_cancelled() || task.signal().is_cancelled() {
                 Outcome::Abandon
             } else {
-                run_handler(ctx, handler, task).await
+                run_handler(ctx, handler, task, &task_id).await
             };
             items.push(Item { task_id, token, outcome });
         }
@@ -841,25 +842,26 @@ where
     }
     let mut running = ctx.running.lock().expect("running lock poisoned");
     for (id, token) in ids {
-        if running.get(&id).is_some_and(|(t, _)| *t == token) {
-            running.remove(&id);
+        if running.get(&*id).is_some_and(|(t, _)| *t == token) {
+            running.remove(&*id);
         }
     }
 }
 
-async fn run_handler<H, F>(ctx: &Ctx, handler: &H, task: Task) -> Outcome
+async fn run_handler<H, F>(ctx: &Ctx, handler: &H, task: Task, id: &str) -> Outcome
 where
     H: Fn(Task) -> F + Send + Sync + 'static,
     F: Future<Output = Outcome> + Send + 'static,
 {
-    let id = task.id.clone();
     let signal = task.signal().clone();
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(task))) {
         Ok(f) => f,
-        Err(p) => return panicked(&id, p),
+        Err(p) => return panicked(id, p),
     };
     tokio::select! {
-        r = AssertUnwindSafe(fut).catch_unwind() => r.unwrap_or_else(|p| panicked(&id, p)),
+        // The handler first: one that finishes at its first poll never waits on the shared shutdown token.
+        biased;
+        r = AssertUnwindSafe(fut).catch_unwind() => r.unwrap_or_else(|p| panicked(id, p)),
         _ = ctx.grace_over.cancelled() => {
             tracing::warn!(task_id = %id, "shutdown grace ran out; abandoning the running task");
             signal.fire(SHUTDOWN);
@@ -889,7 +891,7 @@ async fn heartbeat(ctx: &Ctx, held: &Held, every: Duration) {
         let Some(session) = ctx.current_session() else { continue };
         let beats = held.beats();
         futures::future::join_all(beats.iter().map(|(task_id, token)| {
-            let session = session.clone();
+            let (session, task_id) = (session.clone(), &**task_id);
             async move {
                 let id = ctx.next_id();
                 match session.request(id, heartbeat_event(id, task_id, *token, lease_ms)).await {
@@ -1103,7 +1105,7 @@ mod tests {
 
     #[test]
     fn held_leases_stop_beating_once_refused() {
-        let held = Held(Mutex::new(HashMap::from([("a".to_string(), (1, false)), ("b".to_string(), (2, false))])));
+        let held = Held(Mutex::new([("a".into(), (1, false)), ("b".into(), (2, false))].into_iter().collect()));
         assert!(!held.refused("a"), "a was not being delivered");
         held.delivering();
         assert!(held.refused("b"), "b's outcome was on its way");

@@ -2,7 +2,7 @@
 //! waiting requests by request id. A session never reconnects itself; the supervisor in `worker/mod.rs`
 //! opens the next one.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 

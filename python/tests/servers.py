@@ -39,10 +39,19 @@ def raftq_bin() -> Path:
     raise NoBinary("no raftq binary: build it (cargo build) or set RAFTQ_BIN")
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now and that this run has not handed out before: the kernel can give a port
+    just closed again at once, and two nodes of one cluster would then collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def mint(secret_file: Path, tenant: str = "default", scopes: str = "enqueue,work,read,admin", ttl: str = "1h") -> str:

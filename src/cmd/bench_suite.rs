@@ -426,8 +426,17 @@ struct Cluster {
 /// runs on (`getconf CLK_TCK`).
 const CLOCK_TICKS_PER_SECOND: u64 = 100;
 
+/// A port nothing listens on now and that this process has not handed out before: the kernel can give a port just
+/// closed again at once, and two nodes of one run would then collide.
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if GIVEN.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 impl Cluster {

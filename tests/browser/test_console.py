@@ -36,10 +36,19 @@ UPDATE_DOCS = "--update-docs" in sys.argv
 WAIT_S = 20
 
 
+_GIVEN = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that this run has not handed out before: the kernel can give a port
+    just closed again at once, and two nodes of one cluster were once given the same gRPC port."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class Node:

@@ -44,17 +44,6 @@ use tokio_util::sync::CancellationToken;
 /// The nodes' log filter (`RAFTQ_LOG` syntax) when set; their logs are then kept after each run. Default `warn`,
 /// logs removed with the run's data.
 const NODE_LOG_ENV: &str = "RAFTQ_SUITE_NODE_LOG";
-/// The CPU time a process has used, user and system (`/proc/PID/stat`; "self" for this one), in microseconds.
-fn process_cpu_us(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces, inside parentheses): utime is the 14th field of the
-    // line, stime the 15th.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks * (1_000_000 / CLOCK_TICKS_PER_SECOND))
-}
-
 /// A file to write each run's claims to (send time and the three stages, one line per claim), for finding when
 /// the slow ones happen; each run overwrites it.
 const TRACE_ENV: &str = "RAFTQ_SUITE_TRACE";
@@ -425,6 +414,17 @@ struct Cluster {
 /// The kernel's clock ticks per second (`/proc/<pid>/stat` counts CPU time in them): 100 on every Linux this
 /// runs on (`getconf CLK_TCK`).
 const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// The CPU time a process has used, user and system (`/proc/PID/stat`; "self" for this one), in microseconds.
+fn process_cpu_us(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces, inside parentheses): utime is the 14th field of the
+    // line, stime the 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * (1_000_000 / CLOCK_TICKS_PER_SECOND))
+}
 
 /// A port nothing listens on now and that this process has not handed out before: the kernel can give a port just
 /// closed again at once, and two nodes of one run would then collide.

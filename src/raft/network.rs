@@ -4,19 +4,25 @@
 //! meant for, and the peer refuses a message for another id, so a wrong address cannot join two clusters.
 //! Connection failures are `Unreachable`, so openraft backs off instead of spinning. An append that runs out of
 //! time is a `Timeout`, which openraft retries at once (see [`append_err`]).
+//!
+//! Replication to a follower is pipelined: each of openraft's replication sessions is one `AppendStream` call, on
+//! which requests go out as openraft makes them and answers come back in order, each once the follower has
+//! fsynced its entries (see [`PeerClient::open_stream`]). Heartbeats, probes and peers of builds from before the
+//! call go one request at a time.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::{RPCTypes, RaftNetworkV2};
+use openraft::{OptionalSend, RPCTypes, RaftNetworkV2};
 use raftq_proto::v1::raft_service_client::RaftServiceClient;
 use raftq_proto::v1::{RaftMessage, SnapshotChunk};
 use serde::de::DeserializeOwned;
@@ -180,6 +186,9 @@ pub struct PeerClient {
     client: Option<RaftServiceClient<Channel>>,
     addr: String,
     varint: Arc<AtomicBool>,
+    /// Whether replication sessions go over [`PeerClient::open_stream`]; cleared when the peer's build does not
+    /// serve it (it answered `UNIMPLEMENTED`), and then it gets one request at a time.
+    streams: bool,
 }
 
 /// Peers connect quickly or not at all: a stopped container's address does not refuse connections, and a leader
@@ -210,6 +219,7 @@ impl Network {
             client: None,
             addr: raft_addr.to_string(),
             varint: self.varint.clone(),
+            streams: true,
         };
         let mut req = tonic::Request::new(RaftMessage { from: self.node_id, to: target, ..Default::default() });
         req.set_timeout(Duration::from_secs(2));
@@ -244,6 +254,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client,
             addr: node.raft_addr.clone(),
             varint: self.varint.clone(),
+            streams: true,
         }
     }
 }
@@ -295,14 +306,9 @@ impl PeerClient {
         rpc: &T,
         option: &RPCOption,
     ) -> Result<tonic::Request<RaftMessage>, RPCError<TypeConfig>> {
-        let wire = if self.varint.load(Ordering::Relaxed) { Wire::Varint } else { Wire::Fixed };
-        let data = wire.encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut req = tonic::Request::new(RaftMessage {
-            from: self.from,
-            to: self.target,
-            data: data.into(),
-            encoding: wire as u32,
-        });
+        let msg =
+            message(self.from, self.target, &self.varint, rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut req = tonic::Request::new(msg);
         req.set_timeout(option.hard_ttl());
         self.sign(&mut req);
         Ok(req)
@@ -330,6 +336,229 @@ impl PeerClient {
     }
 }
 
+/// An openraft value as a message from `from` to `to`, in the encoding the cluster reads now.
+fn message<T: Serialize>(from: NodeId, to: NodeId, varint: &AtomicBool, v: &T) -> Result<RaftMessage, bincode::Error> {
+    let wire = if varint.load(Ordering::Relaxed) { Wire::Varint } else { Wire::Fixed };
+    Ok(RaftMessage { from, to, data: wire.encode(v)?.into(), encoding: wire as u32 })
+}
+
+type Request = AppendEntriesRequest<TypeConfig>;
+type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
+
+/// One replication session on an `AppendStream` call, shared by the request side (which the transport polls on a
+/// task of its own) and the answers (which openraft reads).
+struct Session {
+    /// openraft's requests. Dropped as soon as the session ends on either side: openraft's request stream reads
+    /// the replication state every session of this follower shares, and holds its lock while it waits for the
+    /// next entries, so a request side that outlived its session would take the next session's requests, or
+    /// keep it from starting.
+    input: Option<BoxStream<'static, Request>>,
+    /// When each request not yet answered went to the transport, oldest first.
+    sent: std::collections::VecDeque<std::time::Instant>,
+    /// Why the request side stopped early (the quorum gate held a request), answered as unreachable.
+    failure: Option<String>,
+}
+
+type Shared = Arc<std::sync::Mutex<Session>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Session> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Ends a session's request side when dropped (with the answers, or with a call that never started).
+struct EndSession(Shared);
+
+impl Drop for EndSession {
+    fn drop(&mut self) {
+        lock(&self.0).input = None;
+    }
+}
+
+/// The request side of a session: openraft's requests as messages, as openraft makes them.
+struct Requests {
+    session: Shared,
+    from: NodeId,
+    to: NodeId,
+    varint: Arc<AtomicBool>,
+    gate: QuorumGate,
+    /// Wakes the answers when a request goes out to a session with none unanswered (its answer's deadline
+    /// starts) or the request side stops early.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl futures::Stream for Requests {
+    type Item = RaftMessage;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<RaftMessage>> {
+        use std::task::Poll;
+        let mut s = lock(&self.session);
+        let Some(input) = s.input.as_mut() else { return Poll::Ready(None) };
+        let rpc = match input.as_mut().poll_next(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => {
+                s.input = None;
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(rpc)) => rpc,
+        };
+        let failure = if self.gate.holds() {
+            "no quorum has acknowledged this leader for a lease: appends are held (CheckQuorum)".to_string()
+        } else {
+            match message(self.from, self.to, &self.varint, &rpc) {
+                Ok(m) => {
+                    if s.sent.is_empty() {
+                        self.wake.notify_one();
+                    }
+                    s.sent.push_back(std::time::Instant::now());
+                    return Poll::Ready(Some(m));
+                }
+                Err(e) => format!("encoding an append: {e}"),
+            }
+        };
+        s.input = None;
+        s.failure = Some(failure);
+        self.wake.notify_one();
+        Poll::Ready(None)
+    }
+}
+
+/// The answer side of a session: the follower's answers in order; ends after the first error or refusal.
+struct Answers {
+    answers: tonic::Streaming<RaftMessage>,
+    session: Shared,
+    wake: Arc<tokio::sync::Notify>,
+    from: NodeId,
+    target: NodeId,
+    timeout: Duration,
+    _end: EndSession,
+}
+
+impl Answers {
+    /// The next answer, and whether the session goes on after it.
+    async fn next(&mut self) -> Option<(Answer, bool)> {
+        let Answers { answers, session, wake, from, target, timeout, .. } = self;
+        let (from, target, timeout) = (*from, *target, *timeout);
+        let message = answers.message();
+        tokio::pin!(message);
+        loop {
+            // The oldest request unanswered sets the deadline; an idle session has none, until a request goes
+            // out and wakes this loop.
+            let oldest = lock(session).sent.front().copied();
+            let late = async {
+                match oldest {
+                    Some(at) => tokio::time::sleep_until((at + timeout).into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                m = &mut message => return Self::answer(session, m, from, target, timeout),
+                () = late => {
+                    let t = Timeout { action: RPCTypes::AppendEntries, id: from, target, timeout };
+                    return Some((Err(RPCError::Timeout(t)), false));
+                }
+                () = wake.notified() => {
+                    if let Some(f) = lock(session).failure.clone() {
+                        return Some((unreachable(f), false));
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a message of the follower's (or the call's end) answers.
+    fn answer(
+        session: &Shared,
+        m: Result<Option<RaftMessage>, tonic::Status>,
+        from: NodeId,
+        target: NodeId,
+        timeout: Duration,
+    ) -> Option<(Answer, bool)> {
+        let msg = match m {
+            Ok(Some(msg)) => msg,
+            Ok(None) => {
+                let s = lock(session);
+                return match (&s.failure, s.sent.len()) {
+                    (Some(f), _) => Some((unreachable(f.clone()), false)),
+                    (None, 0) => None,
+                    (None, n) => {
+                        Some((unreachable(format!("the append stream ended with {n} requests unanswered")), false))
+                    }
+                };
+            }
+            Err(s) => return Some((Err(append_err(s, from, target, timeout)), false)),
+        };
+        lock(session).sent.pop_front();
+        let decoded =
+            Wire::of(msg.encoding).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)).and_then(|w| {
+                w.decode::<Result<StreamAppendResult<TypeConfig>, Fatal>>(&msg.data).map_err(std::io::Error::other)
+            });
+        match decoded {
+            Ok(Ok(r)) => {
+                let more = r.is_ok();
+                Some((Ok(r), more))
+            }
+            Ok(Err(fatal)) => Some((unreachable(fatal.to_string()), false)),
+            Err(e) => Some((Err(RPCError::Network(NetworkError::new(&e))), false)),
+        }
+    }
+}
+
+fn unreachable<T>(why: String) -> Result<T, RPCError<TypeConfig>> {
+    Err(RPCError::Unreachable(Unreachable::from_string(why)))
+}
+
+impl PeerClient {
+    /// Opens an `AppendStream` call for one replication session (see [`RaftNetworkV2::stream_append`] below).
+    /// The call's setup has the append timeout, and so has each answer, counted from when its request went out;
+    /// the call itself has no deadline (it lasts the session). A peer that does not serve the call is sent one
+    /// request at a time from the next session on.
+    async fn open_stream(
+        &mut self,
+        input: BoxStream<'static, Request>,
+    ) -> Result<BoxStream<'static, Answer>, RPCError<TypeConfig>> {
+        let session: Shared =
+            Arc::new(std::sync::Mutex::new(Session { input: Some(input), sent: Default::default(), failure: None }));
+        let end = EndSession(session.clone());
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut req = tonic::Request::new(Requests {
+            session: session.clone(),
+            from: self.from,
+            to: self.target,
+            varint: self.varint.clone(),
+            gate: self.gate.clone(),
+            wake: wake.clone(),
+        });
+        self.sign(&mut req);
+        let (from, target, timeout) = (self.from, self.target, self.append_timeout);
+        let answers = match tokio::time::timeout(timeout, self.client()?.append_stream(req)).await {
+            Err(_) => {
+                return Err(RPCError::Timeout(Timeout { action: RPCTypes::AppendEntries, id: from, target, timeout }))
+            }
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                tracing::info!(
+                    target,
+                    "the peer does not serve AppendStream (an older build): appends go one at a time"
+                );
+                self.streams = false;
+                return Err(RPCError::Network(NetworkError::from_string(format!(
+                    "node {target} does not serve AppendStream"
+                ))));
+            }
+            Ok(Err(s)) => return Err(append_err(s, from, target, timeout)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let answers = Answers { answers, session, wake, from, target, timeout, _end: end };
+        Ok(Box::pin(futures::stream::unfold(Some(answers), |a| async move {
+            let mut a = a?;
+            let (answer, more) = a.next().await?;
+            Some((answer, more.then_some(a)))
+        })))
+    }
+}
+
 type Fatal = openraft::error::Fatal<TypeConfig>;
 type RaftErr = openraft::error::RaftError<TypeConfig>;
 
@@ -352,6 +581,37 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let answer = self.client()?.append_entries(req).await;
         let msg = answer.map_err(|s| append_err(s, self.from, self.target, timeout))?.into_inner();
         Self::reply::<_, RaftErr>(msg)
+    }
+
+    /// A replication session: pipelined on one `AppendStream` call, so a round's entries need not wait for the
+    /// answer to the request before them (openraft's default sends one request and waits for its answer). A
+    /// stream of a single request (a heartbeat, a probe) is a unary append, and so is every session to a peer
+    /// that does not serve the call.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, Answer>, RPCError<TypeConfig>>>
+    where
+        S: futures::Stream<Item = Request> + OptionalSend + Unpin + 'static,
+    {
+        use futures::{FutureExt, StreamExt};
+        Box::pin(async move {
+            if !self.streams {
+                return stream_append_sequential(self, input, option).await;
+            }
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures::stream::empty()) as BoxStream<'s, Answer>);
+            };
+            let second = match input.next().now_or_never() {
+                Some(None) => return stream_append_sequential(self, futures::stream::iter([first]), option).await,
+                Some(second) => second,
+                None => None,
+            };
+            let requests = futures::stream::iter(std::iter::once(first).chain(second)).chain(input);
+            Ok(self.open_stream(Box::pin(requests)).await? as BoxStream<'s, Answer>)
+        })
     }
 
     async fn vote(

@@ -25,29 +25,43 @@ pub struct RaftServer<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs:
 
 impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServer<SM> {
     fn check(&self, from: u64, to: u64) -> Result<(), Status> {
-        if to != self.node_id {
-            tracing::warn!(from, to, me = self.node_id, "refusing a raft message meant for another node");
-            return Err(Status::failed_precondition(format!(
-                "WRONG_NODE: this is node {}, not node {to}",
-                self.node_id
-            )));
-        }
-        Ok(())
+        check(self.node_id, from, to)
     }
 
     /// A request's openraft value, and the encoding its reply goes in (the request's).
     fn decode<T: serde::de::DeserializeOwned>(&self, m: &RaftMessage) -> Result<(T, Wire), Status> {
-        self.check(m.from, m.to)?;
-        let wire = Wire::of(m.encoding).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
-        let v = wire.decode(&m.data).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
-        Ok((v, wire))
+        decode(self.node_id, m)
     }
 
     fn reply<T: Serialize>(&self, wire: Wire, v: &T) -> Result<Response<RaftMessage>, Status> {
-        let data = wire.encode(v).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(RaftMessage { from: self.node_id, to: 0, data: data.into(), encoding: wire as u32 }))
+        encode(self.node_id, wire, v).map(Response::new)
     }
 }
+
+/// Refuses a message meant for another node id (a wrong address must not join two clusters).
+fn check(me: NodeId, from: u64, to: u64) -> Result<(), Status> {
+    if to != me {
+        tracing::warn!(from, to, me, "refusing a raft message meant for another node");
+        return Err(Status::failed_precondition(format!("WRONG_NODE: this is node {me}, not node {to}")));
+    }
+    Ok(())
+}
+
+/// A message's openraft value, after [`check`], and the encoding it came in.
+fn decode<T: serde::de::DeserializeOwned>(me: NodeId, m: &RaftMessage) -> Result<(T, Wire), Status> {
+    check(me, m.from, m.to)?;
+    let wire = Wire::of(m.encoding).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
+    let v = wire.decode(&m.data).map_err(|e| Status::invalid_argument(format!("INVALID_ARGUMENT: {e}")))?;
+    Ok((v, wire))
+}
+
+fn encode<T: Serialize>(me: NodeId, wire: Wire, v: &T) -> Result<RaftMessage, Status> {
+    let data = wire.encode(v).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(RaftMessage { from: me, to: 0, data: data.into(), encoding: wire as u32 })
+}
+
+/// The answers of an [`RaftService::append_stream`] call.
+pub type AppendAnswers = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftService for RaftServer<SM> {
@@ -65,6 +79,47 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServi
         let (rpc, wire) = self.decode(req.get_ref())?;
         self.contact.touch();
         self.reply(wire, &self.raft.append_entries(rpc).await)
+    }
+
+    type AppendStreamStream = AppendAnswers;
+
+    /// A leader's replication session: each request is handed to openraft as it arrives (which writes entries in
+    /// log order) and answered in order once its entries are fsynced, so the leader need not wait for one answer
+    /// before sending the next request. A message that does not decode, or is meant for another node, ends the
+    /// stream with its error after the answers to the requests before it.
+    async fn append_stream(&self, req: Request<Streaming<RaftMessage>>) -> Result<Response<AppendAnswers>, Status> {
+        let (me, contact) = (self.node_id, self.contact.clone());
+        // The encoding of the latest request: the answers go in it (every build that streams reads both).
+        let wire = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(Wire::Fixed as u32));
+        let refused = std::sync::Arc::new(std::sync::Mutex::new(None::<Status>));
+        let (w, r) = (wire.clone(), refused.clone());
+        let requests = futures::stream::unfold(Some(req.into_inner()), move |incoming| {
+            let (w, r, contact) = (w.clone(), r.clone(), contact.clone());
+            async move {
+                let mut incoming = incoming?;
+                let failed = match incoming.message().await {
+                    Ok(Some(m)) => match decode::<openraft::raft::AppendEntriesRequest<TypeConfig>>(me, &m) {
+                        Ok((rpc, wire)) => {
+                            contact.touch();
+                            w.store(wire as u32, std::sync::atomic::Ordering::Relaxed);
+                            return Some((rpc, Some(incoming)));
+                        }
+                        Err(s) => s,
+                    },
+                    Ok(None) => return None,
+                    Err(s) => s,
+                };
+                *r.lock().unwrap_or_else(|p| p.into_inner()) = Some(failed);
+                None
+            }
+        });
+        let answers = self.raft.stream_append(requests).map(move |answer| {
+            let wire = Wire::of(wire.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(Wire::Fixed);
+            encode(me, wire, &answer)
+        });
+        let refusal = futures::stream::once(async move { refused.lock().unwrap_or_else(|p| p.into_inner()).take() })
+            .filter_map(|s| async move { s.map(Err) });
+        Ok(Response::new(Box::pin(answers.chain(refusal))))
     }
 
     async fn transfer_leader(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {

@@ -20,6 +20,7 @@ mod metrics;
 mod openapi;
 mod procs;
 mod rates;
+mod replication;
 mod rest;
 mod revoke;
 mod sdk;

@@ -170,6 +170,7 @@ impl Node {
             node_id: cfg.node_id,
             spool_dir: files::snap_dir(&cfg.data_dir),
             contact: contact.clone(),
+            stopping: shutdown.clone(),
         })
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);

@@ -357,6 +357,9 @@ struct Session {
     sent: std::collections::VecDeque<std::time::Instant>,
     /// Why the request side stopped early (the quorum gate held a request), answered as unreachable.
     failure: Option<String>,
+    /// The transport's task, waiting for the next request: woken when the session ends, so that it sends the
+    /// stream's end (the follower then ends its side) instead of keeping an idle HTTP/2 stream open for good.
+    waker: Option<std::task::Waker>,
 }
 
 type Shared = Arc<std::sync::Mutex<Session>>;
@@ -370,7 +373,14 @@ struct EndSession(Shared);
 
 impl Drop for EndSession {
     fn drop(&mut self) {
-        lock(&self.0).input = None;
+        let (input, waker) = {
+            let mut s = lock(&self.0);
+            (s.input.take(), s.waker.take())
+        };
+        drop(input);
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 }
 
@@ -397,7 +407,12 @@ impl futures::Stream for Requests {
         let mut s = lock(&self.session);
         let Some(input) = s.input.as_mut() else { return Poll::Ready(None) };
         let rpc = match input.as_mut().poll_next(cx) {
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => {
+                if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
             Poll::Ready(None) => {
                 s.input = None;
                 return Poll::Ready(None);
@@ -454,6 +469,9 @@ impl Answers {
                 }
             };
             tokio::select! {
+                // An answer already here is taken before its deadline is looked at: a leader busy elsewhere may
+                // come back for it late, and it was not.
+                biased;
                 m = &mut message => return Self::answer(session, m, from, target, timeout),
                 () = late => {
                     let t = Timeout { action: RPCTypes::AppendEntries, id: from, target, timeout };
@@ -518,9 +536,14 @@ impl PeerClient {
     async fn open_stream(
         &mut self,
         input: BoxStream<'static, Request>,
+        option: &RPCOption,
     ) -> Result<BoxStream<'static, Answer>, RPCError<TypeConfig>> {
-        let session: Shared =
-            Arc::new(std::sync::Mutex::new(Session { input: Some(input), sent: Default::default(), failure: None }));
+        let session: Shared = Arc::new(std::sync::Mutex::new(Session {
+            input: Some(input),
+            sent: Default::default(),
+            failure: None,
+            waker: None,
+        }));
         let end = EndSession(session.clone());
         let wake = Arc::new(tokio::sync::Notify::new());
         let mut req = tonic::Request::new(Requests {
@@ -532,7 +555,7 @@ impl PeerClient {
             wake: wake.clone(),
         });
         self.sign(&mut req);
-        let (from, target, timeout) = (self.from, self.target, self.append_timeout);
+        let (from, target, timeout) = (self.from, self.target, option.hard_ttl().max(self.append_timeout));
         let answers = match tokio::time::timeout(timeout, self.client()?.append_stream(req)).await {
             Err(_) => {
                 return Err(RPCError::Timeout(Timeout { action: RPCTypes::AppendEntries, id: from, target, timeout }))
@@ -610,7 +633,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 None => None,
             };
             let requests = futures::stream::iter(std::iter::once(first).chain(second)).chain(input);
-            Ok(self.open_stream(Box::pin(requests)).await? as BoxStream<'s, Answer>)
+            Ok(self.open_stream(Box::pin(requests), &option).await? as BoxStream<'s, Answer>)
         })
     }
 

@@ -21,6 +21,9 @@ pub struct RaftServer<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs:
     pub spool_dir: PathBuf,
     /// Touched by every AppendEntries: how recently a leader was heard from.
     pub contact: super::control::Contact,
+    /// Cancelled when the node stops (after a leader has handed its leadership over): ends the leaders'
+    /// `AppendStream` calls, which would otherwise hold the server's drain open.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServer<SM> {
@@ -86,18 +89,23 @@ impl<SM: RaftStateMachine<TypeConfig, SnapshotData = tokio::fs::File>> RaftServi
     /// A leader's replication session: each request is handed to openraft as it arrives (which writes entries in
     /// log order) and answered in order once its entries are fsynced, so the leader need not wait for one answer
     /// before sending the next request. A message that does not decode, or is meant for another node, ends the
-    /// stream with its error after the answers to the requests before it.
+    /// stream with its error after the answers to the requests before it; so does the node stopping
+    /// (`UNAVAILABLE`).
     async fn append_stream(&self, req: Request<Streaming<RaftMessage>>) -> Result<Response<AppendAnswers>, Status> {
-        let (me, contact) = (self.node_id, self.contact.clone());
+        let (me, contact, stopping) = (self.node_id, self.contact.clone(), self.stopping.clone());
         // The encoding of the latest request: the answers go in it (every build that streams reads both).
         let wire = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(Wire::Fixed as u32));
         let refused = std::sync::Arc::new(std::sync::Mutex::new(None::<Status>));
         let (w, r) = (wire.clone(), refused.clone());
         let requests = futures::stream::unfold(Some(req.into_inner()), move |incoming| {
-            let (w, r, contact) = (w.clone(), r.clone(), contact.clone());
+            let (w, r, contact, stopping) = (w.clone(), r.clone(), contact.clone(), stopping.clone());
             async move {
                 let mut incoming = incoming?;
-                let failed = match incoming.message().await {
+                let next = tokio::select! {
+                    m = incoming.message() => m,
+                    () = stopping.cancelled() => Err(Status::unavailable("UNAVAILABLE: the node is stopping")),
+                };
+                let failed = match next {
                     Ok(Some(m)) => match decode::<openraft::raft::AppendEntriesRequest<TypeConfig>>(me, &m) {
                         Ok((rpc, wire)) => {
                             contact.touch();

@@ -160,25 +160,50 @@ fn requests_then_silence(first: Vec<Req>, dropped: Arc<AtomicBool>) -> impl futu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_that_ends_lets_go_of_openrafts_requests_at_once() {
-    let n = patient_node().await;
+async fn a_session_that_ends_lets_go_of_openrafts_requests_at_once_and_ends_its_call() {
+    let n = TestNode::start().await;
+    let ended = Arc::new(AtomicBool::new(false));
+    let (addr, server) = serve(Peer(raft_server(&n), Fault::Hangs { answered: 2, ended: ended.clone() })).await;
+    let mut peer = peer(2, 1, addr, Duration::from_secs(2)).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let first = vec![append(vote(1, 2), None, vec![]), append(vote(1, 2), None, vec![])];
+    let input = requests_then_silence(first, dropped.clone());
+    let mut answers =
+        RaftNetworkV2::stream_append(&mut peer, input, RPCOption::new(Duration::from_secs(2))).await.expect("a stream");
+    for _ in 0..2 {
+        assert_eq!(answers.next().await.expect("an answer").expect("answered"), Ok(None));
+    }
+    // The transport still holds the request side, waiting for openraft's next request.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!dropped.load(Ordering::SeqCst), "the session is still open");
+    assert!(!ended.load(Ordering::SeqCst), "the call is still open");
+    // openraft leaves the session (a new payload, an error, a leader change): the requests go with it, at once,
+    // not whenever the transport next polls them, and the call ends on both sides (the follower's task reading it
+    // and the HTTP/2 stream are not left behind).
+    drop(answers);
+    assert!(dropped.load(Ordering::SeqCst), "openraft's request stream outlived its session");
+    wait_until(Duration::from_secs(5), || ended.load(Ordering::SeqCst)).await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_ends_the_streams_of_appends_it_serves() {
+    let mut n = patient_node().await;
     let mut peer = peer(2, 1, n.node().raft_addr.to_string(), Duration::from_secs(2)).await;
     let (term, last) = follow_node_2(&n, &mut peer).await;
-    let dropped = Arc::new(AtomicBool::new(false));
     let first = vec![append(vote(term, 2), Some(last), vec![]), append(vote(term, 2), Some(last), vec![])];
-    let input = requests_then_silence(first, dropped.clone());
+    let input = requests_then_silence(first, Default::default());
     let mut answers =
         RaftNetworkV2::stream_append(&mut peer, input, RPCOption::new(Duration::from_secs(2))).await.expect("a stream");
     for _ in 0..2 {
         assert_eq!(answers.next().await.expect("an answer").expect("answered"), Ok(Some(last)));
     }
-    // The transport still holds the request side, waiting for openraft's next request.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!dropped.load(Ordering::SeqCst), "the session is still open");
-    // openraft leaves the session (a new payload, an error, a leader change): the requests go with it, at once,
-    // not whenever the transport next polls them.
-    drop(answers);
-    assert!(dropped.load(Ordering::SeqCst), "openraft's request stream outlived its session");
+    // The stream ends with the node's reason, not later when the drain gives up and closes the connection.
+    let (_, answer) = tokio::join!(n.stop(), answers.next());
+    match answer {
+        Some(Err(RPCError::Unreachable(u))) => assert!(u.to_string().contains("stopping"), "{u}"),
+        other => panic!("expected the node's refusal, got {other:?}"),
+    }
 }
 
 /// A real node's Raft service, with `AppendStream` as it is in a build from before it, or hung.
@@ -187,9 +212,20 @@ struct Peer(raftq::raft::service::RaftServer<raftq::storage::StateMachine>, Faul
 enum Fault {
     /// Answers `UNIMPLEMENTED`.
     OlderBuild,
-    /// Answers this many requests, then reads the others and answers none (a node stalled by a pause, a full
-    /// disk, a stuck fsync).
-    Hangs(usize),
+    /// Answers the first requests (as matched, with nothing to match), then reads the others and answers none
+    /// (a node stalled by a pause, a full disk, a stuck fsync); sets `ended` when the leader ends its side.
+    Hangs { answered: usize, ended: Arc<AtomicBool> },
+}
+
+/// The node's Raft service, as the node serves it.
+fn raft_server(n: &TestNode) -> raftq::raft::service::RaftServer<raftq::storage::StateMachine> {
+    raftq::raft::service::RaftServer {
+        raft: n.node().raft.clone(),
+        node_id: 1,
+        spool_dir: n.cfg.data_dir.join("test-peer-spool"),
+        contact: Default::default(),
+        stopping: Default::default(),
+    }
 }
 
 /// A peer on an ephemeral port, served until the handle is dropped or aborted.
@@ -231,14 +267,29 @@ impl pb::raft_service_server::RaftService for Peer {
         &self,
         r: tonic::Request<tonic::Streaming<pb::RaftMessage>>,
     ) -> Result<tonic::Response<Self::AppendStreamStream>, tonic::Status> {
-        let answered = match self.1 {
+        let (answered, ended) = match &self.1 {
             Fault::OlderBuild => return Err(tonic::Status::unimplemented("not in this build")),
-            Fault::Hangs(n) => n,
+            Fault::Hangs { answered, ended } => (*answered, ended.clone()),
         };
         let ok: Result<openraft::raft::StreamAppendResult<TypeConfig>, openraft::error::Fatal<TypeConfig>> =
             Ok(Ok(None));
         let ok = pb::RaftMessage { from: 1, to: 0, data: bincode::serialize(&ok).expect("encode").into(), encoding: 0 };
-        let answers = r.into_inner().take(answered).map(move |_| Ok(ok.clone())).chain(futures::stream::pending());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut incoming = r.into_inner();
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok(Some(_)) = incoming.message().await {
+                n += 1;
+                if n <= answered {
+                    let _ = tx.send(Ok(ok.clone()));
+                }
+            }
+            ended.store(true, Ordering::SeqCst);
+            // The answers stay open (a hung node answers nothing, not even the end).
+            std::future::pending::<()>().await;
+            drop(tx);
+        });
+        let answers = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
         Ok(tonic::Response::new(Box::pin(answers)))
     }
     async fn transfer_leader(
@@ -264,13 +315,7 @@ impl pb::raft_service_server::RaftService for Peer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_of_an_older_build_is_sent_one_request_at_a_time() {
     let n = patient_node().await;
-    let server = raftq::raft::service::RaftServer {
-        raft: n.node().raft.clone(),
-        node_id: 1,
-        spool_dir: n.cfg.data_dir.join("older-build-spool"),
-        contact: Default::default(),
-    };
-    let (addr, server) = serve(Peer(server, Fault::OlderBuild)).await;
+    let (addr, server) = serve(Peer(raft_server(&n), Fault::OlderBuild)).await;
     let mut peer = peer(2, 1, addr, Duration::from_secs(2)).await;
     let (term, last) = follow_node_2(&n, &mut peer).await;
     let e1 = log_id(term, 2, last.index + 1);
@@ -293,19 +338,17 @@ async fn a_peer_of_an_older_build_is_sent_one_request_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_to_an_idle_session_whose_peer_stops_answering_times_out() {
     let n = TestNode::start().await;
-    let server = raftq::raft::service::RaftServer {
-        raft: n.node().raft.clone(),
-        node_id: 1,
-        spool_dir: n.cfg.data_dir.join("hung-spool"),
-        contact: Default::default(),
-    };
-    let (addr, server) = serve(Peer(server, Fault::Hangs(2))).await;
+    let hung = Fault::Hangs { answered: 2, ended: Default::default() };
+    let (addr, server) = serve(Peer(raft_server(&n), hung)).await;
     let timeout = Duration::from_millis(400);
     let mut peer = peer(2, 1, addr, timeout).await;
     let req = || append(vote(1, 2), None, vec![]);
     // Two requests answered, a while with none in flight (no deadline runs), then one the peer never answers.
+    let sent_at = Arc::new(std::sync::Mutex::new(None));
+    let at = sent_at.clone();
     let later = futures::stream::once(Box::pin(async move {
         tokio::time::sleep(Duration::from_millis(600)).await;
+        *at.lock().expect("lock") = Some(Instant::now());
         req()
     }));
     let input = futures::stream::iter([req(), req()]).chain(later).chain(futures::stream::pending());
@@ -315,16 +358,15 @@ async fn a_request_to_an_idle_session_whose_peer_stops_answering_times_out() {
     for _ in 0..2 {
         assert_eq!(answers.next().await.expect("an answer").expect("answered"), Ok(None));
     }
-    let t = Instant::now();
     let third =
         tokio::time::timeout(Duration::from_secs(5), answers.next()).await.expect("the unanswered request times out");
     match third {
         Some(Err(RPCError::Timeout(t))) => assert_eq!(t.timeout, timeout),
         other => panic!("expected a timeout, got {other:?}"),
     }
-    // 600 ms idle, then the request's own 400 ms: not counted from before it went out.
-    let took = t.elapsed();
-    assert!(took >= Duration::from_millis(950) && took < Duration::from_secs(3), "{took:?}");
+    // The request's own 400 ms, counted from when it went out (600 ms after the others), not from before.
+    let took = sent_at.lock().expect("lock").expect("the third request went out").elapsed();
+    assert!(took >= Duration::from_millis(390) && took < Duration::from_secs(3), "{took:?}");
     assert!(answers.next().await.is_none(), "the session ends at its first error");
     server.abort();
 }

@@ -509,17 +509,12 @@ impl Answers {
             Err(s) => return Some((Err(append_err(s, from, target, timeout)), false)),
         };
         lock(session).sent.pop_front();
-        let decoded =
-            Wire::of(msg.encoding).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)).and_then(|w| {
-                w.decode::<Result<StreamAppendResult<TypeConfig>, Fatal>>(&msg.data).map_err(std::io::Error::other)
-            });
-        match decoded {
-            Ok(Ok(r)) => {
+        match PeerClient::reply::<StreamAppendResult<TypeConfig>, Fatal>(msg) {
+            Ok(r) => {
                 let more = r.is_ok();
                 Some((Ok(r), more))
             }
-            Ok(Err(fatal)) => Some((unreachable(fatal.to_string()), false)),
-            Err(e) => Some((Err(RPCError::Network(NetworkError::new(&e))), false)),
+            Err(e) => Some((Err(e), false)),
         }
     }
 }

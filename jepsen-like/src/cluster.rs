@@ -711,6 +711,62 @@ mod tests {
         ["debug", "release"].iter().map(|p| target.join(p).join("raftq")).find(|p| p.exists())
     }
 
+    /// Three node processes behind relays, in a fresh directory named after `name`, and the node that leads;
+    /// `None` (with a note) when no raftq binary was built.
+    async fn three_nodes(name: &str) -> Option<(Cluster, PathBuf, u64)> {
+        let Some(bin) = raftq_bin() else {
+            eprintln!("no raftq binary under target/: build it first (cargo build -p raftq)");
+            return None;
+        };
+        let root = std::env::temp_dir().join(format!("raftq-jepsen-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let opts = ClusterOptions {
+            bin,
+            old_bin: None,
+            root: root.clone(),
+            nodes: 3,
+            settings: String::new(),
+            node_log: "warn".into(),
+        };
+        let c = Cluster::start(opts).await.expect("cluster");
+        let ids = c.node_ids();
+        let leader = crate::backend::leader_of(&c.admins().statuses(&ids).await).map(|s| s.node_id).expect("a leader");
+        Some((c, root, leader))
+    }
+
+    /// An SDK worker of one slot on `queue` (named after it), trying `addrs` in order, that sends each task's
+    /// payload to the receiver and completes it; cancel the token to stop it.
+    fn payload_worker(
+        addrs: Vec<String>,
+        queue: &str,
+    ) -> (tokio::task::JoinHandle<()>, tokio::sync::mpsc::UnboundedReceiver<String>, raftq_client::CancellationToken)
+    {
+        use raftq_client::{Outcome, Task, Worker, WorkerConfig};
+        let worker = Worker::new(WorkerConfig {
+            addrs,
+            worker_id: format!("{queue}-worker"),
+            queues: vec![queue.into()],
+            concurrency: 1,
+            batch_size: 1,
+            reconnect_backoff_min: Duration::from_millis(50),
+            reconnect_backoff_max: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .expect("worker");
+        let (got_tx, got) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let stop = raftq_client::CancellationToken::new();
+        let run_stop = stop.clone();
+        let work = tokio::spawn(async move {
+            let handler = move |t: Task| {
+                let _ = got_tx.send(String::from_utf8_lossy(&t.payload).into_owned());
+                async { Outcome::Completed(Default::default()) }
+            };
+            let _ = worker.run(handler, run_stop).await;
+        });
+        (work, got, stop)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_node_whose_port_was_taken_before_it_bound_it_is_started_again() {
         let Some(bin) = raftq_bin() else {
@@ -755,23 +811,9 @@ mod tests {
     /// the old leader (which never hears of the new one) moves and gets the new work.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_that_no_longer_hears_the_others_lets_them_elect_another() {
-        use raftq_client::{NewTask, Outcome, Producer, ProducerConfig, Task, Worker, WorkerConfig};
-        let Some(bin) = raftq_bin() else {
-            return eprintln!("no raftq binary under target/: build it first (cargo build -p raftq)");
-        };
-        let root = std::env::temp_dir().join(format!("raftq-jepsen-deaf-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let opts = ClusterOptions {
-            bin,
-            old_bin: None,
-            root: root.clone(),
-            nodes: 3,
-            settings: String::new(),
-            node_log: "warn".into(),
-        };
-        let mut c = Cluster::start(opts).await.expect("cluster");
+        use raftq_client::{NewTask, Producer, ProducerConfig};
+        let Some((mut c, root, old)) = three_nodes("deaf").await else { return };
         let ids = c.node_ids();
-        let old = crate::backend::leader_of(&c.admins().statuses(&ids).await).map(|s| s.node_id).expect("a leader");
         let others: Vec<u64> = ids.iter().copied().filter(|id| *id != old).collect();
         let producer = |addr: String| {
             Producer::connect(ProducerConfig {
@@ -792,28 +834,7 @@ mod tests {
         // A worker on the leader (listed first; its stream follows the leader anyway).
         let mut addrs = vec![c.node(old).grpc.to_string()];
         addrs.extend(others.iter().map(|id| c.node(*id).grpc.to_string()));
-        let worker = Worker::new(WorkerConfig {
-            addrs,
-            worker_id: "deaf-worker".into(),
-            queues: vec!["deaf".into()],
-            concurrency: 1,
-            batch_size: 1,
-            reconnect_backoff_min: Duration::from_millis(50),
-            reconnect_backoff_max: Duration::from_millis(500),
-            connect_timeout: Duration::from_secs(1),
-            ..Default::default()
-        })
-        .expect("worker");
-        let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let stop = raftq_client::CancellationToken::new();
-        let run_stop = stop.clone();
-        let work = tokio::spawn(async move {
-            let handler = move |t: Task| {
-                let _ = got_tx.send(String::from_utf8_lossy(&t.payload).into_owned());
-                async { Outcome::Completed(Default::default()) }
-            };
-            let _ = worker.run(handler, run_stop).await;
-        });
+        let (work, mut got, stop) = payload_worker(addrs, "deaf");
         let seen = tokio::time::timeout(Duration::from_secs(20), async {
             while let Some(v) = got.recv().await {
                 if v == "before" {
@@ -873,5 +894,67 @@ mod tests {
         c.net.heal();
         c.shutdown().await;
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A follower cut off from the others (both ways) still names the leader it last heard, and openraft's
+    /// pre-vote keeps it from naming another; its clients can still reach it. A call it forwards to that leader
+    /// can never be answered, and it never hears that leadership moved, so a worker whose stream is on it would
+    /// wait for the partition to heal (a leader that could no longer send, deposed, was such a follower in a
+    /// `partition-one-way` run: its workers got nothing for the 6.6 s the fault lasted). Once it has not heard
+    /// from that leader for the cut-off limit (a second with the product's timers), it sends its clients on, as
+    /// a cut-off leader does, and the worker gets the work from the leader.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_cut_off_from_the_leader_sends_its_workers_on() {
+        use raftq_client::{NewTask, Producer, ProducerConfig};
+        let Some((mut c, root, leader)) = three_nodes("unheard").await else { return };
+        let ids = c.node_ids();
+        let cut = ids.iter().copied().find(|id| *id != leader).expect("a follower");
+        let others: Vec<u64> = ids.iter().copied().filter(|id| *id != cut).collect();
+        let p = Producer::connect(ProducerConfig {
+            addrs: vec![c.node(leader).grpc.to_string()],
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(3),
+            ..Default::default()
+        })
+        .await
+        .expect("connect to the leader");
+        let ready = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = p.enqueue(NewTask::new("unheard", "warm-up")).await {
+            assert!(Instant::now() < ready, "no write before the fault: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        c.net.update(|r| {
+            for o in &others {
+                r.blocked.insert((cut, *o));
+                r.blocked.insert((*o, cut));
+            }
+        });
+        let since = Instant::now();
+        // Long enough that the follower no longer counts its leader as live (it heard it within three heartbeats),
+        // so it would not redirect the worker there.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The worker knows the cut-off follower first.
+        let mut addrs = vec![c.node(cut).grpc.to_string()];
+        addrs.extend(others.iter().map(|id| c.node(*id).grpc.to_string()));
+        let (work, mut got, stop) = payload_worker(addrs, "unheard");
+        p.enqueue(NewTask::new("unheard", "during")).await.expect("the leader takes a write");
+        let named = c.admins().statuses(&[cut]).await;
+        let had = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(v) = got.recv().await {
+                if v == "during" {
+                    return;
+                }
+            }
+        })
+        .await;
+        stop.cancel();
+        work.abort();
+        c.net.heal();
+        c.shutdown().await;
+        let _ = std::fs::remove_dir_all(&root);
+        had.unwrap_or_else(|_| {
+            panic!("the worker that reached the cut-off follower first never got the task (its status: {named:?})")
+        });
+        eprintln!("the worker had the task {:?} into the fault", since.elapsed());
     }
 }

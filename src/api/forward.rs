@@ -245,6 +245,14 @@ impl Forwarder {
                 }
             }
             let routed_to = self.leader();
+            // The leader this node names has not been heard from for the cut-off limit: this node is cut off from
+            // it (it may not even hear that another was elected). A call sent there would wait for an answer that
+            // cannot come, so none is sent; a client that follows redirects tries another node now, as a cut-off
+            // leader's clients do.
+            let unheard = self.leader_unheard();
+            if unheard && plan.move_to_leader {
+                return Err(maybe_applied.unwrap_or(ApiError::NotLeader { leader_addr: None }));
+            }
             let began = Instant::now();
             let outcome = match routed_to.clone() {
                 (Some(l), _) if l == self.node_id => match local_outcome(local().await) {
@@ -255,11 +263,11 @@ impl Forwarder {
                     }
                     o => o,
                 },
-                (Some(l), Some(addr)) => match self.channel(&addr) {
+                (Some(l), Some(addr)) if !unheard => match self.channel(&addr) {
                     Ok(ch) => self.forward(l, plan.kind, remote(ch)).await,
                     Err(e) => Outcome::Answer(Err(e)),
                 },
-                // No leader known (an election), or one this node has no address for yet.
+                // No leader known (an election), one this node has no address for yet, or one it no longer hears.
                 _ => Outcome::Retry(ApiError::NotLeader { leader_addr: None }),
             };
             let again = match outcome {
@@ -315,7 +323,9 @@ impl Forwarder {
 
     /// One forwarded attempt. A call to a leader that stops leading meanwhile is abandoned (a paused or cut-off
     /// old leader keeps the connection open and may never answer): a repeatable one at once, a write after a
-    /// grace, a transfer never.
+    /// grace, a transfer never. So is a call to a leader this node stops hearing from for the cut-off limit
+    /// ([`Forwarder::leader_unheard`]): cut off from it, this node may never hear that it stopped leading, and the
+    /// call would wait for the partition to heal.
     async fn forward<R>(&self, to: NodeId, kind: Kind, call: impl Future<Output = Result<R, Status>>) -> Outcome<R> {
         let stepped_down = async {
             match kind {
@@ -327,10 +337,57 @@ impl Forwarder {
                 }
             }
         };
+        let unheard = async {
+            match kind {
+                Kind::Transfer => std::future::pending().await,
+                _ => self.leader_goes_unheard().await,
+            }
+        };
         tokio::select! {
             r = call => remote_outcome(kind, r),
             _ = stepped_down => {
                 Outcome::Unknown(ApiError::Unknown(format!("node {to} stopped leading while the call was in flight")))
+            }
+            silent = unheard => Outcome::Unknown(ApiError::Unknown(format!(
+                "this node has not heard from the leader (node {to}) for {} ms while the call was in flight",
+                silent.as_millis()
+            ))),
+        }
+    }
+
+    /// How long, at most, a follower may go without an AppendEntries (entries or a heartbeat) from the leader it
+    /// names before it counts as cut off from it: the limit after which a leader without a quorum counts as cut
+    /// off ([`crate::raft::control::quorum_silence_limit`]), a second by default. A live leader sends a heartbeat
+    /// every 50 ms, and an election ends well within it.
+    fn unheard_limit(&self) -> Duration {
+        crate::raft::control::quorum_silence_limit(&self.raft)
+    }
+
+    /// How long this node has gone without hearing from the leader it names, when that is another node; `None`
+    /// when it leads or names none. Counted from the node's start when it never heard from one.
+    fn leader_silence(&self) -> Option<Duration> {
+        match self.leader().0 {
+            Some(l) if l != self.node_id => Some(self.contact.since_or_start()),
+            _ => None,
+        }
+    }
+
+    /// Whether this node names another node as the leader but has not heard from it for [`Self::unheard_limit`].
+    /// It is cut off from that leader, or that leader is gone and no other has reached this node: no call should
+    /// wait on it. (A leader that died is refused at once; one cut off or paused keeps the connection open.)
+    pub fn leader_unheard(&self) -> bool {
+        self.leader_silence().is_some_and(|s| s >= self.unheard_limit())
+    }
+
+    /// Resolves, with the silence, once [`Self::leader_unheard`] holds; polls at most every 100 ms.
+    async fn leader_goes_unheard(&self) -> Duration {
+        const POLL: Duration = Duration::from_millis(100);
+        loop {
+            let limit = self.unheard_limit();
+            match self.leader_silence() {
+                Some(s) if s >= limit => return s,
+                Some(s) => tokio::time::sleep((limit - s).min(POLL)).await,
+                None => tokio::time::sleep(POLL).await,
             }
         }
     }
@@ -350,6 +407,10 @@ impl Forwarder {
             }
             if let Some(addr) = self.live_leader_elsewhere() {
                 return Err(ApiError::NotLeader { leader_addr: Some(addr) });
+            }
+            // Cut off from the leader it names: the client tries another node.
+            if self.leader_unheard() {
+                return Err(ApiError::NotLeader { leader_addr: None });
             }
             if Instant::now() >= give_up {
                 return Ok(());

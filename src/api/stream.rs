@@ -367,11 +367,14 @@ impl StreamApi {
                 pb::ServerEvent { event: Some(pb::server_event::Event::TaskBatch(pb::TaskBatch { request_id, tasks })) }
             }
             // Another node is the live leader and this stream follows redirects: the worker moves there. So
-            // it does from a leader cut off from its quorum (no leader to name: the worker tries the next node).
+            // it does from a leader cut off from its quorum, and from a follower cut off from its leader (no
+            // leader to name: the worker tries the next node).
             Err(e)
                 if self.redirect
                     && e.reason() == Reason::NotLeader
-                    && (e.leader_addr().is_some() || crate::raft::control::cut_off(&self.proposer.raft)) =>
+                    && (e.leader_addr().is_some()
+                        || crate::raft::control::cut_off(&self.proposer.raft)
+                        || self.fwd.leader_unheard()) =>
             {
                 stream_error(request_id, e)
             }

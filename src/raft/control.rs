@@ -41,6 +41,11 @@ impl Contact {
         let at = self.0 .1.load(std::sync::atomic::Ordering::Relaxed);
         (at != u64::MAX).then(|| self.0 .0.elapsed().saturating_sub(Duration::from_millis(at)))
     }
+
+    /// How long ago the last AppendEntries arrived, or the node started when none ever did.
+    pub fn since_or_start(&self) -> Duration {
+        self.since().unwrap_or_else(|| self.0 .0.elapsed())
+    }
 }
 
 /// A node's role in Raft.

@@ -930,6 +930,25 @@ mod tests {
             }
         });
         let since = Instant::now();
+        // A client that does not ask for redirects, on the follower: its claim is forwarded to the leader. It is
+        // sent once the follower no longer counts the leader as live, before the silence reaches the limit, so
+        // the forwarded call is in flight when it does.
+        let raw_addr = format!("http://{}", c.node(cut).grpc);
+        let raw = tokio::spawn(async move {
+            use raftq_proto::v1 as pb;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let sent = Instant::now();
+            let mut client = pb::task_service_client::TaskServiceClient::connect(raw_addr).await.expect("connect");
+            let claim = pb::ClaimRequest {
+                worker_id: "raw".into(),
+                queues: vec!["unheard-raw".into()],
+                count: 1,
+                lease_ms: 30_000,
+                wait_ms: 8_000,
+            };
+            let answer = tokio::time::timeout(Duration::from_secs(12), client.claim(claim)).await;
+            (sent.elapsed(), answer)
+        });
         // Long enough that the follower no longer counts its leader as live (it heard it within three heartbeats),
         // so it would not redirect the worker there.
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -947,6 +966,8 @@ mod tests {
             }
         })
         .await;
+        let had_at = since.elapsed();
+        let (took, answer) = raw.await.expect("the raw client");
         stop.cancel();
         work.abort();
         c.net.heal();
@@ -955,6 +976,15 @@ mod tests {
         had.unwrap_or_else(|_| {
             panic!("the worker that reached the cut-off follower first never got the task (its status: {named:?})")
         });
-        eprintln!("the worker had the task {:?} into the fault", since.elapsed());
+        eprintln!("the worker had the task {had_at:?} into the fault");
+        // The forwarded claim is given up as an unknown outcome (its tasks, had the leader claimed any, would
+        // come back when their leases expire), and the call answered with it at the routing deadline (5 s),
+        // instead of waiting for the partition to heal.
+        let status = answer
+            .unwrap_or_else(|_| panic!("the claim forwarded by the cut-off follower was not answered in {took:?}"))
+            .expect_err("no leader can answer the claim");
+        let reason = status.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        assert_eq!(reason.as_deref(), Some("UNKNOWN_OUTCOME"), "{status:?}");
+        eprintln!("the forwarded claim was answered {took:?} after it was sent: {}", status.message());
     }
 }

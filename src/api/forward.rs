@@ -22,6 +22,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use openraft::type_config::async_runtime::watch::WatchReceiver;
 use raftq_proto::reason::{header, Reason};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -131,6 +132,9 @@ pub struct Forwarder {
     channels: Mutex<HashMap<String, Channel>>,
     /// How recently this node heard from a leader.
     contact: crate::raft::control::Contact,
+    /// When this node last began naming another leader (or none): a leader named a moment ago (from a vote's
+    /// answer, before its first heartbeat) is not one this node has gone without hearing from.
+    named: crate::raft::control::Contact,
 }
 
 fn flag<T>(req: &Request<T>, name: &str) -> bool {
@@ -205,6 +209,20 @@ fn remote_outcome<R>(kind: Kind, r: Result<R, Status>) -> Outcome<R> {
     }
 }
 
+/// Marks `named` each time the leader this node names changes, until Raft stops.
+async fn mark_leader_changes(raft: Raft, named: crate::raft::control::Contact) {
+    let mut rx = raft.metrics();
+    let mut leader = rx.borrow_watched().current_leader;
+    named.touch();
+    while rx.changed().await.is_ok() {
+        let now = rx.borrow_watched().current_leader;
+        if now != leader {
+            leader = now;
+            named.touch();
+        }
+    }
+}
+
 impl Forwarder {
     pub fn new(
         raft: Raft,
@@ -212,7 +230,9 @@ impl Forwarder {
         tls: Option<std::sync::Arc<crate::tls::Tls>>,
         contact: crate::raft::control::Contact,
     ) -> Forwarder {
-        Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()), contact }
+        let named = crate::raft::control::Contact::default();
+        tokio::spawn(mark_leader_changes(raft.clone(), named.clone()));
+        Forwarder { raft, node_id, tls, channels: Mutex::new(HashMap::new()), contact, named }
     }
 
     /// Serves a call per `plan`: `local` runs it on this node, `remote` sends it to the leader over a channel.
@@ -344,6 +364,9 @@ impl Forwarder {
             }
         };
         tokio::select! {
+            // An answer already here is taken first (after a stall of this node, say, when the silence and
+            // the answer are both ready at once).
+            biased;
             r = call => remote_outcome(kind, r),
             _ = stepped_down => {
                 Outcome::Unknown(ApiError::Unknown(format!("node {to} stopped leading while the call was in flight")))
@@ -364,10 +387,11 @@ impl Forwarder {
     }
 
     /// How long this node has gone without hearing from the leader it names, when that is another node; `None`
-    /// when it leads or names none. Counted from the node's start when it never heard from one.
+    /// when it leads or names none. Counted from when it began naming that leader, if that is more recent than
+    /// the last AppendEntries, and from the node's start when it never heard from one.
     fn leader_silence(&self) -> Option<Duration> {
-        match self.leader().0 {
-            Some(l) if l != self.node_id => Some(self.contact.since_or_start()),
+        match self.raft.metrics().borrow_watched().current_leader {
+            Some(l) if l != self.node_id => Some(self.contact.since_or_start().min(self.named.since_or_start())),
             _ => None,
         }
     }
@@ -379,15 +403,24 @@ impl Forwarder {
         self.leader_silence().is_some_and(|s| s >= self.unheard_limit())
     }
 
-    /// Resolves, with the silence, once [`Self::leader_unheard`] holds; polls at most every 100 ms.
+    /// Resolves, with the silence, once [`Self::leader_unheard`] holds, and still holds a heartbeat interval
+    /// later: a node that was itself stalled (paused, starved of CPU) finds the silence past the limit the moment
+    /// it runs again, before it has read the heartbeats that wait for it. Wakes when the silence could first
+    /// reach the limit (a heartbeat only moves that later), about once a limit while the leader is heard.
     async fn leader_goes_unheard(&self) -> Duration {
-        const POLL: Duration = Duration::from_millis(100);
+        let recheck = Duration::from_millis(self.raft.config().heartbeat_interval);
         loop {
             let limit = self.unheard_limit();
             match self.leader_silence() {
-                Some(s) if s >= limit => return s,
-                Some(s) => tokio::time::sleep((limit - s).min(POLL)).await,
-                None => tokio::time::sleep(POLL).await,
+                Some(s) if s >= limit => {
+                    tokio::time::sleep(recheck).await;
+                    match self.leader_silence() {
+                        Some(again) if again >= limit => return again,
+                        _ => {}
+                    }
+                }
+                Some(s) => tokio::time::sleep(limit - s).await,
+                None => tokio::time::sleep(limit).await,
             }
         }
     }

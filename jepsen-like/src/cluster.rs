@@ -734,6 +734,13 @@ mod tests {
         Some((c, root, leader))
     }
 
+    /// A follower of `leader`, and the other nodes.
+    fn a_follower(c: &Cluster, leader: u64) -> (u64, Vec<u64>) {
+        let ids = c.node_ids();
+        let cut = ids.iter().copied().find(|id| *id != leader).expect("a follower");
+        (cut, ids.into_iter().filter(|id| *id != cut).collect())
+    }
+
     /// An SDK worker of one slot on `queue` (named after it), trying `addrs` in order, that sends each task's
     /// payload to the receiver and completes it; cancel the token to stop it.
     fn payload_worker(
@@ -907,9 +914,7 @@ mod tests {
     async fn a_follower_cut_off_from_the_leader_sends_its_workers_on() {
         use raftq_client::{NewTask, Producer, ProducerConfig};
         let Some((mut c, root, leader)) = three_nodes("unheard").await else { return };
-        let ids = c.node_ids();
-        let cut = ids.iter().copied().find(|id| *id != leader).expect("a follower");
-        let others: Vec<u64> = ids.iter().copied().filter(|id| *id != cut).collect();
+        let (cut, others) = a_follower(&c, leader);
         let p = Producer::connect(ProducerConfig {
             addrs: vec![c.node(leader).grpc.to_string()],
             connect_timeout: Duration::from_secs(1),
@@ -933,22 +938,7 @@ mod tests {
         // A client that does not ask for redirects, on the follower: its claim is forwarded to the leader. It is
         // sent once the follower no longer counts the leader as live, before the silence reaches the limit, so
         // the forwarded call is in flight when it does.
-        let raw_addr = format!("http://{}", c.node(cut).grpc);
-        let raw = tokio::spawn(async move {
-            use raftq_proto::v1 as pb;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let sent = Instant::now();
-            let mut client = pb::task_service_client::TaskServiceClient::connect(raw_addr).await.expect("connect");
-            let claim = pb::ClaimRequest {
-                worker_id: "raw".into(),
-                queues: vec!["unheard-raw".into()],
-                count: 1,
-                lease_ms: 30_000,
-                wait_ms: 8_000,
-            };
-            let answer = tokio::time::timeout(Duration::from_secs(12), client.claim(claim)).await;
-            (sent.elapsed(), answer)
-        });
+        let raw = tokio::spawn(raw_claim(format!("http://{}", c.node(cut).grpc), "unheard-raw"));
         // Long enough that the follower no longer counts its leader as live (it heard it within three heartbeats),
         // so it would not redirect the worker there.
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -980,11 +970,58 @@ mod tests {
         // The forwarded claim is given up as an unknown outcome (its tasks, had the leader claimed any, would
         // come back when their leases expire), and the call answered with it at the routing deadline (5 s),
         // instead of waiting for the partition to heal.
+        answered_unknown(took, answer);
+    }
+
+    type RawAnswer =
+        Result<Result<tonic::Response<raftq_proto::v1::ClaimResponse>, tonic::Status>, tokio::time::error::Elapsed>;
+
+    /// 0.3 s after it starts, a plain gRPC client (no redirects) asks `addr` for a task of `queue`, waiting up to
+    /// 8 s there; how long the answer took from its send, and the answer, or a timeout after 12 s.
+    async fn raw_claim(addr: String, queue: &str) -> (Duration, RawAnswer) {
+        use raftq_proto::v1 as pb;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = Instant::now();
+        let mut client = pb::task_service_client::TaskServiceClient::connect(addr).await.expect("connect");
+        let claim = pb::ClaimRequest {
+            worker_id: "raw".into(),
+            queues: vec![queue.into()],
+            count: 1,
+            lease_ms: 30_000,
+            wait_ms: 8_000,
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(12), client.claim(claim)).await;
+        (sent.elapsed(), answer)
+    }
+
+    /// Asserts that a [`raw_claim`] was answered, and `UNKNOWN_OUTCOME`: no leader could answer it, and the
+    /// follower that forwarded it gave it up.
+    fn answered_unknown(took: Duration, answer: RawAnswer) {
         let status = answer
-            .unwrap_or_else(|_| panic!("the claim forwarded by the cut-off follower was not answered in {took:?}"))
+            .unwrap_or_else(|_| panic!("the claim forwarded by the follower was not answered in {took:?}"))
             .expect_err("no leader can answer the claim");
         let reason = status.metadata().get("x-raftq-reason").and_then(|v| v.to_str().ok()).map(str::to_owned);
         assert_eq!(reason.as_deref(), Some("UNKNOWN_OUTCOME"), "{status:?}");
         eprintln!("the forwarded claim was answered {took:?} after it was sent: {}", status.message());
+    }
+
+    /// A follower that still hears its leader but can no longer send to it (a one-way cut) counts the leader as
+    /// live, so it goes on forwarding; a call it forwarded can never be answered. The connection's pings go
+    /// unanswered too, so the call in flight is given up within seconds (a claim is routed again, and answered
+    /// `UNKNOWN_OUTCOME` at its routing deadline) instead of at the 20 s keepalive of before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_forwarded_by_a_follower_that_cannot_send_to_the_leader_is_given_up() {
+        let Some((mut c, root, leader)) = three_nodes("mute").await else { return };
+        let (cut, others) = a_follower(&c, leader);
+        c.net.update(|r| {
+            for o in &others {
+                r.blocked.insert((cut, *o));
+            }
+        });
+        let (took, answer) = raw_claim(format!("http://{}", c.node(cut).grpc), "mute-raw").await;
+        c.net.heal();
+        c.shutdown().await;
+        let _ = std::fs::remove_dir_all(&root);
+        answered_unknown(took, answer);
     }
 }

@@ -39,6 +39,9 @@ pub const LEADER_WAIT: Duration = Duration::from_secs(5);
 /// leader answers its pending writes as soon as it steps down (`NOT_LEADER`, or the outcome); one that does not
 /// answer within this is paused or cut off, and the write's outcome is unknown.
 const STEPPED_DOWN_GRACE: Duration = Duration::from_secs(1);
+/// How often a connection to the leader with calls in flight is pinged, and how long an answer may take.
+const FORWARD_PING_INTERVAL: Duration = Duration::from_secs(1);
+const FORWARD_PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Backoff between routing attempts: short first (a transfer takes ~50 ms), capped so a failover is noticed
 /// within a heartbeat or two.
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
@@ -484,7 +487,11 @@ impl Forwarder {
         let ch = ep
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
+            // A leader that no longer answers this node's pings (the node cannot reach it, though it may still
+            // hear it: a one-way cut) breaks the calls in flight within ~3 s: a repeatable one is sent again
+            // (routed anew), a write answers UNKNOWN_OUTCOME. A live leader answers a ping at once, busy or not.
+            .http2_keep_alive_interval(FORWARD_PING_INTERVAL)
+            .keep_alive_timeout(FORWARD_PING_TIMEOUT)
             .connect_lazy();
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)

@@ -262,9 +262,12 @@ impl Forwarder {
         let mut maybe_applied = None;
         let mut deadline = plan.deadline;
         loop {
-            if plan.move_to_leader && maybe_applied.is_none() {
+            if plan.move_to_leader {
                 if let Some(addr) = self.live_leader_elsewhere() {
-                    return Err(ApiError::NotLeader { leader_addr: Some(addr) });
+                    // The client goes to the leader itself: told where when nothing was applied; else it gets the
+                    // unknown outcome, and may send the call again there. Forwarding it would wait on a leader
+                    // this node may hear but not reach (a one-way cut), as long as the call's deadline.
+                    return Err(maybe_applied.unwrap_or(ApiError::NotLeader { leader_addr: Some(addr) }));
                 }
             }
             let routed_to = self.leader();

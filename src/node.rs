@@ -254,7 +254,7 @@ impl Node {
         // The standard gRPC health service (ready by the /readyz rule) and reflection, on the public port.
         let (health, health_svc) = tonic_health::server::health_reporter();
         let (reflection, reflection_v1alpha) = api::discovery::reflection().map_err(StartError::Raft)?;
-        tasks.spawn(health_loop(raft.clone(), health, shutdown.clone()));
+        tasks.spawn(health_loop(raft.clone(), fwd.clone(), health, shutdown.clone()));
         let (token, incoming) = (shutdown.clone(), accepted(listeners.grpc, conns.clone()));
         tasks.spawn(async move {
             let r = api_server
@@ -393,12 +393,21 @@ fn peer_check(expected: Option<String>) -> impl tonic::service::Interceptor + Cl
 /// cost a task wake-up, often a thread's, per change. Readiness is now seen at most this late.
 const HEALTH_RECHECK: Duration = Duration::from_millis(50);
 
+/// How often the health loop looks again with no metric changed: a node cut off from the cluster hears nothing,
+/// so only time tells it (readiness turns after the quorum silence limit, a second at least).
+const HEALTH_POLL: Duration = Duration::from_millis(250);
+
 /// Keeps the gRPC health status (the whole server, "", and each raftq service) in line with readiness.
-async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, shutdown: CancellationToken) {
+async fn health_loop(
+    raft: Raft,
+    fwd: Arc<api::forward::Forwarder>,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
     let mut last = None;
     let mut metrics = raft.metrics();
     loop {
-        let ready = api::http::node_ready(&raft);
+        let ready = api::http::readiness(&raft, &fwd).is_ok();
         if last != Some(ready) {
             let status =
                 if ready { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
@@ -414,6 +423,8 @@ async fn health_loop(raft: Raft, health: tonic_health::server::HealthReporter, s
                     return;
                 }
             }
+            // Being cut off changes no metric (nothing arrives): a silence is seen by looking again.
+            _ = tokio::time::sleep(HEALTH_POLL) => {}
         }
         // The changes of the next `HEALTH_RECHECK` are taken together: `changed` returns at once for them.
         tokio::select! {

@@ -1024,4 +1024,109 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         answered_unknown(took, answer);
     }
+
+    /// `GET path` on a node's HTTP port: the status code and the body.
+    async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP port");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        let code = out.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (code, body)
+    }
+
+    /// Waits up to `limit` for the node's `/readyz` to answer `code`; how long that took, and the body.
+    async fn readyz_turns(c: &Cluster, id: u64, code: u16, limit: Duration) -> (Duration, String) {
+        let since = Instant::now();
+        loop {
+            let (got, body) = http_get(c.node(id).http, "/readyz").await;
+            if got == code {
+                return (since.elapsed(), body);
+            }
+            assert!(since.elapsed() < limit, "node {id}'s /readyz still answers {got} after {limit:?}: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The gRPC health status of the whole server ("") on the node.
+    async fn grpc_health(c: &Cluster, id: u64) -> i32 {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", c.node(id).grpc))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to the gRPC port");
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+        let req = tonic_health::pb::HealthCheckRequest { service: String::new() };
+        h.check(req).await.expect("health check").into_inner().status
+    }
+
+    /// Waits up to 2 s for the node's gRPC health to be `want` (the health loop follows readiness, looking again
+    /// every 250 ms when nothing arrives).
+    async fn grpc_health_turns(c: &Cluster, id: u64, want: tonic_health::pb::health_check_response::ServingStatus) {
+        let since = Instant::now();
+        loop {
+            let got = grpc_health(c, id).await;
+            if got == want as i32 {
+                return;
+            }
+            assert!(since.elapsed() < Duration::from_secs(2), "node {id}'s gRPC health is {got}, not {want:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A node cut off from the cluster stops reporting itself ready, so a load balancer or Kubernetes sends
+    /// clients elsewhere (before, a follower that heard nothing from its leader stayed ready for the whole
+    /// partition, as did a leader no quorum answered): `/readyz` answers 503 with the reason, and gRPC health
+    /// `NOT_SERVING`, once the silence reaches the cut-off limit (a second with the product's timers); both
+    /// come back when the partition heals. The rest of the cluster stays ready.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_cut_off_from_the_cluster_is_not_ready() {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let Some((mut c, root, leader)) = three_nodes("readiness").await else { return };
+        let (cut, others) = a_follower(&c, leader);
+        for id in c.node_ids() {
+            readyz_turns(&c, id, 200, Duration::from_secs(20)).await;
+            grpc_health_turns(&c, id, ServingStatus::Serving).await;
+        }
+        let isolate = |c: &mut Cluster, node: u64| {
+            let rest: Vec<u64> = c.node_ids().into_iter().filter(|id| *id != node).collect();
+            c.net.update(|r| {
+                for o in &rest {
+                    r.blocked.insert((node, *o));
+                    r.blocked.insert((*o, node));
+                }
+            });
+        };
+
+        // A follower that hears nothing from its leader.
+        isolate(&mut c, cut);
+        let (took, body) = readyz_turns(&c, cut, 503, Duration::from_secs(10)).await;
+        eprintln!("the cut-off follower was not ready {took:?} into the fault: {body}");
+        assert!(body.contains("no word from the leader"), "the reason: {body}");
+        grpc_health_turns(&c, cut, ServingStatus::NotServing).await;
+        for id in &others {
+            let (code, body) = http_get(c.node(*id).http, "/readyz").await;
+            assert_eq!(code, 200, "node {id}, still in touch with a quorum: {body}");
+        }
+        c.net.heal();
+        readyz_turns(&c, cut, 200, Duration::from_secs(10)).await;
+        grpc_health_turns(&c, cut, ServingStatus::Serving).await;
+
+        // A leader that no quorum answers (the others elect a leader of their own, whom it cannot hear).
+        isolate(&mut c, leader);
+        let (took, body) = readyz_turns(&c, leader, 503, Duration::from_secs(10)).await;
+        eprintln!("the cut-off leader was not ready {took:?} into the fault: {body}");
+        assert!(
+            body.contains("heard from no quorum") || body.contains("no word from the leader"),
+            "the reason: {body}"
+        );
+        grpc_health_turns(&c, leader, ServingStatus::NotServing).await;
+        c.net.heal();
+        readyz_turns(&c, leader, 200, Duration::from_secs(10)).await;
+        c.shutdown().await;
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

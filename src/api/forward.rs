@@ -409,6 +409,19 @@ impl Forwarder {
         self.leader_silence().is_some_and(|s| s >= self.unheard_limit())
     }
 
+    /// Why clients are better served by another node, when this one is cut off: it follows a leader it has not
+    /// heard from for [`Self::unheard_limit`], or it leads and no quorum has answered it for as long. `None` when
+    /// neither holds (a single voter is never cut off). Readiness (`/readyz`, gRPC health) says no while it holds.
+    pub fn cut_off(&self) -> Option<String> {
+        let limit = self.unheard_limit();
+        if let Some(s) = self.leader_silence().filter(|s| *s >= limit) {
+            return Some(format!("no word from the leader for {} ms", s.as_millis()));
+        }
+        crate::raft::control::quorum_silence(&self.raft)
+            .filter(|s| *s >= limit)
+            .map(|s| format!("this leader has heard from no quorum for {} ms", s.as_millis()))
+    }
+
     /// Resolves, with the silence, once [`Self::leader_unheard`] holds, and still holds a heartbeat interval
     /// later: a node that was itself stalled (paused, starved of CPU) finds the silence past the limit the moment
     /// it runs again, before it has read the heartbeats that wait for it. Wakes when the silence could first

@@ -1,5 +1,5 @@
-//! The HTTP port: `/healthz` (the process serves) and `/readyz` (the node knows a leader and has applied what
-//! it knows to be committed), and the REST API (`rest.rs`).
+//! The HTTP port: `/healthz` (the process serves) and `/readyz` (the node knows a leader, has applied what it
+//! knows to be committed and is not cut off from the cluster), and the REST API (`rest.rs`).
 
 use std::sync::Arc;
 
@@ -10,8 +10,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
+use super::forward::Forwarder;
 use crate::leader::proposer::Proposer;
-use crate::raft::control::RaftStatus;
 use crate::storage::log_store::LogStats;
 
 /// How far applied may lag behind committed for the node to count as ready.
@@ -21,7 +21,7 @@ pub fn router(proposer: Arc<Proposer>, log: Arc<LogStats>, rest: super::rest::Re
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(proposer.clone())
+        .with_state((proposer.clone(), rest.tasks.fwd.clone()))
         .route("/metrics", get(metrics))
         .with_state((proposer, log))
         .merge(super::ui::routes())
@@ -151,32 +151,41 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Ready: the node knows a leader and has applied what it knows to be committed (within a bound). The same rule
-/// answers `/readyz` and the gRPC health service.
-pub fn is_ready(m: &RaftStatus) -> bool {
-    ready(m.leader.is_some(), m.committed_index, m.applied_index)
-}
-
-/// The readiness rule: a leader is known and apply is at most `READY_MAX_LAG_ENTRIES` behind the commit.
-fn ready(has_leader: bool, committed: u64, applied: u64) -> bool {
-    has_leader && committed.saturating_sub(applied) <= READY_MAX_LAG_ENTRIES
-}
-
-/// Whether the node is ready now (see [`is_ready`]), read from its metrics in place: the health loop asks at
-/// every metrics change (each append and apply), where building the whole status cloned the membership.
-pub fn node_ready(raft: &crate::storage::Raft) -> bool {
+/// Ready: the node knows a leader, has applied what it knows to be committed (within a bound), and is not cut off
+/// (a follower that has not heard from its leader, or a leader no quorum answers, for the quorum silence limit:
+/// [`Forwarder::cut_off`]). The same rule answers `/readyz` and the gRPC health service. `Err` says why not.
+pub fn readiness(raft: &crate::storage::Raft, fwd: &Forwarder) -> Result<(), String> {
     use openraft::type_config::async_runtime::watch::WatchReceiver;
-    let m = raft.metrics();
-    let m = m.borrow_watched();
-    let index = |l: &Option<crate::raft::types::LogId>| l.as_ref().map_or(0, |l| l.index);
-    ready(m.current_leader.is_some(), index(&m.local_committed), index(&m.last_applied))
+    let (has_leader, committed, applied) = {
+        let m = raft.metrics();
+        let m = m.borrow_watched();
+        let index = |l: &Option<crate::raft::types::LogId>| l.as_ref().map_or(0, |l| l.index);
+        (m.current_leader.is_some(), index(&m.local_committed), index(&m.last_applied))
+    };
+    caught_up(has_leader, committed, applied)?;
+    fwd.cut_off().map_or(Ok(()), Err)
 }
 
-async fn readyz(State(p): State<Arc<Proposer>>) -> (StatusCode, Json<serde_json::Value>) {
+/// The readiness rule's first part: a leader is known and apply is at most `READY_MAX_LAG_ENTRIES` behind the
+/// commit.
+fn caught_up(has_leader: bool, committed: u64, applied: u64) -> Result<(), String> {
+    if !has_leader {
+        return Err("no leader known".into());
+    }
+    let lag = committed.saturating_sub(applied);
+    if lag > READY_MAX_LAG_ENTRIES {
+        return Err(format!("applying: {lag} committed entries not yet applied"));
+    }
+    Ok(())
+}
+
+async fn readyz(State((p, fwd)): State<(Arc<Proposer>, Arc<Forwarder>)>) -> (StatusCode, Json<serde_json::Value>) {
     let m = crate::raft::control::status(&p.raft);
-    let ready = is_ready(&m);
+    let why = readiness(&p.raft, &fwd).err();
+    let ready = why.is_none();
     let body = json!({
         "ready": ready,
+        "reason": why,
         "node_id": m.node_id,
         "leader": m.leader,
         "term": m.term,

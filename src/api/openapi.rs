@@ -254,9 +254,12 @@ pub fn describe(method: &str, path: &str) -> Option<Operation> {
         ),
         ("get", "/v1/openapi.json") => op("openapi", "This document", None, (200, None)),
         ("get", "/healthz") => op("healthz", "The process serves", None, (200, Some("Health"))),
-        ("get", "/readyz") => {
-            op("readyz", "A leader is known and this node has caught up (503 if not)", None, (200, Some("Ready")))
-        }
+        ("get", "/readyz") => op(
+            "readyz",
+            "A leader is known, this node has caught up and is not cut off from the cluster (503 if not)",
+            None,
+            (200, Some("Ready")),
+        ),
         ("get", "/metrics") => op("metrics", "Prometheus text exposition", None, (200, None)),
         _ => return None,
     };
@@ -780,6 +783,7 @@ pub fn schemas() -> Map<String, Value> {
             object(
                 &[
                     ("ready", boolean()),
+                    ("reason", nstring()),
                     ("node_id", int()),
                     ("leader", json!({"type": ["integer", "null"]})),
                     ("term", int()),

@@ -51,6 +51,9 @@ pub struct Fresh {
     pub tenant: String,
     pub queue: String,
     pub priority: u8,
+    /// Its concurrency (fairness) key and the limit it carries, if any: handed out only while the key has
+    /// room for it and for every claim in flight (`keyed_with_room`).
+    pub key: Option<(String, u32)>,
 }
 
 /// An enqueue entry the coalescer leaves to the dispatcher, with its fresh tasks and where its outcome goes.
@@ -531,7 +534,8 @@ impl Dispatch {
     fn hand_off(&mut self, mut joint: Joint, done_tx: &mpsc::UnboundedSender<Done>) {
         let given = if self.in_flight < MAX_IN_FLIGHT && self.hand_off_allowed() {
             self.parked.retain(|p| !p.reply.is_closed());
-            hand_out(&self.parked, std::mem::take(&mut joint.fresh), &self.reserved, self.max_items)
+            let fresh = keyed_with_room(&self.shared, std::mem::take(&mut joint.fresh), self.reserved.len() as u64);
+            hand_out(&self.parked, fresh, &self.reserved, self.max_items)
         } else {
             vec![]
         };
@@ -637,6 +641,36 @@ fn take(
         });
     }
     groups.push((req, start..items.len()));
+}
+
+/// The fresh tasks a hand-off may claim: every one without a concurrency key, and those of a key whose free
+/// slots in the applied state cover all of the entry's tasks of that key and every task promised to a claim in
+/// flight (`in_flight`, all the reserved tasks: more than the key's own share, so nothing is looked up per
+/// reserved task). A key with fewer slots left goes through the regular pick, which counts its promises exactly;
+/// apply checks each claim against its key's limit in any case. Parked Readys mean their queues had nothing
+/// claimable, so the tasks handed out are served at once, in the entry's order; what the Readys cannot take is
+/// picked fairly once the entry applies.
+fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<Fresh> {
+    if fresh.iter().all(|f| f.key.is_none()) {
+        return fresh;
+    }
+    let mut per_key: HashMap<(&str, &str), u64> = HashMap::new();
+    for f in &fresh {
+        if let Some((key, _)) = &f.key {
+            *per_key.entry((f.tenant.as_str(), key.as_str())).or_default() += 1;
+        }
+    }
+    let keep: Vec<bool> = fresh
+        .iter()
+        .map(|f| match &f.key {
+            None => true,
+            Some((key, own)) => {
+                let wanted = per_key.get(&(f.tenant.as_str(), key.as_str())).copied().unwrap_or(0);
+                shared.key_room(f.id, &f.tenant, key, *own) >= wanted + in_flight
+            }
+        })
+        .collect();
+    fresh.into_iter().zip(keep).filter_map(|(f, keep)| keep.then_some(f)).collect()
 }
 
 /// Which parked Readys take which fresh tasks: Readys in arrival order, each up to its count (all together up to
@@ -766,7 +800,7 @@ mod tests {
     }
 
     fn fresh(n: u64, tenant: &str, queue: &str, priority: u8) -> Fresh {
-        Fresh { id: id(n), tenant: tenant.into(), queue: queue.into(), priority }
+        Fresh { id: id(n), tenant: tenant.into(), queue: queue.into(), priority, key: None }
     }
 
     fn ready(tenant: &str, queues: &[&str], count: usize) -> ClaimRequest {

@@ -90,14 +90,20 @@ type Paced = Option<(Arc<super::flow::Flow>, Arc<SmShared>)>;
 /// dispatcher proposes it with their claims), and how it finds those tasks among its items.
 type HandsOff<I> = Option<(Handoff, fn(&[I], TimeMs) -> Vec<Fresh>)>;
 
-/// The tasks of an enqueue that a worker could claim as soon as the entry applies: visible now, without a
-/// concurrency (fairness) key or dependencies. The dispatcher may claim them for parked workers in an entry
-/// appended right behind the enqueue's (`dispatcher::Handoff`).
+/// The tasks of an enqueue that a worker could claim as soon as the entry applies: visible now, without
+/// dependencies. The dispatcher may claim them for parked workers in an entry appended right behind the enqueue's
+/// (`dispatcher::Handoff`); a task with a concurrency key only while its key has room (`keyed_with_room`).
 fn fresh_tasks(items: &[NewTask], now: TimeMs) -> Vec<Fresh> {
     items
         .iter()
-        .filter(|t| t.visible_at <= now && t.concurrency.is_none() && t.depends_on.is_empty())
-        .map(|t| Fresh { id: t.id, tenant: t.tenant.clone(), queue: t.queue.clone(), priority: t.priority })
+        .filter(|t| t.visible_at <= now && t.depends_on.is_empty())
+        .map(|t| Fresh {
+            id: t.id,
+            tenant: t.tenant.clone(),
+            queue: t.queue.clone(),
+            priority: t.priority,
+            key: t.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
+        })
         .collect()
 }
 

@@ -89,6 +89,17 @@ impl SmShared {
         }
     }
 
+    /// Free slots of a tenant's concurrency key in the applied state: its limit (an operator's override while in
+    /// force, else `own`, the limit its task carries) less the tasks running under it, read in the shard that
+    /// holds every task of the key (the one of `id`, a task of the key). The hand-off asks this before it claims a
+    /// keyed task ahead of its enqueue's apply.
+    pub fn key_room(&self, id: TaskId, tenant: &str, key: &str, own: u32) -> u64 {
+        let g = self.read();
+        let Some(core) = g.cores.get(id.shard(g.cores.len())) else { return 0 };
+        u64::from(core.key_limit_of(tenant, key, own, core.now))
+            .saturating_sub(u64::from(core.running_with_key(tenant, key)))
+    }
+
     /// Claim choice for the leader, fair across the keys of each queue by the passes in `clock`, drawing on the
     /// token buckets through `budget` when any exist: see `queue::pick_ready`.
     pub fn pick_ready(

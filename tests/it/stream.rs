@@ -229,6 +229,16 @@ async fn an_empty_producer_event_is_refused() {
     }
 }
 
+/// A worker stream `worker_id` whose Ready (one task of `queue`) is parked on the node by now: nothing tells the
+/// client, so it gives the dispatcher a moment.
+async fn parked_ready(addr: &str, worker_id: &str, request_id: u64, queue: &str) -> Session {
+    let hello = pb::worker_event::Event::Hello(pb::Hello { token: String::new(), worker_id: worker_id.into() });
+    let s = open(addr, hello).await.expect("open");
+    s.ready(request_id, queue, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s
+}
+
 /// A Ready parked on an empty queue gets a new task claimed right behind the enqueue's entry (the dispatcher's
 /// hand-off, counted in `handed_off`). An idempotent duplicate is handed off too, under the id its enqueue would
 /// have had: apply finds no such task, and the Ready waits on and takes the next task.
@@ -238,22 +248,14 @@ async fn a_parked_ready_takes_a_new_task_behind_its_enqueue_and_a_duplicate_leav
     let handed = || n.node().shared.metrics.handed_off.load(std::sync::atomic::Ordering::Relaxed);
     let addr = n.node().grpc_addr.to_string();
     let mut c = n.client().await;
-    let mut first = open(&addr, hello()).await.expect("open");
-    first.ready(1, "h", 1).await;
-    // The Ready is parked once the dispatcher has it; nothing tells the client, so give it a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut first = parked_ready(&addr, "w-raw", 1, "h").await;
     let keyed = pb::EnqueueRequest { idempotency_key: "order-7".into(), ..enq("h", "one") };
     let id = c.enqueue(keyed.clone()).await.expect("enqueue").into_inner().task_id;
     let pb::server_event::Event::TaskBatch(b) = first.next().await else { panic!("expected a batch") };
     assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (1, 1, id.as_str()));
     wait_until(Duration::from_secs(5), || handed() == 1).await;
 
-    let mut second =
-        open(&addr, pb::worker_event::Event::Hello(pb::Hello { token: String::new(), worker_id: "w-2".into() }))
-            .await
-            .expect("open");
-    second.ready(2, "h", 1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut second = parked_ready(&addr, "w-2", 2, "h").await;
     let dup = c.enqueue(keyed).await.expect("enqueue").into_inner();
     assert_eq!(dup.task_id, id, "the key's task, not a new one");
     // The duplicate's claim finds nothing; the Ready is parked again (no task, no answer yet).
@@ -263,4 +265,49 @@ async fn a_parked_ready_takes_a_new_task_behind_its_enqueue_and_a_duplicate_leav
     let pb::server_event::Event::TaskBatch(b) = second.next().await else { panic!("expected a batch") };
     assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (2, 1, id2.as_str()));
     wait_until(Duration::from_secs(5), || handed() == 2).await;
+}
+
+/// A task with a concurrency key is handed to a parked Ready behind its enqueue, as an unkeyed one is, while its
+/// key has room; a task whose key is at its limit is not: the Ready stays parked until a slot of the key frees,
+/// then takes it through the regular pick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_ready_takes_a_keyed_task_behind_its_enqueue_only_while_its_key_has_room() {
+    let n = TestNode::start().await;
+    let handed = || n.node().shared.metrics.handed_off.load(std::sync::atomic::Ordering::Relaxed);
+    let addr = n.node().grpc_addr.to_string();
+    let mut c = n.client().await;
+    let keyed = |payload: &str| pb::EnqueueRequest {
+        concurrency_key: "acct-1".into(),
+        concurrency_limit: 1,
+        ..enq("hk", payload)
+    };
+    let mut first = parked_ready(&addr, "w-raw", 1, "hk").await;
+    let id = c.enqueue(keyed("one")).await.expect("enqueue").into_inner().task_id;
+    let pb::server_event::Event::TaskBatch(b) = first.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (1, 1, id.as_str()));
+    wait_until(Duration::from_secs(5), || handed() == 1).await;
+
+    // The key's one slot is taken: the next task of the key waits, and is not handed off.
+    let mut second = parked_ready(&addr, "w-2", 2, "hk").await;
+    let id2 = c.enqueue(keyed("two")).await.expect("enqueue").into_inner().task_id;
+    let early = tokio::time::timeout(Duration::from_millis(500), second.rx.message()).await;
+    assert!(early.is_err(), "a task of a full key was delivered: {early:?}");
+    assert_eq!(handed(), 1, "nothing handed off for a full key");
+
+    // The first task ends; its slot goes to the waiting task through the regular pick.
+    let token = b.tasks[0].lease.as_ref().expect("lease").token;
+    first
+        .send(pb::worker_event::Event::Result(pb::Result {
+            request_id: 3,
+            task_id: id.clone(),
+            token,
+            outcome: Some(pb::result::Outcome::Completed(pb::Complete {
+                result: b"ok".to_vec().into(),
+                follow_ups: vec![],
+            })),
+        }))
+        .await;
+    let pb::server_event::Event::TaskBatch(b) = second.next().await else { panic!("expected a batch") };
+    assert_eq!((b.request_id, b.tasks.len(), b.tasks[0].id.as_str()), (2, 1, id2.as_str()));
+    assert_eq!(handed(), 1, "the second task came through the regular pick");
 }

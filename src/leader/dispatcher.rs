@@ -648,8 +648,8 @@ fn take(
 /// flight (`in_flight`, all the reserved tasks: more than the key's own share, so nothing is looked up per
 /// reserved task). A key with fewer slots left goes through the regular pick, which counts its promises exactly;
 /// apply checks each claim against its key's limit in any case. Parked Readys mean their queues had nothing
-/// claimable, so the tasks handed out are served at once, in the entry's order; what the Readys cannot take is
-/// picked fairly once the entry applies.
+/// claimable, so the tasks handed out are served at once, the keys taking turns (`hand_out`); what the Readys
+/// cannot take is picked fairly once the entry applies.
 fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<Fresh> {
     if fresh.iter().all(|f| f.key.is_none()) {
         return fresh;
@@ -674,21 +674,33 @@ fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<
 }
 
 /// Which parked Readys take which fresh tasks: Readys in arrival order, each up to its count (all together up to
-/// `max_items`), from the fresh tasks of its tenant's queues, higher priority first and in the entry's order
-/// within a priority; tasks in `reserved` are passed over. Returns the takers' indexes in `parked`, ascending,
-/// each with its tasks.
+/// `max_items`), from the fresh tasks of its tenant's queues, higher priority first and within a priority the
+/// concurrency keys in turn, each key's tasks in the entry's order; tasks in `reserved` are passed over. Returns
+/// the takers' indexes in `parked`, ascending, each with its tasks.
 fn hand_out(
     parked: &VecDeque<ClaimRequest>,
     mut fresh: Vec<Fresh>,
     reserved: &IdSet,
     max_items: usize,
 ) -> Vec<(usize, Vec<TaskId>)> {
-    // Stable: the entry's order stays within a priority.
-    fresh.sort_by_key(|f| std::cmp::Reverse(f.priority));
+    // Within a priority the concurrency keys take turns: the first task of each key (in the entry's order), then
+    // the second of each, and so on; each key's own tasks, and an entry without keys, keep the entry's order.
+    let turns: Vec<usize> = {
+        let mut seen: HashMap<(&str, &str, Option<&str>, u8), usize> = HashMap::new();
+        let mut turns = Vec::with_capacity(fresh.len());
+        for f in &fresh {
+            let n = seen.entry((&f.tenant, &f.queue, f.key.as_ref().map(|k| k.0.as_str()), f.priority)).or_default();
+            *n += 1;
+            turns.push(*n);
+        }
+        turns
+    };
+    let mut order: Vec<(usize, Fresh)> = turns.into_iter().zip(fresh.drain(..)).collect();
+    order.sort_by_key(|(turn, f)| (std::cmp::Reverse(f.priority), *turn));
     // Per (tenant, queue): its fresh tasks, best first.
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     let mut lists: Vec<VecDeque<(TaskId, u8)>> = Vec::new();
-    for f in fresh.iter().filter(|f| !reserved.contains(&f.id)) {
+    for f in order.iter().map(|(_, f)| f).filter(|f| !reserved.contains(&f.id)) {
         let at = *index.entry((f.tenant.as_str(), f.queue.as_str())).or_insert_with(|| {
             lists.push(VecDeque::new());
             lists.len() - 1
@@ -861,5 +873,25 @@ mod tests {
         assert_eq!(given, vec![(0, vec![id(1), id(3), id(4)]), (1, vec![id(5)])]);
         // Nothing fresh for the Readys' queues: nobody takes anything.
         assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &IdSet::default(), 4).is_empty());
+    }
+
+    #[test]
+    fn within_a_priority_the_concurrency_keys_of_an_entry_take_turns() {
+        let keyed = |n, key: &str, priority| Fresh { key: Some((key.into(), 10)), ..fresh(n, "t", "a", priority) };
+        // Key x's three tasks come first in the entry, then y's, then one without a key, then z's 5.
+        let new = vec![
+            keyed(1, "x", 0),
+            keyed(2, "x", 0),
+            keyed(3, "x", 0),
+            keyed(4, "y", 0),
+            keyed(5, "y", 0),
+            fresh(6, "t", "a", 0),
+            keyed(7, "z", 5),
+        ];
+        let parked: VecDeque<ClaimRequest> = [ready("t", &["a"], 4), ready("t", &["a"], 2)].into();
+        let given = hand_out(&parked, new, &IdSet::default(), 100);
+        // The priority-5 task first; then the first task of x, of y and the unkeyed one; then the second of x and
+        // of y. What the Readys cannot take (x's third) waits for the fair pick.
+        assert_eq!(given, vec![(0, vec![id(7), id(1), id(4), id(6)]), (1, vec![id(2), id(5)])]);
     }
 }

@@ -928,12 +928,7 @@ mod tests {
             assert!(Instant::now() < ready, "no write before the fault: {e}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        c.net.update(|r| {
-            for o in &others {
-                r.blocked.insert((cut, *o));
-                r.blocked.insert((*o, cut));
-            }
-        });
+        c.partition(&[cut], &others).await.expect("cut the follower off");
         let since = Instant::now();
         // A client that does not ask for redirects, on the follower: its claim is forwarded to the leader. It is
         // sent once the follower no longer counts the leader as live, before the silence reaches the limit, so
@@ -1091,18 +1086,9 @@ mod tests {
             readyz_turns(&c, id, 200, Duration::from_secs(20)).await;
             grpc_health_turns(&c, id, ServingStatus::Serving).await;
         }
-        let isolate = |c: &mut Cluster, node: u64| {
-            let rest: Vec<u64> = c.node_ids().into_iter().filter(|id| *id != node).collect();
-            c.net.update(|r| {
-                for o in &rest {
-                    r.blocked.insert((node, *o));
-                    r.blocked.insert((*o, node));
-                }
-            });
-        };
 
         // A follower that hears nothing from its leader.
-        isolate(&mut c, cut);
+        c.partition(&[cut], &others).await.expect("cut the follower off");
         let (took, body) = readyz_turns(&c, cut, 503, Duration::from_secs(10)).await;
         eprintln!("the cut-off follower was not ready {took:?} into the fault: {body}");
         assert!(body.contains("no word from the leader"), "the reason: {body}");
@@ -1116,7 +1102,8 @@ mod tests {
         grpc_health_turns(&c, cut, ServingStatus::Serving).await;
 
         // A leader that no quorum answers (the others elect a leader of their own, whom it cannot hear).
-        isolate(&mut c, leader);
+        let rest: Vec<u64> = c.node_ids().into_iter().filter(|id| *id != leader).collect();
+        c.partition(&[leader], &rest).await.expect("cut the leader off");
         let (took, body) = readyz_turns(&c, leader, 503, Duration::from_secs(10)).await;
         eprintln!("the cut-off leader was not ready {took:?} into the fault: {body}");
         assert!(

@@ -679,7 +679,7 @@ fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<
 /// the takers' indexes in `parked`, ascending, each with its tasks.
 fn hand_out(
     parked: &VecDeque<ClaimRequest>,
-    mut fresh: Vec<Fresh>,
+    fresh: Vec<Fresh>,
     reserved: &IdSet,
     max_items: usize,
 ) -> Vec<(usize, Vec<TaskId>)> {
@@ -695,7 +695,7 @@ fn hand_out(
         }
         turns
     };
-    let mut order: Vec<(usize, Fresh)> = turns.into_iter().zip(fresh.drain(..)).collect();
+    let mut order: Vec<(usize, Fresh)> = turns.into_iter().zip(fresh).collect();
     order.sort_by_key(|(turn, f)| (std::cmp::Reverse(f.priority), *turn));
     // Per (tenant, queue): its fresh tasks, best first.
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();

@@ -218,7 +218,7 @@ impl Default for Config {
             ready_hold_ms: 30_000,
             stream_send_buffer: 256,
             stream_max_in_flight: 1024,
-            flow_backlog: 20_000,
+            flow_backlog: 5_000,
             flow_max_wait_ms: 2_000,
             depth_hold_ms: 250,
             auth: AuthMode::Jwt,

@@ -80,6 +80,8 @@ pub struct Node {
     pub proposer: Arc<Proposer>,
     pub shared: Arc<SmShared>,
     pub log_stats: Arc<LogStats>,
+    /// Producer flow control on this node (`leader::flow`).
+    pub flow: Arc<crate::leader::flow::Flow>,
     pub grpc_addr: SocketAddr,
     pub raft_addr: SocketAddr,
     pub http_addr: SocketAddr,
@@ -196,7 +198,7 @@ impl Node {
             leadership.clone(),
             cfg.max_items_per_entry,
             Duration::from_millis(cfg.write_timeout_ms),
-            flow,
+            flow.clone(),
             handoff_rx,
             &tasks,
         );
@@ -311,6 +313,7 @@ impl Node {
             proposer,
             shared,
             log_stats,
+            flow,
             grpc_addr,
             raft_addr,
             http_addr,

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::flow::{BlockedClock, Flow};
-use super::proposer::{not_leader, wall_clock_ms, write, write_pair, ProposeError};
+use super::proposer::{not_leader, wall_clock_ms, write, write_many, ProposeError};
 use super::Leadership;
 use crate::queue::{ClaimItem, Command, FairClock, IdSet, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
 use crate::raft::control;
@@ -56,11 +56,13 @@ pub struct Fresh {
     pub key: Option<(String, u32)>,
 }
 
-/// An enqueue entry the coalescer leaves to the dispatcher, with its fresh tasks and where its outcome goes.
+/// A round the coalescer leaves to the dispatcher: the commands that go ahead of the enqueue (its acks), the
+/// enqueue entry, its fresh tasks, and where the outcomes of `lead` and then the enqueue go.
 struct Joint {
+    lead: Vec<Command>,
     command: Command,
     fresh: Vec<Fresh>,
-    reply: oneshot::Sender<Result<Response, ProposeError>>,
+    reply: oneshot::Sender<Vec<Result<Response, ProposeError>>>,
 }
 
 /// The enqueue side of the hand-off: whether the dispatcher has Readys to hand fresh tasks to, and where to
@@ -91,12 +93,22 @@ impl Handoff {
         self.open.load(Relaxed) > 0
     }
 
-    /// Has the dispatcher propose an enqueue entry (`command`) with the claims of its `fresh` tasks for parked
-    /// Readys right behind it (or alone, if no Ready takes any), and returns the enqueue's outcome.
-    pub async fn write(&self, command: Command, fresh: Vec<Fresh>) -> Result<Response, ProposeError> {
+    /// Has the dispatcher propose `lead` and an enqueue entry (`command`) with the claims of its `fresh` tasks
+    /// for parked Readys right behind it (or without claims, if no Ready takes any), and returns the outcomes of
+    /// `lead` and then of the enqueue.
+    pub async fn write(
+        &self,
+        lead: Vec<Command>,
+        command: Command,
+        fresh: Vec<Fresh>,
+    ) -> Vec<Result<Response, ProposeError>> {
+        let n = lead.len() + 1;
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Joint { command, fresh, reply }).map_err(|_| ProposeError::Fatal("shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Unknown("proposal dropped".into()))?
+        let failed = |e: ProposeError| (0..n).map(|_| Err(e.clone())).collect();
+        if self.tx.send(Joint { lead, command, fresh, reply }).is_err() {
+            return failed(ProposeError::Fatal("shutting down".into()));
+        }
+        rx.await.unwrap_or_else(|_| failed(ProposeError::Unknown("proposal dropped".into())))
     }
 }
 
@@ -509,8 +521,11 @@ impl Dispatch {
             let result = match joint {
                 None => write(&raft, command, timeout).await,
                 Some(j) => {
-                    let [enqueued, claimed] = write_pair(&raft, j.command, command, timeout).await;
-                    let _ = j.reply.send(enqueued);
+                    let mut commands = j.lead;
+                    commands.extend([j.command, command]);
+                    let mut outcomes = write_many(&raft, commands, timeout).await;
+                    let claimed = outcomes.pop().unwrap_or_else(|| Err(ProposeError::Unknown("no outcome".into())));
+                    let _ = j.reply.send(outcomes);
                     claimed
                 }
             };
@@ -542,7 +557,9 @@ impl Dispatch {
         if given.is_empty() {
             let (raft, timeout) = (self.raft.clone(), self.write_timeout);
             tokio::spawn(async move {
-                let _ = joint.reply.send(write(&raft, joint.command, timeout).await);
+                let mut commands = joint.lead;
+                commands.push(joint.command);
+                let _ = joint.reply.send(write_many(&raft, commands, timeout).await);
             });
             return;
         }
@@ -685,7 +702,8 @@ fn hand_out(
 ) -> Vec<(usize, Vec<TaskId>)> {
     // Within a priority the concurrency keys take turns: the first task of each key (in the entry's order), then
     // the second of each, and so on; each key's own tasks, and an entry without keys, keep the entry's order.
-    let turns: Vec<usize> = {
+    // Without any key the turns are the entry's order, so a stable sort by priority alone gives the same lists.
+    let turns: Vec<usize> = if fresh.iter().any(|f| f.key.is_some()) {
         let mut seen: HashMap<(&str, &str, Option<&str>, u8), usize> = HashMap::new();
         let mut turns = Vec::with_capacity(fresh.len());
         for f in &fresh {
@@ -694,6 +712,8 @@ fn hand_out(
             turns.push(*n);
         }
         turns
+    } else {
+        vec![0; fresh.len()]
     };
     let mut order: Vec<(usize, Fresh)> = turns.into_iter().zip(fresh).collect();
     order.sort_by_key(|(turn, f)| (std::cmp::Reverse(f.priority), *turn));

@@ -132,13 +132,13 @@ impl Flow {
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let blocked = self.blocked(now);
-        let (floor, least) = (BLOCKED_PERMILLE, if st.pacing { self.backlog / 2 } else { self.backlog });
+        let least = if st.pacing { self.backlog / 2 } else { self.backlog };
         // The ready count (a walk over every shard's counts) is read only when the workers' side says so.
-        if blocked > floor && st.ready_at.is_none_or(|at| now.duration_since(at) >= READY_REFRESH) {
+        if blocked > BLOCKED_PERMILLE && st.ready_at.is_none_or(|at| now.duration_since(at) >= READY_REFRESH) {
             st.ready = ready();
             st.ready_at = Some(now);
         }
-        let pacing = blocked > floor && st.ready > least;
+        let pacing = blocked > BLOCKED_PERMILLE && st.ready > least;
         if pacing != st.pacing {
             st.pacing = pacing;
             st.credit = 0.0;

@@ -1,9 +1,10 @@
 //! Proposing commands and reading state: the leader side of the queue. Every node has a proposer; on a follower
 //! its writes fail with `NotLeader` (with the leader's address), which the API turns into forwarding.
 //!
-//! Concurrent enqueues and acks are coalesced into few Raft entries (group commit end to end): a coalescer
-//! takes every request queued while earlier entries are in flight and proposes them as one command, with
-//! one entry in flight per coalescer (`IN_FLIGHT_ENTRIES`). Claims go through the dispatcher (`dispatcher.rs`).
+//! Concurrent enqueues and acks are coalesced into few Raft entries (group commit end to end): the coalescer
+//! takes every request queued while the round ahead is in flight and proposes them as one round, with one round
+//! in flight (`IN_FLIGHT_ENTRIES`): the acks as one `Ack` command and the enqueues as one `Enqueue` behind it, in
+//! one append. Claims go through the dispatcher (`dispatcher.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,10 +22,11 @@ use crate::telemetry;
 
 pub use super::dispatcher::{Fresh, Handoff};
 
-/// Entries in flight per coalescer (creates, acks): one. Requests that arrive while it commits go together in the
-/// next entry (group commit). Eight in flight made ~4 times the entries at 14,000 tasks/s on three nodes and cost
-/// throughput and latency under load; it saved ~0.5 ms at 1,000 tasks/s (docs/performance.md, "Entries are not
-/// what a task costs").
+/// Rounds in flight: one. Requests that arrive while it commits go together in the next round (group commit).
+/// Eight in flight made ~4 times the entries at 14,000 tasks/s on three nodes and cost throughput and latency under
+/// load; it saved ~0.5 ms at 1,000 tasks/s (docs/performance.md, "Entries are not what a task costs"). Enqueues
+/// and acks had a coalescer each, one entry in flight for each, until their rounds were joined ("One round for
+/// enqueues and acks").
 const IN_FLIGHT_ENTRIES: usize = 1;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -82,13 +84,6 @@ struct Pending<I, T> {
     reply: Reply<T>,
     since: tokio::time::Instant,
 }
-
-/// What paces a coalescer (enqueues only): producer flow control and the state it reads.
-type Paced = Option<(Arc<super::flow::Flow>, Arc<SmShared>)>;
-
-/// Where a coalescer (enqueues only) leaves an entry with tasks a parked worker could take at once (the
-/// dispatcher proposes it with their claims), and how it finds those tasks among its items.
-type HandsOff<I> = Option<(Handoff, fn(&[I], TimeMs) -> Vec<Fresh>)>;
 
 /// The tasks of an enqueue that a worker could claim as soon as the entry applies: visible now, without
 /// dependencies. The dispatcher may claim them for parked workers in an entry appended right behind the enqueue's
@@ -148,28 +143,19 @@ impl Proposer {
         let (enqueue_tx, enqueue_rx) = mpsc::unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let admission = Arc::default();
-        let paced = Some((flow, shared.clone()));
         let p = Arc::new(Proposer { raft: raft.clone(), shared, cfg: cfg.clone(), enqueue_tx, ack_tx, admission });
         let max = cfg.max_items_per_entry;
         let timeout = Duration::from_millis(cfg.write_timeout_ms);
-        let handoff: HandsOff<NewTask> = Some((handoff, fresh_tasks));
         tasks.spawn(coalesce(
-            raft.clone(),
+            raft,
             shutdown.clone(),
             enqueue_rx,
-            (paced, handoff),
+            ack_rx,
+            (flow, p.shared.clone()),
+            handoff,
             max,
             timeout,
-            Command::Enqueue,
-            |r| match r {
-                Response::Enqueued(v) => Some(v),
-                _ => None,
-            },
         ));
-        tasks.spawn(coalesce(raft, shutdown.clone(), ack_rx, (None, None), max, timeout, Command::Ack, |r| match r {
-            Response::Acked(v) => Some(v),
-            _ => None,
-        }));
         p
     }
 
@@ -374,149 +360,253 @@ fn failure(f: RaftFailure) -> ProposeError {
     }
 }
 
-/// Two commands proposed together, as [`write`] proposes one: Raft appends them next to each other, `second`
-/// right after `first`, in one append (one fsync, one replication round). The outcomes come back in order.
-pub(crate) async fn write_pair(
+/// Commands proposed together, as [`write`] proposes one: Raft appends them next to each other, in order, in one
+/// append (one fsync, one replication round for all). The outcomes come back in the same order.
+pub(crate) async fn write_many(
     raft: &Raft,
-    first: Command,
-    second: Command,
+    commands: Vec<Command>,
     timeout: Duration,
-) -> [Result<Response, ProposeError>; 2] {
+) -> Vec<Result<Response, ProposeError>> {
     use futures::StreamExt;
+    let n = commands.len();
+    if n == 1 {
+        let command = commands.into_iter().next().expect("one command");
+        return vec![write(raft, command, timeout).await];
+    }
     let cut_off = control::quorum_silence_limit(raft);
     if control::cut_off(raft) {
-        return [Err(not_leader(None, None)), Err(not_leader(None, None))];
+        return (0..n).map(|_| Err(not_leader(None, None))).collect();
     }
     let now = wall_clock_ms();
-    let reqs = [Request::new(now, rand::random(), first), Request::new(now, rand::random(), second)];
+    let reqs: Vec<Request> = commands.into_iter().map(|c| Request::new(now, rand::random(), c)).collect();
     let written = async {
         let results: Vec<_> = raft.client_write_many(reqs).await.map_err(RaftFailure::from)?.collect().await;
         Ok::<_, RaftFailure>(results)
     };
-    let unknown =
-        |why: &str| [Err(ProposeError::Unknown(why.to_string())), Err(ProposeError::Unknown(why.to_string()))];
+    let unknown = |why: &str| (0..n).map(|_| Err(ProposeError::Unknown(why.to_string()))).collect();
     let written = tokio::select! {
         r = tokio::time::timeout(timeout, written) => r,
         why = control::write_stranded(raft, cut_off, STEPPED_DOWN_GRACE) => return unknown(&why),
     };
     let results = match written {
         Err(_) => return unknown("timed out waiting for the write to apply"),
-        Ok(Err(f)) => return [Err(failure(f.clone())), Err(failure(f))],
+        Ok(Err(f)) => return (0..n).map(|_| Err(failure(f.clone()))).collect(),
         Ok(Ok(results)) => results,
     };
-    let mut out = results.into_iter().map(|r| match r {
-        Ok(Ok(resp)) => Ok(resp.response),
-        Ok(Err(e)) => Err(failure(RaftFailure::from(e))),
-        Err(fatal) => Err(failure(RaftFailure::from(fatal))),
-    });
-    let mut next = || out.next().unwrap_or_else(|| Err(ProposeError::Unknown("no outcome".into())));
-    [next(), next()]
+    let mut out: Vec<Result<Response, ProposeError>> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(Ok(resp)) => Ok(resp.response),
+            Ok(Err(e)) => Err(failure(RaftFailure::from(e))),
+            Err(fatal) => Err(failure(RaftFailure::from(fatal))),
+        })
+        .collect();
+    out.resize_with(n, || Err(ProposeError::Unknown("no outcome".into())));
+    out
 }
 
-/// Drains queued requests into one command per entry, with up to `IN_FLIGHT_ENTRIES` entries in flight. With
-/// `paced` (enqueues), each entry first waits for the room producer flow control gives (`leader::flow`); with
-/// `handoff` (enqueues), an entry with fresh tasks goes through the dispatcher while Readys wait there.
+/// Where each request of one kind in a round gets its share of the command's outcome.
+struct Replies<T>(Vec<(Reply<T>, usize)>);
+
+/// The items of a round's requests of one kind, for one command, and where their outcomes go.
+fn split<I, T>(batch: Vec<Pending<I, T>>) -> (Vec<I>, Replies<T>) {
+    let n = batch.iter().map(|p| p.items.len()).sum();
+    let mut items = Vec::with_capacity(n);
+    let mut replies = Vec::with_capacity(batch.len());
+    for p in batch {
+        replies.push((p.reply, p.items.len()));
+        items.extend(p.items);
+    }
+    (items, Replies(replies))
+}
+
+impl<T> Replies<T> {
+    /// Answers each request with its share of the command's outcome.
+    fn answer(self, outcome: Result<Response, ProposeError>, take: fn(Response) -> Option<Vec<ItemResult<T>>>) {
+        match outcome.map(take) {
+            Ok(Some(results)) => {
+                let mut it = results.into_iter();
+                for (reply, size) in self.0 {
+                    let _ = reply.send(Ok(it.by_ref().take(size).collect()));
+                }
+            }
+            Ok(None) => {
+                for (reply, _) in self.0 {
+                    let _ = reply.send(Err(ProposeError::Storage("unexpected response".into())));
+                }
+            }
+            Err(e) => {
+                for (reply, _) in self.0 {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Takes queued requests after `first` while their items fit in `limit` (`n` counts the items taken); one that
+/// does not fit is left in `carry`.
+fn gather<I, T>(
+    first: Pending<I, T>,
+    rx: &mut mpsc::UnboundedReceiver<Pending<I, T>>,
+    limit: usize,
+    carry: &mut Option<Pending<I, T>>,
+) -> (Vec<Pending<I, T>>, usize) {
+    let mut n = first.items.len();
+    let mut batch = vec![first];
+    while n < limit {
+        match rx.try_recv() {
+            Ok(p) if n + p.items.len() <= limit => {
+                n += p.items.len();
+                batch.push(p);
+            }
+            Ok(p) => {
+                *carry = Some(p);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    (batch, n)
+}
+
+/// The coalescer of enqueues and acks: drains the requests queued while the entry ahead is in flight into one
+/// round, with up to `IN_FLIGHT_ENTRIES` rounds in flight. A round's acks (one `Ack` command) and enqueues (one
+/// `Enqueue`) are proposed together, the acks first, so they share one append, one fsync and one replication
+/// round; an enqueue with fresh tasks goes through the dispatcher while Readys wait there, which appends their
+/// claims right behind (`dispatcher::Handoff`). Enqueues first wait for the room producer flow control gives
+/// (`leader::flow`, on a leader); acks never wait for it: while the enqueues wait, the acks go alone.
 #[allow(clippy::too_many_arguments)]
-async fn coalesce<I: Send + 'static, T: Send + 'static>(
+async fn coalesce(
     raft: Raft,
     shutdown: tokio_util::sync::CancellationToken,
-    mut rx: mpsc::UnboundedReceiver<Pending<I, T>>,
-    (paced, handoff): (Paced, HandsOff<I>),
+    mut creates_rx: mpsc::UnboundedReceiver<Pending<NewTask, Enqueued>>,
+    mut acks_rx: mpsc::UnboundedReceiver<Pending<AckItem, AckOutcome>>,
+    (flow, shared): (Arc<super::flow::Flow>, Arc<SmShared>),
+    handoff: Handoff,
     max_items: usize,
     timeout: Duration,
-    make: fn(Vec<I>) -> Command,
-    take: fn(Response) -> Option<Vec<ItemResult<T>>>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT_ENTRIES));
-    let mut carry: Option<Pending<I, T>> = None;
+    let mut carry: Option<Pending<NewTask, Enqueued>> = None;
+    let mut ack_carry: Option<Pending<AckItem, AckOutcome>> = None;
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let first = match carry.take() {
-            Some(p) => p,
-            None => tokio::select! {
-                p = rx.recv() => match p {
-                    Some(p) => p,
+        if carry.is_none() && ack_carry.is_none() {
+            tokio::select! {
+                p = creates_rx.recv() => match p {
+                    Some(p) => carry = Some(p),
+                    None => return,
+                },
+                a = acks_rx.recv() => match a {
+                    Some(a) => ack_carry = Some(a),
                     None => return,
                 },
                 _ = shutdown.cancelled() => return,
-            },
-        };
+            }
+        }
+        if carry.is_none() {
+            carry = creates_rx.try_recv().ok();
+        }
+        if ack_carry.is_none() {
+            ack_carry = acks_rx.try_recv().ok();
+        }
+        // Producer flow control, on a leader only (a node that just lost leadership must not hold the enqueues
+        // it will forward). Without acks to propose, wait for room or for an ack; with acks, take what room
+        // there is now.
         let mut room = usize::MAX;
-        // Only a leader paces: a node that just lost leadership must not hold the enqueues it will forward.
-        if let Some((flow, shared)) = paced.as_ref().filter(|_| super::limits::is_leader(&raft)) {
-            match flow.take(shared, first.items.len(), first.since).await {
-                Ok(r) => room = r,
-                Err(()) => {
+        if let Some(first) = carry.as_ref().filter(|_| super::limits::is_leader(&raft)) {
+            let take = flow.take(&shared, first.items.len(), first.since);
+            let taken = if ack_carry.is_none() {
+                tokio::select! {
+                    r = take => Some(r),
+                    a = acks_rx.recv() => match a {
+                        Some(a) => {
+                            ack_carry = Some(a);
+                            None
+                        }
+                        None => return,
+                    }
+                }
+            } else {
+                futures::FutureExt::now_or_never(take)
+            };
+            room = match taken {
+                Some(Ok(r)) => r,
+                Some(Err(())) => {
+                    let first = carry.take().expect("a head");
                     let waited_ms = first.since.elapsed().as_millis() as u64;
                     let retry_after_ms = (flow.max_wait().as_millis() as u64 / 4).max(50);
                     let _ = first.reply.send(Err(ProposeError::Overloaded { waited_ms, retry_after_ms }));
-                    continue;
+                    0
                 }
-            }
+                None => 0,
+            };
         }
-        let limit = max_items.min(room);
-        let mut batch = vec![first];
-        let mut n = batch[0].items.len();
-        while n < limit {
-            match rx.try_recv() {
-                Ok(p) if n + p.items.len() <= limit => {
-                    n += p.items.len();
-                    batch.push(p);
+        let acks = match ack_carry.take() {
+            Some(first) => gather(first, &mut acks_rx, max_items, &mut ack_carry).0,
+            None => vec![],
+        };
+        let creates = match carry.take() {
+            Some(first) if room > 0 => {
+                let (batch, n) = gather(first, &mut creates_rx, max_items.min(room), &mut carry);
+                if room != usize::MAX {
+                    flow.give_back(room.saturating_sub(n));
                 }
-                Ok(p) => {
-                    carry = Some(p);
-                    break;
-                }
-                Err(_) => break,
+                batch
             }
-        }
-        if let (Some((flow, _)), true) = (&paced, room != usize::MAX) {
-            flow.give_back(room.saturating_sub(n));
+            other => {
+                carry = other;
+                vec![]
+            }
+        };
+        if acks.is_empty() && creates.is_empty() {
+            continue;
         }
         let raft = raft.clone();
         let handoff = handoff.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut sizes = Vec::with_capacity(batch.len());
-            let mut items = Vec::with_capacity(n);
-            let mut replies = Vec::with_capacity(batch.len());
-            for p in batch {
-                sizes.push(p.items.len());
-                items.extend(p.items);
-                replies.push(p.reply);
+            let (mut lead, mut answers) = (Vec::with_capacity(1), (None, None));
+            if !acks.is_empty() {
+                let (items, replies) = split(acks);
+                lead.push(Command::Ack(items));
+                answers.0 = Some(replies);
             }
-            // While workers wait on the dispatcher, it proposes the entry itself with their claims of its fresh
-            // tasks right behind (`dispatcher::Handoff`).
-            let fresh = handoff
+            let enqueue = (!creates.is_empty()).then(|| {
+                let (items, replies) = split(creates);
+                answers.1 = Some(replies);
+                items
+            });
+            // While workers wait on the dispatcher, it proposes the round itself with their claims of the
+            // enqueue's fresh tasks right behind (`dispatcher::Handoff`).
+            let fresh = enqueue
                 .as_ref()
-                .filter(|(h, _)| h.wanted())
-                .map(|(h, find)| (h, find(&items, wall_clock_ms())))
-                .filter(|(_, f)| !f.is_empty());
-            let written = match fresh {
-                Some((h, fresh)) => h.write(make(items), fresh).await,
-                None => write(&raft, make(items), timeout).await,
-            };
-            match written {
-                Ok(resp) => match take(resp) {
-                    Some(results) => {
-                        let mut it = results.into_iter();
-                        for (reply, size) in replies.into_iter().zip(sizes) {
-                            let _ = reply.send(Ok(it.by_ref().take(size).collect()));
-                        }
-                    }
-                    None => {
-                        for reply in replies {
-                            let _ = reply.send(Err(ProposeError::Storage("unexpected response".into())));
-                        }
-                    }
-                },
-                Err(e) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
+                .filter(|_| handoff.wanted())
+                .map(|items| fresh_tasks(items, wall_clock_ms()))
+                .filter(|f| !f.is_empty());
+            let mut outcomes = match (enqueue, fresh) {
+                (Some(items), Some(fresh)) => handoff.write(lead, Command::Enqueue(items), fresh).await,
+                (enqueue, _) => {
+                    lead.extend(enqueue.map(Command::Enqueue));
+                    write_many(&raft, lead, timeout).await
                 }
+            }
+            .into_iter();
+            let mut next = || outcomes.next().unwrap_or_else(|| Err(ProposeError::Unknown("no outcome".into())));
+            if let Some(a) = answers.0 {
+                a.answer(next(), |r| match r {
+                    Response::Acked(v) => Some(v),
+                    _ => None,
+                });
+            }
+            if let Some(c) = answers.1 {
+                c.answer(next(), |r| match r {
+                    Response::Enqueued(v) => Some(v),
+                    _ => None,
+                });
             }
         });
     }

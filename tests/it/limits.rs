@@ -519,3 +519,54 @@ async fn the_sdk_stream_waits_out_a_full_queue_and_gives_up_after_its_timeout() 
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert_eq!(pending(&mut c, "sq").await, 5);
 }
+
+/// Producer flow control holds enqueues on the leader, never acks. Enqueues and acks share the coalescer's rounds
+/// (both in one append when both are queued), so while the enqueues wait for room an ack goes alone; an ack held
+/// behind them would keep its worker's slot, and claims (which earn the room) would stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_is_answered_while_enqueues_wait_for_flow_control_room() {
+    use raftq::leader::flow::WINDOW;
+    let n = TestNode::start_with(|c| {
+        c.flow_backlog = 1;
+        c.flow_max_wait_ms = 30_000;
+        c.write_timeout_ms = 60_000;
+    })
+    .await;
+    let mut c = n.client().await;
+    c.enqueue_batch(batch("fq", 3)).await.expect("enqueue");
+    let claimed = claim_now(&mut c, "fq", 1).await;
+    assert_eq!(claimed.len(), 1);
+    // The workers' side says they wait behind a full claim pipeline (what the dispatcher measures), with two
+    // tasks ready over a backlog of one: enqueues are paced, and no claim comes to earn them room.
+    let flow = n.node().flow.clone();
+    let starving = tokio::spawn(async move {
+        loop {
+            flow.measured(WINDOW, WINDOW, tokio::time::Instant::now());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let mut producer = n.client().await;
+    let held = tokio::spawn(async move { producer.enqueue(enq("fq", "held")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!held.is_finished(), "the enqueue waits for room");
+
+    let acked = tokio::time::timeout(Duration::from_secs(10), c.ack(complete(&claimed[0])))
+        .await
+        .expect("the ack is not held behind the paced enqueue")
+        .expect("ack")
+        .into_inner();
+    assert_eq!(acked.state, pb::TaskState::Completed as i32);
+    assert!(!held.is_finished(), "the enqueue still waits");
+
+    // Once the workers' side is quiet again (its last measurement expires), the held enqueue goes in.
+    starving.abort();
+    let id = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("let in once pacing ends")
+        .expect("task")
+        .expect("enqueued")
+        .into_inner()
+        .task_id;
+    assert!(!id.is_empty());
+    assert_eq!(pending(&mut c, "fq").await, 3, "two left of the batch and the held one");
+}

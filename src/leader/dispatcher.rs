@@ -34,7 +34,9 @@ use tokio::time::Instant;
 use super::flow::{BlockedClock, Flow};
 use super::proposer::{not_leader, wall_clock_ms, write, write_many, ProposeError};
 use super::Leadership;
-use crate::queue::{ClaimItem, Command, FairClock, IdSet, QueueKey, RateBudget, RateCounts, Response, Task, TaskId};
+use crate::queue::{
+    ClaimItem, Command, FairClock, Picked, Promised, QueueKey, RateBudget, RateCounts, Response, Task, TaskId,
+};
 use crate::raft::control;
 use crate::storage::{Raft, SmShared};
 
@@ -53,7 +55,7 @@ pub struct Fresh {
     pub priority: u8,
     /// Its concurrency (fairness) key and the limit it carries, if any: handed out only while the key has
     /// room for it and for every claim in flight (`keyed_with_room`).
-    pub key: Option<(String, u32)>,
+    pub key: Option<(Arc<str>, u32)>,
 }
 
 /// A round the coalescer leaves to the dispatcher: the commands that go ahead of the enqueue (its acks), the
@@ -212,7 +214,7 @@ impl Dispatcher {
             max_items,
             write_timeout,
             parked: VecDeque::new(),
-            reserved: IdSet::default(),
+            reserved: Promised::default(),
             promised: HashMap::new(),
             promised_tokens: RateCounts::default(),
             rate_wake: None,
@@ -281,7 +283,8 @@ struct Dispatch {
     max_items: usize,
     write_timeout: Duration,
     parked: VecDeque<ClaimRequest>,
-    reserved: IdSet,
+    /// Tasks in claim entries not yet answered (with the concurrency keys whose slots they hold).
+    reserved: Promised,
     /// Tasks of capped queues (`leader::limits`) in claims in flight, per queue: they count against the cap
     /// until their claim is answered (by then apply counts them as running).
     promised: HashMap<QueueKey, u64>,
@@ -549,7 +552,7 @@ impl Dispatch {
     fn hand_off(&mut self, mut joint: Joint, done_tx: &mpsc::UnboundedSender<Done>) {
         let given = if self.in_flight < MAX_IN_FLIGHT && self.hand_off_allowed() {
             self.parked.retain(|p| !p.reply.is_closed());
-            let fresh = keyed_with_room(&self.shared, std::mem::take(&mut joint.fresh), self.reserved.len() as u64);
+            let fresh = keyed_with_room(&self.shared, std::mem::take(&mut joint.fresh), &self.reserved);
             hand_out(&self.parked, fresh, &self.reserved, self.max_items)
         } else {
             vec![]
@@ -641,15 +644,16 @@ impl Dispatch {
 
 /// Adds a request's claims of `ids` to an entry being built, and reserves the tasks.
 fn take(
-    reserved: &mut IdSet,
+    reserved: &mut Promised,
     req: ClaimRequest,
-    ids: Vec<TaskId>,
+    picked: Vec<Picked>,
     items: &mut Vec<ClaimItem>,
     groups: &mut Vec<(ClaimRequest, std::ops::Range<usize>)>,
 ) {
     let start = items.len();
-    for id in ids {
-        reserved.insert(id);
+    for p in picked {
+        let id = p.id;
+        reserved.insert(&req.tenant, p);
         items.push(ClaimItem {
             task_id: id,
             tenant: req.tenant.clone(),
@@ -661,20 +665,19 @@ fn take(
 }
 
 /// The fresh tasks a hand-off may claim: every one without a concurrency key, and those of a key whose free
-/// slots in the applied state cover all of the entry's tasks of that key and every task promised to a claim in
-/// flight (`in_flight`, all the reserved tasks: more than the key's own share, so nothing is looked up per
-/// reserved task). A key with fewer slots left goes through the regular pick, which counts its promises exactly;
-/// apply checks each claim against its key's limit in any case. Parked Readys mean their queues had nothing
+/// slots in the applied state cover all of the entry's tasks of that key and the key's tasks promised to claims
+/// in flight. A key with fewer slots left goes through the regular pick, which takes what room there is; apply
+/// checks each claim against its key's limit in any case. Parked Readys mean their queues had nothing
 /// claimable, so the tasks handed out are served at once, the keys taking turns (`hand_out`); what the Readys
 /// cannot take is picked fairly once the entry applies.
-fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<Fresh> {
+fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, reserved: &Promised) -> Vec<Fresh> {
     if fresh.iter().all(|f| f.key.is_none()) {
         return fresh;
     }
     let mut per_key: HashMap<(&str, &str), u64> = HashMap::new();
     for f in &fresh {
         if let Some((key, _)) = &f.key {
-            *per_key.entry((f.tenant.as_str(), key.as_str())).or_default() += 1;
+            *per_key.entry((f.tenant.as_str(), key)).or_default() += 1;
         }
     }
     let keep: Vec<bool> = fresh
@@ -682,8 +685,9 @@ fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<
         .map(|f| match &f.key {
             None => true,
             Some((key, own)) => {
-                let wanted = per_key.get(&(f.tenant.as_str(), key.as_str())).copied().unwrap_or(0);
-                shared.key_room(f.id, &f.tenant, key, *own) >= wanted + in_flight
+                let wanted = per_key.get(&(f.tenant.as_str(), &**key)).copied().unwrap_or(0);
+                let promised = u64::from(reserved.of_key(&f.tenant, key));
+                shared.key_room(f.id, &f.tenant, key, *own) >= wanted + promised
             }
         })
         .collect();
@@ -697,9 +701,9 @@ fn keyed_with_room(shared: &SmShared, fresh: Vec<Fresh>, in_flight: u64) -> Vec<
 fn hand_out(
     parked: &VecDeque<ClaimRequest>,
     fresh: Vec<Fresh>,
-    reserved: &IdSet,
+    reserved: &Promised,
     max_items: usize,
-) -> Vec<(usize, Vec<TaskId>)> {
+) -> Vec<(usize, Vec<Picked>)> {
     // Within a priority the concurrency keys take turns: the first task of each key (in the entry's order), then
     // the second of each, and so on; each key's own tasks, and an entry without keys, keep the entry's order.
     // Without any key the turns are the entry's order, so a stable sort by priority alone gives the same lists.
@@ -707,7 +711,7 @@ fn hand_out(
         let mut seen: HashMap<(&str, &str, Option<&str>, u8), usize> = HashMap::new();
         let mut turns = Vec::with_capacity(fresh.len());
         for f in &fresh {
-            let n = seen.entry((&f.tenant, &f.queue, f.key.as_ref().map(|k| k.0.as_str()), f.priority)).or_default();
+            let n = seen.entry((&f.tenant, &f.queue, f.key.as_ref().map(|k| &*k.0), f.priority)).or_default();
             *n += 1;
             turns.push(*n);
         }
@@ -719,13 +723,13 @@ fn hand_out(
     order.sort_by_key(|(turn, f)| (std::cmp::Reverse(f.priority), *turn));
     // Per (tenant, queue): its fresh tasks, best first.
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut lists: Vec<VecDeque<(TaskId, u8)>> = Vec::new();
+    let mut lists: Vec<VecDeque<(Picked, u8)>> = Vec::new();
     for f in order.iter().map(|(_, f)| f).filter(|f| !reserved.contains(&f.id)) {
         let at = *index.entry((f.tenant.as_str(), f.queue.as_str())).or_insert_with(|| {
             lists.push(VecDeque::new());
             lists.len() - 1
         });
-        lists[at].push_back((f.id, f.priority));
+        lists[at].push_back((Picked { id: f.id, key: f.key.as_ref().map(|k| k.0.clone()) }, f.priority));
     }
     let mut left: usize = lists.iter().map(VecDeque::len).sum();
     let mut given = Vec::new();
@@ -764,7 +768,7 @@ fn hand_out(
 #[allow(clippy::too_many_arguments)]
 fn pick_capped(
     shared: &SmShared,
-    reserved: &IdSet,
+    reserved: &Promised,
     promised: &mut HashMap<QueueKey, u64>,
     fair: &mut FairClock,
     p: &ClaimRequest,
@@ -772,7 +776,7 @@ fn pick_capped(
     caught_up: bool,
     capped: &mut HashMap<QueueKey, u64>,
     budget: Option<&RateBudget<'_>>,
-) -> Vec<TaskId> {
+) -> Vec<Picked> {
     let rooms: Vec<Option<u64>> = p
         .queues
         .iter()
@@ -827,6 +831,11 @@ async fn sleep_until(deadline: Option<Instant>) {
 mod tests {
     use super::*;
 
+    /// A hand-out's takers with the ids of their tasks.
+    fn ids(given: Vec<(usize, Vec<Picked>)>) -> Vec<(usize, Vec<TaskId>)> {
+        given.into_iter().map(|(i, picked)| (i, picked.into_iter().map(|p| p.id).collect())).collect()
+    }
+
     fn id(n: u64) -> TaskId {
         TaskId::new(1_000, 0, n)
     }
@@ -878,7 +887,7 @@ mod tests {
             fresh(5, "t", "b", 9),
             fresh(6, "u", "a", 0),
         ];
-        let given = hand_out(&parked, new, &IdSet::default(), 100);
+        let given = ids(hand_out(&parked, new, &Promised::default(), 100));
         // The first Ready: a's two priority-5 tasks in the entry's order. The other tenant's Ready: its own task.
         // The third: b's 9, then the 5s (b named first wins the tie), then a's 0. Queue c has nothing.
         assert_eq!(given, vec![(0, vec![id(2), id(4)]), (1, vec![id(6)]), (2, vec![id(5), id(3), id(1)])]);
@@ -888,11 +897,12 @@ mod tests {
     fn a_hand_out_stops_at_max_items_and_passes_over_reserved_tasks() {
         let parked: VecDeque<ClaimRequest> = [ready("t", &["a"], 3), ready("t", &["a"], 3)].into();
         let new = (1..=6).map(|n| fresh(n, "t", "a", 0)).collect();
-        let reserved: IdSet = [id(2)].into_iter().collect();
-        let given = hand_out(&parked, new, &reserved, 4);
+        let mut reserved = Promised::default();
+        reserved.insert(&Arc::from("t"), Picked::plain(id(2)));
+        let given = ids(hand_out(&parked, new, &reserved, 4));
         assert_eq!(given, vec![(0, vec![id(1), id(3), id(4)]), (1, vec![id(5)])]);
         // Nothing fresh for the Readys' queues: nobody takes anything.
-        assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &IdSet::default(), 4).is_empty());
+        assert!(hand_out(&parked, vec![fresh(9, "t", "z", 0)], &Promised::default(), 4).is_empty());
     }
 
     #[test]
@@ -909,7 +919,11 @@ mod tests {
             keyed(7, "z", 5),
         ];
         let parked: VecDeque<ClaimRequest> = [ready("t", &["a"], 4), ready("t", &["a"], 2)].into();
-        let given = hand_out(&parked, new, &IdSet::default(), 100);
+        let given = hand_out(&parked, new, &Promised::default(), 100);
+        // Each handed-out task carries its key, whose slot its claim holds until answered.
+        let keys: Vec<Option<&str>> = given[0].1.iter().map(|p| p.key.as_deref()).collect();
+        assert_eq!(keys, vec![Some("z"), Some("x"), Some("y"), None]);
+        let given = ids(given);
         // The priority-5 task first; then the first task of x, of y and the unkeyed one; then the second of x and
         // of y. What the Readys cannot take (x's third) waits for the fair pick.
         assert_eq!(given, vec![(0, vec![id(7), id(1), id(4), id(6)]), (1, vec![id(2), id(5)])]);

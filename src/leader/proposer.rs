@@ -97,7 +97,7 @@ fn fresh_tasks(items: &[NewTask], now: TimeMs) -> Vec<Fresh> {
             tenant: t.tenant.clone(),
             queue: t.queue.clone(),
             priority: t.priority,
-            key: t.concurrency.as_ref().map(|c| (c.key.clone(), c.limit)),
+            key: t.concurrency.as_ref().map(|c| (Arc::from(c.key.as_str()), c.limit)),
         })
         .collect()
 }

@@ -21,7 +21,6 @@
 //! of the queue plus the keys passed over (blocked by their limit, or with every ready task promised to a claim
 //! in flight), never in the number of tasks.
 
-use std::cell::OnceCell;
 use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -72,6 +71,77 @@ enum KeyHead {
     Ready(ReadyKey),
 }
 
+/// Tasks promised to claims in flight. The leader's dispatcher reserves each task it puts in a claim entry
+/// until that entry's answer comes back: every pick passes over them, and a keyed one holds a slot of its
+/// concurrency key (counted with the key's running tasks) until then. Once the claim applies, the task is also
+/// running until the answer reaches the dispatcher: a slot counted twice for that moment, never one too few.
+#[derive(Debug, Default)]
+pub struct Promised {
+    /// Each reserved task, with its tenant and concurrency key if it has one.
+    ids: IdMap<Option<(Arc<str>, Arc<str>)>>,
+    /// Reserved tasks per tenant and concurrency key.
+    per_key: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+}
+
+impl Promised {
+    /// Reserves a task picked for `tenant` (a second reservation of the same task changes nothing).
+    pub fn insert(&mut self, tenant: &Arc<str>, picked: Picked) {
+        if self.ids.contains_key(&picked.id) {
+            return;
+        }
+        if let Some(key) = &picked.key {
+            *self.per_key.entry(tenant.clone()).or_default().entry(key.clone()).or_default() += 1;
+        }
+        self.ids.insert(picked.id, picked.key.map(|k| (tenant.clone(), k)));
+    }
+
+    /// Releases a task's reservation, if it has one.
+    pub fn remove(&mut self, id: &TaskId) {
+        let Some(Some((tenant, key))) = self.ids.remove(id) else { return };
+        let Some(keys) = self.per_key.get_mut(&tenant) else { return };
+        if let Some(n) = keys.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                keys.remove(&key);
+            }
+        }
+        if keys.is_empty() {
+            self.per_key.remove(&tenant);
+        }
+    }
+
+    pub fn contains(&self, id: &TaskId) -> bool {
+        self.ids.contains_key(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Reserved tasks of a tenant's concurrency key.
+    pub fn of_key(&self, tenant: &str, key: &str) -> u32 {
+        self.per_key.get(tenant).and_then(|k| k.get(key)).copied().unwrap_or(0)
+    }
+}
+
+/// A task a pick chose, with its concurrency key if it has one (whose slot its promise holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    pub id: TaskId,
+    pub key: Option<Arc<str>>,
+}
+
+impl Picked {
+    /// A task without a concurrency key.
+    pub fn plain(id: TaskId) -> Picked {
+        Picked { id, key: None }
+    }
+}
+
 impl FairClock {
     /// Forgets every pass (a new term: fairness starts over).
     pub fn reset(&mut self) {
@@ -97,9 +167,9 @@ pub fn pick_ready(
     tenant: &str,
     queues: &[String],
     count: usize,
-    skip: &IdSet,
+    skip: &Promised,
     budget: Option<&RateBudget<'_>>,
-) -> Vec<TaskId> {
+) -> Vec<Picked> {
     let mut qks: Vec<QueueKey> = Vec::new();
     for q in queues {
         let qk = QueueKey::new(tenant, q);
@@ -152,7 +222,7 @@ pub fn pick_ready(
             b.take(pick.rates_of(i), &qks[i], &key);
         }
         clocks[i].charge(&key, weight(shards, &qks[i], &key));
-        out.push(rk.2);
+        out.push(Picked { id: rk.2, key: (!key.is_empty()).then_some(key) });
     }
     drop(pick);
     // A queue with no active key keeps no state: its next pick starts it afresh, as it would anyway.
@@ -167,7 +237,7 @@ pub fn pick_ready(
 /// The pick of a queue whose ready tasks all lack a fairness key (the common case), or `None` if any has one:
 /// the best `count` tasks across shards in claim order (priority, then FIFO), skipping `skip`. Same result as
 /// the fair pick with one key, without its per-task bookkeeping.
-fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &IdSet) -> Option<Vec<TaskId>> {
+fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &Promised) -> Option<Vec<Picked>> {
     let mut heads = Vec::new();
     for shard in shards {
         let Some(keyed) = shard.idx.by_key.get(qk) else { continue };
@@ -189,7 +259,7 @@ fn pick_unkeyed(shards: &[ShardCore], qk: &QueueKey, count: usize, skip: &IdSet)
         }
         let Some((i, rk)) = best else { break };
         heads[i].next();
-        out.push(rk.2);
+        out.push(Picked::plain(rk.2));
     }
     Some(out)
 }
@@ -289,17 +359,16 @@ fn is_active(shards: &[ShardCore], qk: &QueueKey, key: &str) -> bool {
     shards.iter().any(|s| s.idx.by_key.get(qk).is_some_and(|k| k.keys.contains_key(key)))
 }
 
-/// One pick's transients: the shards' ready tasks of each queue of the request (looked up once), the keyed tasks
-/// promised to claims in flight (per concurrency key, which spans the tenant's queues; counted only when a
-/// limit could bind), those taken by this pick, and where each (queue, key) got to.
+/// One pick's transients: the shards' ready tasks of each queue of the request (looked up once), the tasks
+/// promised to claims in flight (passed over; the keyed ones counted per concurrency key, which spans the
+/// tenant's queues), those taken by this pick, and where each (queue, key) got to.
 struct Pick<'a> {
     shards: &'a [ShardCore],
     tenant: &'a str,
-    skip: &'a IdSet,
+    skip: &'a Promised,
     /// Per queue of the request (by position): (shard, its ready tasks of the queue) for each shard holding any.
     queues: Vec<Vec<(usize, &'a KeyedReady)>>,
     qks: &'a [QueueKey],
-    promised: OnceCell<HashMap<&'a str, u32>>,
     taken: HashMap<Arc<str>, u32>,
     cursor: Vec<HashMap<Arc<str>, ReadyKey>>,
     /// The token budget of the pass and the buckets of each queue (by position; empty without a budget).
@@ -308,51 +377,18 @@ struct Pick<'a> {
 }
 
 impl<'a> Pick<'a> {
-    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a IdSet, qks: &'a [QueueKey]) -> Self {
+    fn new(shards: &'a [ShardCore], tenant: &'a str, skip: &'a Promised, qks: &'a [QueueKey]) -> Self {
         let queues: Vec<Vec<(usize, &KeyedReady)>> = qks
             .iter()
             .map(|qk| shards.iter().enumerate().filter_map(|(s, sh)| sh.idx.by_key.get(qk).map(|k| (s, k))).collect())
             .collect();
         let cursor = vec![HashMap::new(); qks.len()];
-        Pick {
-            shards,
-            tenant,
-            skip,
-            queues,
-            qks,
-            promised: OnceCell::new(),
-            taken: HashMap::new(),
-            cursor,
-            budget: None,
-            rates: &[],
-        }
+        Pick { shards, tenant, skip, queues, qks, taken: HashMap::new(), cursor, budget: None, rates: &[] }
     }
 
     /// The token buckets of the pick's queue `qi`, if it has any and the pick has a budget.
     fn rates_of(&self, qi: usize) -> Option<&'a QueueRates> {
         self.rates.get(qi).copied().flatten()
-    }
-
-    /// Keyed tasks promised to claims in flight, per concurrency key (computed on first use).
-    fn promised(&self, key: &str) -> u32 {
-        let promised = self.promised.get_or_init(|| {
-            let mut promised: HashMap<&'a str, u32> = HashMap::new();
-            for shard in self.shards {
-                // Walk the smaller of the two sets.
-                let pending = &shard.idx.pending_keys;
-                if pending.len() <= self.skip.len() {
-                    for (_, ck) in pending.iter().filter(|(id, _)| self.skip.contains(*id)) {
-                        *promised.entry(ck.key.as_str()).or_default() += 1;
-                    }
-                } else {
-                    for ck in self.skip.iter().filter_map(|id| pending.get(id)) {
-                        *promised.entry(ck.key.as_str()).or_default() += 1;
-                    }
-                }
-            }
-            promised
-        });
-        promised.get(key).copied().unwrap_or(0)
     }
 
     /// The best task a key can give now: its first ready task (priority, FIFO, across shards) after those this
@@ -396,15 +432,11 @@ impl<'a> Pick<'a> {
     }
 
     /// Whether a concurrency key's slots are all in use: running (in shard `s`, where every task of the key
-    /// lives), promised to claims in flight, taken by this pick. The promises are counted only when the others
-    /// and every claim in flight together could reach the limit.
+    /// lives), promised to claims in flight, taken by this pick.
     fn full(&self, s: usize, key: &str, limit: u32) -> bool {
         let running = self.shards[s].running_with_key(self.tenant, key);
-        let used = running.saturating_add(self.taken.get(key).copied().unwrap_or(0));
-        if used.saturating_add(u32::try_from(self.skip.len()).unwrap_or(u32::MAX)) < limit {
-            return false;
-        }
-        used.saturating_add(self.promised(key)) >= limit
+        let taken = self.taken.get(key).copied().unwrap_or(0);
+        running.saturating_add(taken).saturating_add(self.skip.of_key(self.tenant, key)) >= limit
     }
 
     fn take(&mut self, qi: usize, key: &Arc<str>, rk: ReadyKey) {

@@ -29,8 +29,8 @@ pub const THROUGHPUT_WINDOW_S: u64 = 15 * 60;
 /// The derived indexes of one shard.
 #[derive(Debug, Default)]
 pub struct ShardIndex {
-    /// Pending tasks not yet visible, by visible time: (queue, priority, seq) to move them to `ready`.
-    pub(super) delayed: BTreeMap<(TimeMs, TaskId), (QueueKey, u8, u64)>,
+    /// Pending tasks not yet visible, by visible time: what moving them to the ready index takes.
+    pub(super) delayed: BTreeMap<(TimeMs, TaskId), Delayed>,
     /// Running tasks by lease deadline.
     pub(super) leases: BTreeSet<(TimeMs, TaskId)>,
     /// Ended tasks (completed, failed, cancelled) by retention deadline.
@@ -65,8 +65,6 @@ pub struct ShardIndex {
     /// Running tasks per tenant and concurrency key of this shard (nested, so a lookup by `&str` allocates
     /// nothing).
     pub(super) running_keys: HashMap<String, HashMap<String, u32>>,
-    /// The concurrency key of each pending (ready or delayed) task that has one.
-    pub(super) pending_keys: HashMap<TaskId, ConcurrencyKey>,
     /// Operators' overrides of concurrency keys' limits, per tenant and key (every shard holds them all), and
     /// their expiries in time order, so the sweep of each entry finds the overrides that ran out.
     pub(super) key_limits: HashMap<String, HashMap<String, KeyLimit>>,
@@ -79,6 +77,16 @@ pub struct ShardIndex {
     /// Completions per queue by second of `ended_at` over the last `THROUGHPUT_WINDOW_S`: (tasks, summed run ms).
     /// For the capacity view; derived from completed records, so a rebuild finds the same figures.
     pub(super) done: HashMap<QueueKey, BTreeMap<u64, (u64, u64)>>,
+}
+
+/// A delayed task's place in the ready index once it is visible: its queue, priority, sequence and concurrency
+/// key. (A ready task's key is where it sits in `by_key`; no map of keys by task is kept.)
+#[derive(Debug)]
+pub struct Delayed {
+    pub(super) qk: QueueKey,
+    pub(super) priority: u8,
+    pub(super) seq: u64,
+    pub(super) key: Option<ConcurrencyKey>,
 }
 
 /// The ready tasks of one queue split by fairness key (the concurrency key; "" for tasks without one).
@@ -176,31 +184,25 @@ impl ShardIndex {
         if let (Some(d), false) = (t.deadline, t.state.is_terminal()) {
             self.deadlines.insert((d, t.id));
         }
-        if let Some(ck) = &t.concurrency {
-            match t.state {
-                TaskState::InProgress => {
-                    // Allocate the names only when the tenant or key is new here (this runs for every claim).
-                    if !self.running_keys.contains_key(&t.tenant) {
-                        self.running_keys.insert(t.tenant.clone(), HashMap::new());
-                    }
-                    let keys = self.running_keys.get_mut(&t.tenant).expect("inserted above");
-                    match keys.get_mut(&ck.key) {
-                        Some(n) => *n += 1,
-                        None => {
-                            keys.insert(ck.key.clone(), 1);
-                        }
-                    }
+        if let (Some(ck), TaskState::InProgress) = (&t.concurrency, t.state) {
+            // Allocate the names only when the tenant or key is new here (this runs for every claim).
+            if !self.running_keys.contains_key(&t.tenant) {
+                self.running_keys.insert(t.tenant.clone(), HashMap::new());
+            }
+            let keys = self.running_keys.get_mut(&t.tenant).expect("inserted above");
+            match keys.get_mut(&ck.key) {
+                Some(n) => *n += 1,
+                None => {
+                    keys.insert(ck.key.clone(), 1);
                 }
-                TaskState::Pending => {
-                    self.pending_keys.insert(t.id, ck.clone());
-                }
-                _ => {}
             }
         }
         *self.counts_of(t).slot(t.state, delayed) += 1;
         match t.state {
             TaskState::Pending if delayed => {
-                self.delayed.insert((t.visible_at, t.id), (QueueKey::of(t), t.priority, t.seq));
+                let entry =
+                    Delayed { qk: QueueKey::of(t), priority: t.priority, seq: t.seq, key: t.concurrency.clone() };
+                self.delayed.insert((t.visible_at, t.id), entry);
             }
             TaskState::Pending => {
                 let key = fairness_key(t.concurrency.as_ref());
@@ -256,25 +258,17 @@ impl ShardIndex {
         if let Some(d) = t.deadline {
             self.deadlines.remove(&(d, t.id));
         }
-        if let Some(ck) = &t.concurrency {
-            match t.state {
-                TaskState::InProgress => {
-                    if let Some(keys) = self.running_keys.get_mut(&t.tenant) {
-                        if let Some(n) = keys.get_mut(&ck.key) {
-                            *n = n.saturating_sub(1);
-                            if *n == 0 {
-                                keys.remove(&ck.key);
-                            }
-                        }
-                        if keys.is_empty() {
-                            self.running_keys.remove(&t.tenant);
-                        }
+        if let (Some(ck), TaskState::InProgress) = (&t.concurrency, t.state) {
+            if let Some(keys) = self.running_keys.get_mut(&t.tenant) {
+                if let Some(n) = keys.get_mut(&ck.key) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        keys.remove(&ck.key);
                     }
                 }
-                TaskState::Pending => {
-                    self.pending_keys.remove(&t.id);
+                if keys.is_empty() {
+                    self.running_keys.remove(&t.tenant);
                 }
-                _ => {}
             }
         }
         if let Some(c) = self.counts.get_mut(qk) {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::apply::{ApplyContext, Effects};
-use super::fair::{pick_ready, FairClock};
+use super::fair::{pick_ready, FairClock, Promised};
 use super::shard::ShardCore;
 use super::store::TaskStore;
 use super::types::*;
@@ -173,7 +173,8 @@ impl MemMachine {
 
     /// The leader's pick, charging `clock` as the leader's dispatcher does across picks.
     pub fn pick_with(&self, clock: &mut FairClock, tenant: &str, queues: &[String], count: usize) -> Vec<TaskId> {
-        pick_ready(&self.shards, clock, tenant, queues, count, &IdSet::default(), None)
+        let picked = pick_ready(&self.shards, clock, tenant, queues, count, &Promised::default(), None);
+        picked.into_iter().map(|p| p.id).collect()
     }
 
     /// Rebuilds every shard's indexes from its records, as a restart does.

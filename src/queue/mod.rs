@@ -31,7 +31,7 @@ pub mod types;
 mod tests;
 
 pub use apply::{ApplyContext, Effects, EventCounts, PartialResponse, RevokedLease};
-pub use fair::{pick_ready, FairClock};
+pub use fair::{pick_ready, FairClock, Picked, Promised};
 pub use index::{fairness_key, IndexSizes, ReadyKey, StateCounts, THROUGHPUT_WINDOW_S};
 pub use mem::{MemMachine, MemStore};
 pub use queries::Throughput;

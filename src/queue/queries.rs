@@ -58,9 +58,11 @@ impl ShardCore {
             .filter_map(|(_, keyed)| keyed.keys.get(key))
             .map(|(_, set)| set.len())
             .sum();
-        let delayed = self.idx.delayed.iter().filter(|((_, id), (qk, _, _))| {
-            qk.tenant == tenant && self.idx.pending_keys.get(id).is_some_and(|ck| ck.key == key)
-        });
+        let delayed = self
+            .idx
+            .delayed
+            .values()
+            .filter(|d| d.qk.tenant == tenant && d.key.as_ref().is_some_and(|ck| ck.key == key));
         (ready + delayed.count()) as u64
     }
 

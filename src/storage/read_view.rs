@@ -108,9 +108,9 @@ impl SmShared {
         tenant: &str,
         queues: &[String],
         count: usize,
-        skip: &queue::IdSet,
+        skip: &queue::Promised,
         budget: Option<&queue::RateBudget<'_>>,
-    ) -> Vec<TaskId> {
+    ) -> Vec<queue::Picked> {
         queue::pick_ready(&self.read().cores, clock, tenant, queues, count, skip, budget)
     }
 

@@ -32,15 +32,14 @@ impl ShardCore {
             if entry.key().0 > cx.now {
                 break;
             }
-            let ((_, id), (qk, prio, seq)) = entry.remove_entry();
-            if let Some(c) = idx.counts.get_mut(&qk) {
+            let ((_, id), d) = entry.remove_entry();
+            if let Some(c) = idx.counts.get_mut(&d.qk) {
                 c.delayed = c.delayed.saturating_sub(1);
                 c.pending += 1;
             }
-            let ck = idx.pending_keys.get(&id);
-            let (key, limit) = (fairness_key(ck).to_string(), ck.map_or(0, |c| c.limit));
-            cx.fx.ready.insert(qk.clone());
-            idx.ready_insert(&qk, &key, (Reverse(prio), seq, id), limit);
+            let limit = d.key.as_ref().map_or(0, |c| c.limit);
+            idx.ready_insert(&d.qk, fairness_key(d.key.as_ref()), (Reverse(d.priority), d.seq, id), limit);
+            cx.fx.ready.insert(d.qk);
         }
     }
 

@@ -174,3 +174,25 @@ fn weights_are_replicated_to_every_shard_survive_a_rebuild_and_1_removes_them() 
     assert_eq!(h.m.shards[0].fairness_weight(&qk, "z"), fair::MAX_WEIGHT);
     assert_eq!(cmd(2).required_version(), 2, "needs cluster version 2");
 }
+
+#[test]
+fn promises_count_per_tenant_and_key_once_per_task_until_released() {
+    let (t, u): (Arc<str>, Arc<str>) = (Arc::from("t"), Arc::from("u"));
+    let id = |n| TaskId::new(1, 0, n);
+    let mut p = Promised::default();
+    p.insert(&t, Picked { id: id(1), key: Some("k".into()) });
+    p.insert(&t, Picked { id: id(1), key: Some("k".into()) });
+    p.insert(&t, Picked { id: id(2), key: Some("k".into()) });
+    p.insert(&u, Picked { id: id(3), key: Some("k".into()) });
+    p.insert(&t, Picked::plain(id(4)));
+    assert_eq!((p.len(), p.of_key("t", "k"), p.of_key("u", "k"), p.of_key("t", "")), (4, 2, 1, 0));
+    assert!(p.contains(&id(4)) && !p.contains(&id(5)));
+    p.remove(&id(1));
+    p.remove(&id(1));
+    p.remove(&id(4));
+    assert_eq!((p.len(), p.of_key("t", "k"), p.of_key("u", "k")), (2, 1, 1));
+    p.remove(&id(2));
+    p.remove(&id(3));
+    assert!(p.is_empty());
+    assert_eq!((p.of_key("t", "k"), p.of_key("u", "k")), (0, 0));
+}

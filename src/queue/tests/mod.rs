@@ -167,8 +167,12 @@ fn assert_indexes_match_records(m: &MemMachine) {
         for ((tenant, key), n) in &running {
             assert_eq!(core.running_with_key(tenant, key), *n, "shard {i}: running_with_key({tenant}, {key})");
         }
-        let indexed: BTreeMap<TaskId, String> =
-            core.idx.pending_keys.iter().map(|(id, ck)| (*id, ck.key.clone())).collect();
+        // A ready task's key is the set of `by_key` it sits in; a delayed one's is in its `delayed` entry.
+        let ready = core.idx.by_key.values().flat_map(|keyed| keyed.keys.iter());
+        let ready =
+            ready.filter(|(key, _)| !key.is_empty()).flat_map(|(key, (_, set))| set.keys().map(move |rk| (rk.2, key)));
+        let delayed = core.idx.delayed.iter().filter_map(|((_, id), d)| Some((*id, &d.key.as_ref()?.key)));
+        let indexed: BTreeMap<TaskId, String> = ready.chain(delayed).map(|(id, key)| (id, key.clone())).collect();
         assert_eq!(indexed, pending_keys, "shard {i}: pending tasks' concurrency keys disagree with the records");
         // Key limit overrides: the index holds exactly the records, each expiry once, none already run out.
         let indexed: BTreeMap<(String, String), KeyLimit> = core

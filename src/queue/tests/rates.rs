@@ -38,7 +38,8 @@ fn bucket(h: &Harness, key: Option<&str>) -> Option<RateBucket> {
 fn pass(h: &mut Harness, clock: &mut FairClock, count: usize) -> Vec<String> {
     let none = RateCounts::default();
     let budget = RateBudget::new(h.time, true, &none);
-    let ids = pick_ready(&h.m.shards, clock, A, &queues(&[Q]), count, &IdSet::default(), Some(&budget));
+    let picked = pick_ready(&h.m.shards, clock, A, &queues(&[Q]), count, &Promised::default(), Some(&budget));
+    let ids: Vec<TaskId> = picked.into_iter().map(|p| p.id).collect();
     let (taken, _, _) = budget.finish();
     let items: Vec<ClaimItem> = ids
         .iter()

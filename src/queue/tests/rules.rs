@@ -849,8 +849,15 @@ fn a_blocked_concurrency_key_never_delays_other_keys_or_queues() {
     h.ack(a[0], A, token(&first[0].clone().expect("claimed")), complete()).expect("completed");
     assert_eq!(h.pick(A, &[Q], 10), vec![plain, a[1], b]);
     // Promised to a claim in flight counts as running for the key.
-    let skip: IdSet = [a[1]].into_iter().collect();
-    assert_eq!(pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &skip, None), vec![plain, b]);
+    let mut skip = Promised::default();
+    skip.insert(&Arc::from(A), Picked { id: a[1], key: Some("a".into()) });
+    let picked = pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &skip, None);
+    assert_eq!(picked, vec![Picked::plain(plain), Picked { id: b, key: Some("b".into()) }]);
+    // A task of another tenant's key "a" holds no slot of this tenant's "a".
+    let mut other = Promised::default();
+    other.insert(&Arc::from("another tenant"), Picked { id: a[2], key: Some("a".into()) });
+    let picked = pick_ready(&h.m.shards, &mut FairClock::default(), A, &queues(&[Q]), 10, &other, None);
+    assert_eq!(picked.iter().map(|p| p.id).collect::<Vec<_>>(), vec![plain, a[1], b]);
 }
 
 #[test]

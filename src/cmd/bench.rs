@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// A running cap on the bench's queue (0: none).
     #[arg(long, default_value_t = 0)]
     pub max_running: u32,
+    /// cycle: put each task under one of this many concurrency keys, round robin per producer, with a limit no
+    /// key reaches (0: no keys). What keyed tasks and the fair pick across keys cost.
+    #[arg(long, default_value_t = 0)]
+    pub keys: usize,
     /// fairness: how long a worker slot works on each task (each slot takes one task at a time), which sets the
     /// workers' capacity to workers x slots x 1000 / work-ms tasks/s.
     #[arg(long, default_value_t = 20)]
@@ -286,6 +290,9 @@ pub(super) struct WorkerSpec {
 pub(super) const UNLIMITED: u32 = 1_000_000;
 
 pub async fn run(a: BenchArgs) -> Result<()> {
+    if a.keys > 0 && a.workload != Workload::Cycle {
+        bail!("--keys applies to --workload cycle only (the fairness workload sets its own keys)");
+    }
     if a.workload == Workload::Fairness {
         return super::bench_fairness::run(a).await;
     }
@@ -308,7 +315,8 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         if a.workload == Workload::Enqueue {
             jobs.spawn(unary_producer(ch, queue, a.batch, per_producer_rate, payload_len, stats, stop));
         } else {
-            let (batch, inflight, rate, keys) = (a.batch.max(1), a.inflight.max(1), per_producer_rate, vec![]);
+            let keys: Vec<String> = (0..a.keys).map(|i| format!("key-{i}")).collect();
+            let (batch, inflight, rate) = (a.batch.max(1), a.inflight.max(1), per_producer_rate);
             jobs.spawn(stream_producer(
                 ch,
                 ProducerSpec { queue, batch, inflight, rate, payload_len, keys },
@@ -371,6 +379,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         "enqueue_errors": stats.enqueue_errors.load(Ordering::Relaxed),
         "max_depth": a.max_depth,
         "max_running": a.max_running,
+        "keys": a.keys,
         "refused": stats.refused.load(Ordering::Relaxed),
         "enqueued_per_s": enqueued as f64 / secs,
         "claimed": stats.claimed.load(Ordering::Relaxed),
@@ -391,6 +400,9 @@ pub async fn run(a: BenchArgs) -> Result<()> {
         println!("seconds             {secs:.2}");
         println!("enqueued            {enqueued} ({:.0}/s)", enqueued as f64 / secs);
         println!("enqueue errors      {}", stats.enqueue_errors.load(Ordering::Relaxed));
+        if a.keys > 0 {
+            println!("concurrency keys    {}", a.keys);
+        }
         if a.max_depth > 0 || a.max_running > 0 {
             println!("limits              max_depth {} max_running {}", a.max_depth, a.max_running);
             println!("refused (retried)   {}", stats.refused.load(Ordering::Relaxed));

@@ -180,8 +180,10 @@ impl WorkersSeen {
     }
 }
 
+/// A claim entry's outcome, for the dispatcher's books (its requests were answered by the task that wrote it).
 struct Done {
-    groups: Vec<(ClaimRequest, std::ops::Range<usize>)>,
+    /// Requests whose every pick lost a race with an entry applied meanwhile: they wait again, first in line.
+    again: Vec<ClaimRequest>,
     ids: Vec<TaskId>,
     /// Tasks of capped queues in this claim, per queue (see `Dispatch::promised`).
     capped: HashMap<QueueKey, u64>,
@@ -189,7 +191,8 @@ struct Done {
     tokens: RateCounts,
     /// A hand-off's claim (fresh tasks, proposed behind their enqueue).
     handed_off: bool,
-    result: Result<Response, ProposeError>,
+    /// Whether the entry committed (otherwise its outcome may be unknown).
+    ok: bool,
 }
 
 impl Dispatcher {
@@ -514,6 +517,7 @@ impl Dispatch {
         let raft = self.raft.clone();
         let timeout = self.write_timeout;
         let done_tx = done_tx.clone();
+        let (flow, shared) = (self.flow.clone(), self.shared.clone());
         // A plain `Claim` unless a bucket is charged: clusters without rate limits never see a `RatedClaim`.
         let command = if tokens.is_empty() {
             Command::Claim(items)
@@ -532,7 +536,10 @@ impl Dispatch {
                     claimed
                 }
             };
-            let _ = done_tx.send(Done { groups, ids, capped, tokens, handed_off, result });
+            // The requests are answered here, one hop sooner than through the dispatcher's loop.
+            let ok = result.is_ok();
+            let again = answer(groups, result, handed_off, &flow, &shared);
+            let _ = done_tx.send(Done { again, ids, capped, tokens, handed_off, ok });
         });
     }
 
@@ -591,7 +598,7 @@ impl Dispatch {
         for id in &done.ids {
             self.reserved.remove(id);
         }
-        if done.result.is_ok() {
+        if done.ok {
             release(&mut self.promised, &done.capped);
             self.promised_tokens.release(&done.tokens);
         } else if !done.capped.is_empty() || !done.tokens.is_empty() {
@@ -600,46 +607,62 @@ impl Dispatch {
             let appended = crate::raft::metrics(&self.raft).last_log_index.unwrap_or(0);
             self.unsettled.push((appended, done.capped, done.tokens));
         }
-        match done.result {
-            Ok(Response::Claimed(results)) => {
-                if crate::telemetry::task_spans_enabled() {
-                    for t in results.iter().flatten().filter(|t| t.traceparent.is_some()) {
-                        crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
-                    }
-                }
-                let claimed = results.iter().filter(|r| r.is_ok()).count();
-                self.flow.claimed(claimed);
-                if done.handed_off {
-                    self.shared.metrics.handed_off.fetch_add(claimed as u64, Relaxed);
-                }
-                // The groups cover the results in order: hand each its share without gathering them all first
-                // (a whole entry's tasks in one vector cost a large allocation per entry).
-                let now = Instant::now();
-                let mut results = results.into_iter();
-                for (req, range) in done.groups {
-                    let tasks: Vec<Arc<Task>> = results.by_ref().take(range.len()).filter_map(Result::ok).collect();
-                    if tasks.is_empty() && req.deadline > now {
-                        // Every pick lost a race with an entry applied meanwhile: wait again, first in line.
-                        self.parked.push_front(req);
-                    } else if let Err(Ok(tasks)) = req.reply.send(Ok(tasks)) {
-                        // The requester left after its tasks were claimed: their leases will expire and the
-                        // tasks return; nothing else to do.
-                        tracing::debug!(tasks = tasks.len(), "claimed tasks for a withdrawn request");
-                    }
+        for req in done.again.into_iter().rev() {
+            self.parked.push_front(req);
+        }
+    }
+}
+
+/// Answers the requests of a claim entry from its outcome, each with its share of the claimed tasks; returns
+/// those whose every pick lost a race with an entry applied meanwhile and that may still wait (the dispatcher
+/// parks them again, first in line).
+fn answer(
+    groups: Vec<(ClaimRequest, std::ops::Range<usize>)>,
+    result: Result<Response, ProposeError>,
+    handed_off: bool,
+    flow: &Flow,
+    shared: &SmShared,
+) -> Vec<ClaimRequest> {
+    let mut again = Vec::new();
+    match result {
+        Ok(Response::Claimed(results)) => {
+            if crate::telemetry::task_spans_enabled() {
+                for t in results.iter().flatten().filter(|t| t.traceparent.is_some()) {
+                    crate::telemetry::task_span("claim", &t.id, t.traceparent.as_deref(), t.state.as_str());
                 }
             }
-            Ok(other) => {
-                for (req, _) in done.groups {
-                    let _ = req.reply.send(Err(ProposeError::Storage(format!("unexpected response {other:?}"))));
-                }
+            let claimed = results.iter().filter(|r| r.is_ok()).count();
+            flow.claimed(claimed);
+            if handed_off {
+                shared.metrics.handed_off.fetch_add(claimed as u64, Relaxed);
             }
-            Err(e) => {
-                for (req, _) in done.groups {
-                    let _ = req.reply.send(Err(e.clone()));
+            // The groups cover the results in order: hand each its share without gathering them all first (a
+            // whole entry's tasks in one vector cost a large allocation per entry).
+            let now = Instant::now();
+            let mut results = results.into_iter();
+            for (req, range) in groups {
+                let tasks: Vec<Arc<Task>> = results.by_ref().take(range.len()).filter_map(Result::ok).collect();
+                if tasks.is_empty() && req.deadline > now {
+                    again.push(req);
+                } else if let Err(Ok(tasks)) = req.reply.send(Ok(tasks)) {
+                    // The requester left after its tasks were claimed: their leases will expire and the tasks
+                    // return; nothing else to do.
+                    tracing::debug!(tasks = tasks.len(), "claimed tasks for a withdrawn request");
                 }
             }
         }
+        Ok(other) => {
+            for (req, _) in groups {
+                let _ = req.reply.send(Err(ProposeError::Storage(format!("unexpected response {other:?}"))));
+            }
+        }
+        Err(e) => {
+            for (req, _) in groups {
+                let _ = req.reply.send(Err(e.clone()));
+            }
+        }
     }
+    again
 }
 
 /// Adds a request's claims of `ids` to an entry being built, and reserves the tasks.

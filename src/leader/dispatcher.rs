@@ -54,7 +54,7 @@ pub struct Fresh {
     pub queue: String,
     pub priority: u8,
     /// Its concurrency (fairness) key and the limit it carries, if any: handed out only while the key has
-    /// room for it and for every claim in flight (`keyed_with_room`).
+    /// room for it and for the key's tasks in claims in flight (`keyed_with_room`).
     pub key: Option<(Arc<str>, u32)>,
 }
 

@@ -3,6 +3,7 @@ reaching the handler, graceful shutdown (in-process and on SIGTERM), the fencing
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -118,3 +119,87 @@ def test_a_stream_the_worker_closes_itself_is_reopened_and_work_goes_on(server, 
             assert p.result(second, wait=10).state == TaskState.COMPLETED
             summary = r.stop()
         assert summary.completed == 2 and summary.reconnects == 1
+
+
+class HoldingProxy:
+    """A TCP proxy to ``target`` (host:port) whose server-to-client bytes are held back, kept in order, while
+    ``flowing`` is clear."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self.pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self.pump, args=(server, client, self.flowing), daemon=True).start()
+
+    @staticmethod
+    def pump(src: socket.socket, dst: socket.socket, gate: "threading.Event | None") -> None:
+        while True:
+            try:
+                data = src.recv(16384)
+            except OSError:
+                data = b""
+            if not data:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+            if gate is not None:
+                gate.wait()
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.flowing.set()
+        self.sock.close()
+
+
+def test_a_slot_asks_for_its_next_task_before_its_last_outcome_is_acknowledged(server, queue):
+    # The worker reaches the node through a proxy that holds back what the node sends once the first handler
+    # has run: the first outcome's ack, and any task, stay with the proxy.
+    proxy = HoldingProxy(server.addrs[0])
+    handled = []
+    with producer(server) as p:
+        first = p.enqueue(queue, b"1").task_id
+        second = p.enqueue(queue, b"2").task_id
+
+        def handle(task):
+            handled.append(task.id)
+            if task.id == first:
+                proxy.flowing.clear()
+            return b"ok"
+
+        w = raftq.Worker(addrs=[proxy.addr], token=server.token, queues=[queue], concurrency=1, batch_size=1)
+        try:
+            with Running(w, handle) as r:
+                # The node applied the first outcome and claimed the second task for the slot's next Ready while
+                # the worker had received neither: the Ready went out with the outcome, not after its ack.
+                wait_for(lambda: p.get(first).state == TaskState.COMPLETED, what="the first outcome applied")
+                wait_for(lambda: p.get(second).state == TaskState.IN_PROGRESS, what="the second task claimed")
+                assert handled == [first]
+                assert w.stats.snapshot().completed == 0, "no ack reached the worker yet"
+                proxy.flowing.set()
+                assert p.result(second, wait=10).state == TaskState.COMPLETED
+                summary = r.stop()
+        finally:
+            proxy.close()
+    assert handled == [first, second]
+    assert (summary.claimed, summary.completed, summary.rejected, summary.unconfirmed) == (2, 2, 0, 0), summary

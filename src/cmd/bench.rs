@@ -640,17 +640,23 @@ pub(super) async fn stream_worker(
                 next_id += 1;
                 pending.insert(next_id, sent);
                 let done = ev(pb::worker_event::Event::ResultBatch(pb::ResultBatch { request_id: next_id, results }));
+                // As the SDK's worker does: the slot's next Ready follows its results at once, not their acks.
+                next_id += 1;
+                let again = ready(next_id);
                 if work.is_zero() {
-                    if tx.send(done).await.is_err() {
+                    if tx.send(done).await.is_err() || (!stop.load(Ordering::Relaxed) && tx.send(again).await.is_err())
+                    {
                         return;
                     }
                 } else {
-                    let tx = tx.clone();
+                    let (tx, stop) = (tx.clone(), stop.clone());
                     let j = jitter.clamp(0.0, 1.0);
                     let work = work.mul_f64(1.0 - j + 2.0 * j * rand::random::<f64>());
                     tokio::spawn(async move {
                         tokio::time::sleep(work).await;
-                        let _ = tx.send(done).await;
+                        if tx.send(done).await.is_ok() && !stop.load(Ordering::Relaxed) {
+                            let _ = tx.send(again).await;
+                        }
                     });
                 }
             }
@@ -664,10 +670,6 @@ pub(super) async fn stream_worker(
                     } else {
                         stats.rejected.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-                if !stop.load(Ordering::Relaxed) {
-                    next_id += 1;
-                    let _ = tx.send(ready(next_id)).await;
                 }
             }
             Some(Event::Error(_)) if !stop.load(Ordering::Relaxed) => {

@@ -371,6 +371,71 @@ async fn many_slots_run_handlers_concurrently_on_one_stream() {
     assert_eq!((s.claimed, s.completed, s.reconnects), (8, 8, 0), "{s:?}");
 }
 
+/// A TCP proxy to `target` whose server-to-client bytes can be held back (kept, not dropped) while `hold` is
+/// true, then passed on in order.
+async fn holding_proxy(target: std::net::SocketAddr, hold: tokio::sync::watch::Receiver<bool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+    let addr = listener.local_addr().expect("proxy address");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else { return };
+            let ((mut cr, mut cw), (mut sr, mut sw)) = (client.into_split(), server.into_split());
+            tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+            let mut hold = hold.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if hold.wait_for(|held| !held).await.is_err() || cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_asks_for_its_next_task_before_its_last_outcome_is_acknowledged() {
+    let n = TestNode::start().await;
+    let p = producer(&n).await;
+    let first = p.enqueue(NewTask::new("sdk-pipe", "1")).await.expect("enqueue").task_id;
+    let second = p.enqueue(NewTask::new("sdk-pipe", "2")).await.expect("enqueue").task_id;
+    // The worker reaches the node through a proxy that holds back everything the node sends once the first
+    // handler has run: the first outcome's ack, and any task, stay with the proxy.
+    let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+    let hold_tx = Arc::new(hold_tx);
+    let proxy = holding_proxy(n.node().grpc_addr, hold_rx).await;
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let (h2, hold2, first2) = (handled.clone(), hold_tx.clone(), first.clone());
+    let cfg = WorkerConfig { concurrency: 1, batch_size: 1, addrs: vec![proxy], ..worker_cfg(&n, "sdk-pipe") };
+    let w = spawn_worker(cfg, move |t: Task| {
+        h2.lock().unwrap().push(t.id.clone());
+        if t.id == first2 {
+            hold2.send_replace(true);
+        }
+        async move { Outcome::Completed(Bytes::new()) }
+    });
+    // The node applied the first outcome and, for the slot's next Ready, claimed the second task, while the
+    // worker has received neither the ack nor the task: the Ready went out with the outcome, not after its ack.
+    wait_state(&p, &first, TaskState::Completed).await;
+    wait_state(&p, &second, TaskState::InProgress).await;
+    assert_eq!(w.stats().completed, 0, "no ack reached the worker yet");
+    assert_eq!(*handled.lock().unwrap(), vec![first.clone()], "only the first task reached the worker");
+    // Let the held bytes through: the first ack is counted, and the second task is run and acknowledged.
+    hold_tx.send_replace(false);
+    until(Duration::from_secs(10), "both outcomes acknowledged", || w.stats().completed == 2).await;
+    assert_eq!(*handled.lock().unwrap(), vec![first, second.clone()]);
+    assert_eq!(wait_state(&p, &second, TaskState::Completed).await.attempts, 1);
+    let s = w.stop().await;
+    assert_eq!((s.claimed, s.completed, s.rejected, s.unconfirmed, s.reconnects), (2, 2, 0, 0, 0), "{s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_reconnects_after_a_server_restart_and_sends_a_running_handlers_result_on_the_new_stream() {
     let port = free_port();

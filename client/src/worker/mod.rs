@@ -1,5 +1,5 @@
 //! The worker: one `WorkerStream.Stream` per worker shared by `concurrency` slots, each looping Ready ->
-//! tasks -> handler -> outcome -> checked ack. A supervisor keeps the stream open (reconnecting with backoff,
+//! tasks -> handler -> outcome -> checked ack (the next Ready goes out while the ack is awaited). A supervisor keeps the stream open (reconnecting with backoff,
 //! following the leader); slots and their running handlers outlive a lost stream, and outcomes are sent on
 //! the next one. Shutdown stops Readys, lets handlers finish within the grace, abandons the rest.
 //!
@@ -697,16 +697,30 @@ async fn read_events(ctx: &Ctx, session: &Session, mut inbound: tonic::Streaming
     }
 }
 
-/// One slot: claim, handle, report, until shutdown.
+/// One slot: claim, handle, report, until shutdown. The slot's next Ready goes out as soon as its handlers have
+/// returned, while their outcomes wait for their acks: a slot is not idle for a commit round between two tasks.
+/// One batch's outcomes are in flight at most while the next batch is claimed (its handlers start once both the
+/// acks and the next tasks are in), so a slot never holds more than two batches.
 async fn slot<H, F>(ctx: Arc<Ctx>, handler: Arc<H>, n: usize)
 where
     H: Fn(Task) -> F + Send + Sync + 'static,
     F: Future<Output = Outcome> + Send + 'static,
 {
-    while let Some(tasks) = claim(&ctx).await {
+    let mut next = claim(&ctx).await;
+    while let Some(tasks) = next {
         // An empty batch: the server's hold ran out with nothing to do. Re-arm at once.
-        if !tasks.is_empty() {
-            process(&ctx, &*handler, tasks).await;
+        if tasks.is_empty() {
+            next = claim(&ctx).await;
+            continue;
+        }
+        let (handled_tx, handled_rx) = tokio::sync::oneshot::channel();
+        let report = process(&ctx, &*handler, tasks, handled_tx);
+        tokio::pin!(report);
+        tokio::select! {
+            biased;
+            () = &mut report => next = claim(&ctx).await,
+            // The handlers are done and the outcomes on their way: claim the next batch while they are acked.
+            _ = handled_rx => next = tokio::join!(report, claim(&ctx)).1,
         }
     }
     tracing::debug!(slot = n, "worker slot stopped");
@@ -800,8 +814,9 @@ impl Held {
     }
 }
 
-/// Runs the handlers of one batch (one after another) while extending its leases, then reports the outcomes.
-async fn process<H, F>(ctx: &Ctx, handler: &H, tasks: Vec<pb::Task>)
+/// Runs the handlers of one batch (one after another) while extending its leases, then reports the outcomes;
+/// `handled` fires when the handlers have returned and the outcomes are about to be sent.
+async fn process<H, F>(ctx: &Ctx, handler: &H, tasks: Vec<pb::Task>, handled: tokio::sync::oneshot::Sender<()>)
 where
     H: Fn(Task) -> F + Send + Sync + 'static,
     F: Future<Output = Outcome> + Send + 'static,
@@ -833,6 +848,7 @@ where
             items.push(Item { task_id, token, outcome });
         }
         held.delivering();
+        let _ = handled.send(());
         let units = plan(items, ctx.cfg.batch_size > 1);
         futures::future::join_all(units.into_iter().map(|u| deliver(ctx, u))).await;
     };

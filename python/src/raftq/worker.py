@@ -795,14 +795,25 @@ class _Run:
     # ---- slots ----
 
     async def slot(self, n: int) -> None:
-        """One slot: claim, handle, report, until shutdown."""
-        while True:
-            tasks = await self.claim()
-            if tasks is None:
-                break
-            # An empty batch: the server's hold ran out with nothing to do. Re-arm at once.
-            if tasks:
-                await self.process(tasks)
+        """One slot: claim, handle, report, until shutdown. The slot's next Ready goes out as soon as its handlers
+        have returned, while their outcomes wait for their acks: a slot is not idle for a commit round between two
+        batches. Its next handlers start once both the acks and the next tasks are in."""
+        reporting: "Optional[asyncio.Task[None]]" = None
+        try:
+            while True:
+                tasks = await self.claim()
+                if reporting is not None:
+                    await reporting
+                    reporting = None
+                if tasks is None:
+                    break
+                # An empty batch: the server's hold ran out with nothing to do. Re-arm at once.
+                if tasks:
+                    held, items = await self.handle(tasks)
+                    reporting = self.loop.create_task(self.report(held, items))
+        finally:
+            if reporting is not None and not reporting.done():
+                reporting.cancel()
         log.debug("worker slot %d stopped", n)
 
     async def claim(self) -> Optional[List[task_pb2.Task]]:
@@ -850,8 +861,8 @@ class _Run:
                 log.warning("unexpected answer to a Ready (%s); reconnecting", kind)
                 session.fail(self.conn)
 
-    async def process(self, protos: List[task_pb2.Task]) -> None:
-        """Runs the handlers of one batch (one after another) while extending its leases, then reports."""
+    async def handle(self, protos: List[task_pb2.Task]) -> "Tuple[List[_Held], List[_Item]]":
+        """Runs the handlers of one batch (one after another) while extending its leases."""
         held: List[_Held] = []
         for p in protos:
             task = Task.from_proto(p)
@@ -873,7 +884,10 @@ class _Run:
                 beat.cancel()
         for h in held:
             h.delivering = True
-        items = [_Item(h.task.id, h.token, o) for h, o in zip(held, outcomes)]
+        return held, [_Item(h.task.id, h.token, o) for h, o in zip(held, outcomes)]
+
+    async def report(self, held: List[_Held], items: "List[_Item]") -> None:
+        """Sends a batch's outcomes and checks their acks."""
         try:
             units = _plan(items, self.cfg.batch_size > 1)
             if len(units) == 1:

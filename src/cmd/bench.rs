@@ -672,6 +672,8 @@ pub(super) async fn stream_worker(
                     }
                 }
             }
+            // A ResultBatch that failed already has its slot's next Ready out; a failed Ready is asked again.
+            Some(Event::Error(e)) if pending.remove(&e.request_id).is_some() => {}
             Some(Event::Error(_)) if !stop.load(Ordering::Relaxed) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 next_id += 1;

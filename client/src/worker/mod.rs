@@ -1,7 +1,8 @@
 //! The worker: one `WorkerStream.Stream` per worker shared by `concurrency` slots, each looping Ready ->
-//! tasks -> handler -> outcome -> checked ack (the next Ready goes out while the ack is awaited). A supervisor keeps the stream open (reconnecting with backoff,
-//! following the leader); slots and their running handlers outlive a lost stream, and outcomes are sent on
-//! the next one. Shutdown stops Readys, lets handlers finish within the grace, abandons the rest.
+//! tasks -> handler -> outcome -> checked ack (the next Ready goes out while the ack is awaited). A supervisor
+//! keeps the stream open (reconnecting with backoff, following the leader); slots and their running handlers
+//! outlive a lost stream, and outcomes are sent on the next one. Shutdown stops Readys, lets handlers finish
+//! within the grace, abandons the rest.
 //!
 //! Invariants: every claimed task gets exactly one final outcome sent (the handler's, or Abandon), and every
 //! answer to an outcome is checked: an applied outcome is counted and broadcast ([`Worker::applied`]), a

@@ -122,19 +122,34 @@ def test_a_stream_the_worker_closes_itself_is_reopened_and_work_goes_on(server, 
 
 
 class HoldingProxy:
-    """A TCP proxy to ``target`` (host:port) whose server-to-client bytes are held back, kept in order, while
-    ``flowing`` is clear."""
+    """A TCP proxy to ``target`` (host:port) whose server-to-client bytes can be held back (kept, in order) between
+    :meth:`hold` and :meth:`release`, which passes on all that was held in one write."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
-        self.flowing = threading.Event()
-        self.flowing.set()
+        self.lock = threading.Lock()
+        self.held = False
+        self.pending: "dict[socket.socket, bytes]" = {}
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
         self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
         threading.Thread(target=self.accept, daemon=True).start()
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held = True
+
+    def release(self) -> None:
+        with self.lock:
+            self.held = False
+            for dst, data in self.pending.items():
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    pass
+            self.pending.clear()
 
     def accept(self) -> None:
         while True:
@@ -143,11 +158,10 @@ class HoldingProxy:
             except OSError:
                 return
             server = socket.create_connection(self.target)
-            threading.Thread(target=self.pump, args=(client, server, None), daemon=True).start()
-            threading.Thread(target=self.pump, args=(server, client, self.flowing), daemon=True).start()
+            threading.Thread(target=self.pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self.pump, args=(server, client, True), daemon=True).start()
 
-    @staticmethod
-    def pump(src: socket.socket, dst: socket.socket, gate: "threading.Event | None") -> None:
+    def pump(self, src: socket.socket, dst: socket.socket, holdable: bool) -> None:
         while True:
             try:
                 data = src.recv(16384)
@@ -160,15 +174,17 @@ class HoldingProxy:
                     except OSError:
                         pass
                 return
-            if gate is not None:
-                gate.wait()
+            with self.lock:
+                if holdable and self.held:
+                    self.pending[dst] = self.pending.get(dst, b"") + data
+                    continue
             try:
                 dst.sendall(data)
             except OSError:
                 return
 
     def close(self) -> None:
-        self.flowing.set()
+        self.release()
         self.sock.close()
 
 
@@ -184,7 +200,7 @@ def test_a_slot_asks_for_its_next_task_before_its_last_outcome_is_acknowledged(s
         def handle(task):
             handled.append(task.id)
             if task.id == first:
-                proxy.flowing.clear()
+                proxy.hold()
             return b"ok"
 
         w = raftq.Worker(addrs=[proxy.addr], token=server.token, queues=[queue], concurrency=1, batch_size=1)
@@ -196,10 +212,44 @@ def test_a_slot_asks_for_its_next_task_before_its_last_outcome_is_acknowledged(s
                 wait_for(lambda: p.get(second).state == TaskState.IN_PROGRESS, what="the second task claimed")
                 assert handled == [first]
                 assert w.stats.snapshot().completed == 0, "no ack reached the worker yet"
-                proxy.flowing.set()
+                proxy.release()
                 assert p.result(second, wait=10).state == TaskState.COMPLETED
                 summary = r.stop()
         finally:
             proxy.close()
     assert handled == [first, second]
     assert (summary.claimed, summary.completed, summary.rejected, summary.unconfirmed) == (2, 2, 0, 0), summary
+
+
+def test_a_task_cancelled_while_its_slot_waits_for_its_last_acks_is_not_run_untold(server, queue):
+    # The second task is claimed for the slot's next Ready while the node's answers are held, then cancelled: the
+    # worker reads the first ack, the second task and the end of its delivery together, in whatever order its
+    # slot and its stream reader get to them. The cancelled task is not run, or its handler is told.
+    proxy = HoldingProxy(server.addrs[0])
+    runs = []
+    with producer(server) as p:
+        first = p.enqueue(queue, b"1").task_id
+        second = p.enqueue(queue, b"2").task_id
+
+        def handle(task):
+            if task.id == first:
+                proxy.hold()
+                runs.append((task.id, False))
+            else:
+                runs.append((task.id, task.cancellation.wait(5)))
+            return b"ok"
+
+        w = raftq.Worker(addrs=[proxy.addr], token=server.token, queues=[queue], concurrency=1, batch_size=1)
+        try:
+            with Running(w, handle) as r:
+                wait_for(lambda: p.get(second).state == TaskState.IN_PROGRESS, what="the second task claimed")
+                assert p.cancel(second) == TaskState.CANCELLED
+                proxy.release()
+                wait_for(lambda: w.stats.snapshot().revoked == 1, what="the end of the delivery reached the worker")
+                summary = r.stop()
+        finally:
+            proxy.close()
+        assert p.get(second).state == TaskState.CANCELLED
+    assert runs[0] == (first, False), runs
+    assert len(runs) == 1 or runs[1] == (second, True), f"the cancelled task's handler was not told: {runs}"
+    assert (summary.claimed, summary.revoked, summary.unconfirmed) == (2, 1, 0), summary

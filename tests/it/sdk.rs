@@ -372,7 +372,7 @@ async fn many_slots_run_handlers_concurrently_on_one_stream() {
 }
 
 /// A TCP proxy to `target` whose server-to-client bytes can be held back (kept, not dropped) while `hold` is
-/// true, then passed on in order.
+/// true, then passed on in order, all that was held in one write.
 async fn holding_proxy(target: std::net::SocketAddr, hold: tokio::sync::watch::Receiver<bool>) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
@@ -384,14 +384,25 @@ async fn holding_proxy(target: std::net::SocketAddr, hold: tokio::sync::watch::R
             tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
             let mut hold = hold.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 * 1024];
+                let (mut buf, mut pending) = (vec![0u8; 16 * 1024], Vec::new());
                 loop {
-                    let n = match sr.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if hold.wait_for(|held| !held).await.is_err() || cw.write_all(&buf[..n]).await.is_err() {
-                        return;
+                    let held = *hold.borrow();
+                    if !held && !pending.is_empty() {
+                        if cw.write_all(&pending).await.is_err() {
+                            return;
+                        }
+                        pending.clear();
+                    }
+                    tokio::select! {
+                        r = sr.read(&mut buf) => match r {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        },
+                        r = hold.changed(), if held => {
+                            if r.is_err() {
+                                return;
+                            }
+                        }
                     }
                 }
             });
@@ -434,6 +445,54 @@ async fn a_slot_asks_for_its_next_task_before_its_last_outcome_is_acknowledged()
     assert_eq!(wait_state(&p, &second, TaskState::Completed).await.attempts, 1);
     let s = w.stop().await;
     assert_eq!((s.claimed, s.completed, s.rejected, s.unconfirmed, s.reconnects), (2, 2, 0, 0, 0), "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_while_its_slot_waits_for_its_last_acks_is_never_run() {
+    let n = TestNode::start().await;
+    let p = producer(&n).await;
+    let first = p.enqueue(NewTask::new("sdk-pipe-cancel", "1")).await.expect("enqueue").task_id;
+    let second = p.enqueue(NewTask::new("sdk-pipe-cancel", "2")).await.expect("enqueue").task_id;
+    let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+    let hold_tx = Arc::new(hold_tx);
+    let proxy = holding_proxy(n.node().grpc_addr, hold_rx).await;
+    // Per handler run: the task and whether it saw its cancellation (within 5 s).
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let (h2, hold2, first2) = (handled.clone(), hold_tx.clone(), first.clone());
+    let cfg = WorkerConfig { concurrency: 1, batch_size: 1, addrs: vec![proxy], ..worker_cfg(&n, "sdk-pipe-cancel") };
+    let w = spawn_worker(cfg, move |t: Task| {
+        let handled = h2.clone();
+        let is_first = t.id == first2;
+        if is_first {
+            hold2.send_replace(true);
+        }
+        async move {
+            let cancelled =
+                !is_first && tokio::time::timeout(Duration::from_secs(5), t.cancellation().cancelled()).await.is_ok();
+            handled.lock().unwrap().push((t.id.clone(), cancelled));
+            Outcome::Completed(Bytes::new())
+        }
+    });
+    // The second task is claimed for the slot's next Ready while the node's answers are held, then cancelled:
+    // the worker reads the first ack, the second task and the end of its delivery close together, in whatever
+    // order its slot and its stream reader get to them. The cancelled task is not run, or its handler is told.
+    wait_state(&p, &second, TaskState::InProgress).await;
+    assert_eq!(p.cancel(&second).await.expect("cancel"), TaskState::Cancelled);
+    hold_tx.send_replace(false);
+    until(Duration::from_secs(15), "both deliveries settled", || {
+        let s = w.stats();
+        s.completed >= 1 && s.revoked == 1 && s.completed + s.rejected + s.abandoned + s.unconfirmed == 2
+    })
+    .await;
+    let runs = handled.lock().unwrap().clone();
+    assert_eq!(runs[0], (first, false), "{runs:?}");
+    assert!(
+        runs.len() == 1 || runs[1] == (second.clone(), true),
+        "the cancelled task's handler was not told: {runs:?}"
+    );
+    assert_eq!(p.get(&second).await.expect("get").state, TaskState::Cancelled);
+    let s = w.stop().await;
+    assert_eq!((s.claimed, s.revoked, s.unconfirmed), (2, 1, 0), "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

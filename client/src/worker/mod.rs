@@ -404,8 +404,21 @@ struct Ctx {
     closing: CancellationToken,
     fatal: Mutex<Option<Error>>,
     orphans: mpsc::Sender<pb::Task>,
-    /// The deliveries whose handlers run or wait in a slot: task id -> (token, the handler's signal).
-    running: Mutex<HashMap<Arc<str>, (u64, Signal)>>,
+    /// The deliveries whose handlers run or wait in a slot, and the ends pushed before their batch was admitted.
+    running: Mutex<Deliveries>,
+}
+
+/// Ends of deliveries kept for tasks not yet admitted; older ones are forgotten.
+const ENDED_EARLY_KEPT: usize = 1024;
+
+/// What `Ctx::running` guards: one lock, so an end pushed while a batch is being admitted is seen by one of them.
+#[derive(Default)]
+struct Deliveries {
+    /// task id -> (token, the handler's signal).
+    held: HashMap<Arc<str>, (u64, Signal)>,
+    /// Ends of deliveries this worker does not hold (yet): (task id, token, reason). A claim's answer and the end
+    /// of one of its deliveries can both be read before the slot takes the batch; admitting it looks here.
+    ended_early: std::collections::VecDeque<(String, u64, String)>,
 }
 
 impl Ctx {
@@ -500,9 +513,19 @@ impl Ctx {
 
     /// The server ended a delivery this worker holds (`LeaseRevoked`), or refused to extend it: tell its handler.
     fn revoke(&self, task_id: &str, token: u64, reason: &str) {
-        let signal = match self.running.lock().expect("running lock poisoned").get(task_id) {
-            Some((t, signal)) if *t == token => signal.clone(),
-            _ => return,
+        let signal = {
+            let mut d = self.running.lock().expect("running lock poisoned");
+            match d.held.get(task_id) {
+                Some((t, signal)) if *t == token => signal.clone(),
+                Some(_) => return,
+                None => {
+                    if d.ended_early.len() >= ENDED_EARLY_KEPT {
+                        d.ended_early.pop_front();
+                    }
+                    d.ended_early.push_back((task_id.to_string(), token, reason.to_string()));
+                    return;
+                }
+            }
         };
         if signal.fire(reason) {
             WorkerStats::add(&self.stats.revoked, 1);
@@ -707,21 +730,24 @@ where
     H: Fn(Task) -> F + Send + Sync + 'static,
     F: Future<Output = Outcome> + Send + 'static,
 {
-    let mut next = claim(&ctx).await;
-    while let Some(tasks) = next {
+    // A batch's tasks count as running from the moment its claim is answered, so that the end of a delivery
+    // pushed while the slot still waits for its last acks reaches the task's signal.
+    let claim_next = || async { claim(&ctx).await.map(|tasks| admit(&ctx, tasks)) };
+    let mut next = claim_next().await;
+    while let Some(batch) = next {
         // An empty batch: the server's hold ran out with nothing to do. Re-arm at once.
-        if tasks.is_empty() {
-            next = claim(&ctx).await;
+        if batch.tasks.is_empty() {
+            next = claim_next().await;
             continue;
         }
         let (handled_tx, handled_rx) = tokio::sync::oneshot::channel();
-        let report = process(&ctx, &*handler, tasks, handled_tx);
+        let report = process(&ctx, &*handler, batch, handled_tx);
         tokio::pin!(report);
         tokio::select! {
             biased;
-            () = &mut report => next = claim(&ctx).await,
+            () = &mut report => next = claim_next().await,
             // The handlers are done and the outcomes on their way: claim the next batch while they are acked.
-            _ = handled_rx => next = tokio::join!(report, claim(&ctx)).1,
+            _ = handled_rx => next = tokio::join!(report, claim_next()).1,
         }
     }
     tracing::debug!(slot = n, "worker slot stopped");
@@ -815,21 +841,47 @@ impl Held {
     }
 }
 
+/// A claimed batch whose tasks are registered as running (`Ctx::running`), with their ids and tokens.
+struct Admitted {
+    tasks: Vec<Task>,
+    /// Each id is copied once; the maps share it.
+    ids: Vec<(Arc<str>, u64)>,
+}
+
+/// Registers a claimed batch's tasks as running: from now on the end of a delivery reaches the task's signal.
+fn admit(ctx: &Ctx, tasks: Vec<pb::Task>) -> Admitted {
+    let tasks: Vec<Task> = tasks.into_iter().map(Task::from_proto).collect();
+    let ids: Vec<(Arc<str>, u64)> = tasks.iter().map(|t| (Arc::from(t.id.as_str()), t.token())).collect();
+    let mut d = ctx.running.lock().expect("running lock poisoned");
+    d.held.extend(ids.iter().zip(&tasks).map(|((id, token), t)| (id.clone(), (*token, t.signal().clone()))));
+    if !d.ended_early.is_empty() {
+        let mut ended = Vec::new();
+        d.ended_early.retain(|(id, token, reason)| {
+            let mine = tasks.iter().find(|t| t.id == *id && t.token() == *token);
+            if let Some(t) = mine {
+                ended.push((t.signal().clone(), reason.clone()));
+            }
+            mine.is_none()
+        });
+        drop(d);
+        for (signal, reason) in ended {
+            if signal.fire(&reason) {
+                WorkerStats::add(&ctx.stats.revoked, 1);
+            }
+        }
+    }
+    Admitted { tasks, ids }
+}
+
 /// Runs the handlers of one batch (one after another) while extending its leases, then reports the outcomes;
 /// `handled` fires when the handlers have returned and the outcomes are about to be sent.
-async fn process<H, F>(ctx: &Ctx, handler: &H, tasks: Vec<pb::Task>, handled: tokio::sync::oneshot::Sender<()>)
+async fn process<H, F>(ctx: &Ctx, handler: &H, batch: Admitted, handled: tokio::sync::oneshot::Sender<()>)
 where
     H: Fn(Task) -> F + Send + Sync + 'static,
     F: Future<Output = Outcome> + Send + 'static,
 {
-    let tasks: Vec<Task> = tasks.into_iter().map(Task::from_proto).collect();
-    // Each id is copied once; the maps share it.
-    let ids: Vec<(Arc<str>, u64)> = tasks.iter().map(|t| (Arc::from(t.id.as_str()), t.token())).collect();
+    let Admitted { tasks, ids } = batch;
     let held = Held(Mutex::new(ids.iter().map(|(id, token)| (id.clone(), (*token, false))).collect()));
-    ctx.running
-        .lock()
-        .expect("running lock poisoned")
-        .extend(ids.iter().zip(&tasks).map(|((id, token), t)| (id.clone(), (*token, t.signal().clone()))));
     let beat = async {
         match ctx.cfg.heartbeat {
             Some(every) => heartbeat(ctx, &held, every).await,
@@ -857,10 +909,10 @@ where
         _ = work => {}
         _ = beat => {}
     }
-    let mut running = ctx.running.lock().expect("running lock poisoned");
+    let mut d = ctx.running.lock().expect("running lock poisoned");
     for (id, token) in ids {
-        if running.get(&*id).is_some_and(|(t, _)| *t == token) {
-            running.remove(&*id);
+        if d.held.get(&*id).is_some_and(|(t, _)| *t == token) {
+            d.held.remove(&*id);
         }
     }
 }

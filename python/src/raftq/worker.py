@@ -71,6 +71,8 @@ MAX_CONCURRENCY = 4096
 MAX_BATCH_SIZE = 1000
 #: Rejections kept for :meth:`Worker.rejections`.
 REJECTIONS_KEPT = 1024
+#: Ends of deliveries kept for tasks not yet admitted to a slot; older ones are forgotten.
+ENDED_EARLY_KEPT = 1024
 
 # The exception reasons a handler may end a run with (see RunException).
 MALFORMED_PAYLOAD = "malformed-payload"
@@ -566,6 +568,9 @@ class _Run:
         self.closing = _Flag(loop)
         self.fatal: Optional[RaftqError] = None
         self.running: Dict[str, _Held] = {}
+        # Ends of deliveries this worker does not hold (yet): (task id, token) -> reason. A claim's answer and the
+        # end of one of its deliveries can both be read before the slot takes the batch; admitting it looks here.
+        self.ended_early: "collections.OrderedDict[Tuple[str, int], str]" = collections.OrderedDict()
         self.orphans: "asyncio.Queue[task_pb2.Task]" = asyncio.Queue()
         self.pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         # Plain handlers of a batch stop starting once shutdown began (read from the pool's threads).
@@ -781,7 +786,12 @@ class _Run:
     def revoked(self, r: Any) -> None:
         """The server ended a delivery this worker holds (cancel, deadline, lease expiry): tell its handler."""
         held = self.running.get(r.task_id)
-        if held is None or held.token != r.token or held.delivering:
+        if held is None:
+            if len(self.ended_early) >= ENDED_EARLY_KEPT:
+                self.ended_early.popitem(last=False)
+            self.ended_early[(r.task_id, r.token)] = r.reason or CANCELLED
+            return
+        if held.token != r.token or held.delivering:
             return
         self.stats.add("revoked")
         self.signal(held, r.reason or CANCELLED)
@@ -802,15 +812,18 @@ class _Run:
         try:
             while True:
                 tasks = await self.claim()
+                # Running from the moment the claim is answered: the end of a delivery pushed while the slot
+                # still waits for its last acks reaches the task's cancellation.
+                batch = self.admit(tasks) if tasks else []
                 if reporting is not None:
                     await reporting
                     reporting = None
                 if tasks is None:
                     break
                 # An empty batch: the server's hold ran out with nothing to do. Re-arm at once.
-                if tasks:
-                    held, items = await self.handle(tasks)
-                    reporting = self.loop.create_task(self.report(held, items))
+                if batch:
+                    items = await self.handle(batch)
+                    reporting = self.loop.create_task(self.report(batch, items))
         finally:
             if reporting is not None and not reporting.done():
                 reporting.cancel()
@@ -861,8 +874,8 @@ class _Run:
                 log.warning("unexpected answer to a Ready (%s); reconnecting", kind)
                 session.fail(self.conn)
 
-    async def handle(self, protos: List[task_pb2.Task]) -> "Tuple[List[_Held], List[_Item]]":
-        """Runs the handlers of one batch (one after another) while extending its leases."""
+    def admit(self, protos: List[task_pb2.Task]) -> List[_Held]:
+        """Registers a claimed batch's tasks as running."""
         held: List[_Held] = []
         for p in protos:
             task = Task.from_proto(p)
@@ -872,6 +885,14 @@ class _Run:
             task._link = _ProgressLink(self, h)  # type: ignore[attr-defined]
             held.append(h)
             self.running[task.id] = h
+            reason = self.ended_early.pop((task.id, h.token), None) if self.ended_early else None
+            if reason is not None:
+                self.stats.add("revoked")
+                self.signal(h, reason)
+        return held
+
+    async def handle(self, held: List[_Held]) -> "List[_Item]":
+        """Runs the handlers of one batch (one after another) while extending its leases."""
         every = self.cfg.heartbeat_every()
         beat = self.loop.create_task(self.heartbeat(held, every)) if every else None
         try:
@@ -884,7 +905,7 @@ class _Run:
                 beat.cancel()
         for h in held:
             h.delivering = True
-        return held, [_Item(h.task.id, h.token, o) for h, o in zip(held, outcomes)]
+        return [_Item(h.task.id, h.token, o) for h, o in zip(held, outcomes)]
 
     async def report(self, held: List[_Held], items: "List[_Item]") -> None:
         """Sends a batch's outcomes and checks their acks."""

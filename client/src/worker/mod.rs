@@ -408,17 +408,30 @@ struct Ctx {
     running: Mutex<Deliveries>,
 }
 
-/// Ends of deliveries kept for tasks not yet admitted; older ones are forgotten.
+/// Ends of deliveries kept for tasks not yet admitted, at most; older ones are forgotten.
 const ENDED_EARLY_KEPT: usize = 1024;
+/// How long such an end is kept: a claim's answer and the end of one of its deliveries are read moments apart, so
+/// an older one was for a delivery this worker no longer holds (its outcome was already answered).
+const ENDED_EARLY_FOR: Duration = Duration::from_secs(10);
 
 /// What `Ctx::running` guards: one lock, so an end pushed while a batch is being admitted is seen by one of them.
 #[derive(Default)]
 struct Deliveries {
     /// task id -> (token, the handler's signal).
     held: HashMap<Arc<str>, (u64, Signal)>,
-    /// Ends of deliveries this worker does not hold (yet): (task id, token, reason). A claim's answer and the end
-    /// of one of its deliveries can both be read before the slot takes the batch; admitting it looks here.
-    ended_early: std::collections::VecDeque<(String, u64, String)>,
+    /// Ends of deliveries this worker does not hold (yet): (when, task id, token, reason), oldest first. A claim's
+    /// answer and the end of one of its deliveries can both be read before the slot takes the batch; admitting it
+    /// looks here.
+    ended_early: std::collections::VecDeque<(Instant, String, u64, String)>,
+}
+
+impl Deliveries {
+    /// Forgets the ends kept longer than `ENDED_EARLY_FOR`.
+    fn forget_old_ends(&mut self, now: Instant) {
+        while self.ended_early.front().is_some_and(|e| now.duration_since(e.0) > ENDED_EARLY_FOR) {
+            self.ended_early.pop_front();
+        }
+    }
 }
 
 impl Ctx {
@@ -519,10 +532,12 @@ impl Ctx {
                 Some((t, signal)) if *t == token => signal.clone(),
                 Some(_) => return,
                 None => {
+                    let now = Instant::now();
+                    d.forget_old_ends(now);
                     if d.ended_early.len() >= ENDED_EARLY_KEPT {
                         d.ended_early.pop_front();
                     }
-                    d.ended_early.push_back((task_id.to_string(), token, reason.to_string()));
+                    d.ended_early.push_back((now, task_id.to_string(), token, reason.to_string()));
                     return;
                 }
             }
@@ -854,9 +869,10 @@ fn admit(ctx: &Ctx, tasks: Vec<pb::Task>) -> Admitted {
     let ids: Vec<(Arc<str>, u64)> = tasks.iter().map(|t| (Arc::from(t.id.as_str()), t.token())).collect();
     let mut d = ctx.running.lock().expect("running lock poisoned");
     d.held.extend(ids.iter().zip(&tasks).map(|((id, token), t)| (id.clone(), (*token, t.signal().clone()))));
+    d.forget_old_ends(Instant::now());
     if !d.ended_early.is_empty() {
         let mut ended = Vec::new();
-        d.ended_early.retain(|(id, token, reason)| {
+        d.ended_early.retain(|(_, id, token, reason)| {
             let mine = tasks.iter().find(|t| t.id == *id && t.token() == *token);
             if let Some(t) = mine {
                 ended.push((t.signal().clone(), reason.clone()));

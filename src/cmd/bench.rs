@@ -8,7 +8,8 @@
 //!   the moment the producer sent the task.
 //!
 //! - `--workload fairness`: weighted fair dispatch (`bench_fairness.rs`): a key flooding a queue against a key
-//!   enqueuing at a hundredth of its rate, a 3:1 weighted run, and full cycles with keyed and unkeyed tasks.
+//!   enqueuing at a hundredth of its rate (also with slots held back from the flooding key), a 3:1 weighted run,
+//!   and full cycles with keyed and unkeyed tasks.
 //!
 //! It speaks the wire protocol directly (no SDK), so that it measures the server and times every answer.
 
@@ -88,6 +89,10 @@ pub struct BenchArgs {
     /// fairness: the flooding key's weight in the weighted run (the other key has 1).
     #[arg(long, default_value_t = 3)]
     pub weight: u32,
+    /// fairness: in the reserved flood run, the flooding key's tasks carry a concurrency limit this many below
+    /// the workers' slots, so that many slots stay free for other keys (1 or more).
+    #[arg(long, default_value_t = 1)]
+    pub reserve: usize,
     /// Data directory of the embedded node (default: a fresh temporary directory, removed afterwards).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -263,7 +268,8 @@ async fn start_embedded(a: &BenchArgs) -> Result<(Node, PathBuf)> {
 }
 
 /// What one producer stream sends: batches of `batch` tasks to `queue`, `inflight` creates at once, paced to
-/// `rate` tasks/s (0: as fast as acknowledged); each task under the next of `keys` in turn (none: unkeyed).
+/// `rate` tasks/s (0: as fast as acknowledged); each task under the next of `keys` in turn (none: unkeyed), with
+/// concurrency limit `limit` (0: one no key reaches).
 #[derive(Clone)]
 pub(super) struct ProducerSpec {
     pub(super) queue: String,
@@ -272,6 +278,7 @@ pub(super) struct ProducerSpec {
     pub(super) rate: u64,
     pub(super) payload_len: usize,
     pub(super) keys: Vec<String>,
+    pub(super) limit: u32,
 }
 
 /// What one worker stream does: `slots` Readys outstanding for `count` tasks each of `queue`, each batch
@@ -319,7 +326,7 @@ pub async fn run(a: BenchArgs) -> Result<()> {
             let (batch, inflight, rate) = (a.batch.max(1), a.inflight.max(1), per_producer_rate);
             jobs.spawn(stream_producer(
                 ch,
-                ProducerSpec { queue, batch, inflight, rate, payload_len, keys },
+                ProducerSpec { queue, batch, inflight, rate, payload_len, keys, limit: 0 },
                 stats,
                 stop,
             ));
@@ -470,7 +477,8 @@ impl Pacer {
 }
 
 pub(super) async fn stream_producer(ch: Channel, spec: ProducerSpec, stats: Arc<Counters>, stop: Arc<AtomicBool>) {
-    let ProducerSpec { queue, batch, inflight, rate, payload_len, keys } = spec;
+    let ProducerSpec { queue, batch, inflight, rate, payload_len, keys, limit } = spec;
+    let limit = if limit == 0 { UNLIMITED } else { limit };
     let (tx, rx) = mpsc::channel(inflight + 1);
     let ev = |e| pb::ProducerEvent { event: Some(e) };
     let _ = tx.send(ev(pb::producer_event::Event::Hello(pb::Hello { token: token(), ..Default::default() }))).await;
@@ -518,7 +526,7 @@ pub(super) async fn stream_producer(ch: Channel, spec: ProducerSpec, stats: Arc<
             queue: queue.clone(),
             payload: payload(payload_len),
             concurrency_key: key.cloned().unwrap_or_default(),
-            concurrency_limit: if key.is_some() { UNLIMITED } else { 0 },
+            concurrency_limit: if key.is_some() { limit } else { 0 },
             ..Default::default()
         };
         let tasks = (0..batch).map(|_| task(next_key.next())).collect();

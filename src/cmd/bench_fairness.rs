@@ -1,4 +1,4 @@
-//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in eight runs of
+//! `raftq bench --workload fairness`: weighted fair dispatch measured on a real node, in nine runs of
 //! `--duration` each, every run on a queue of its own:
 //!
 //! 1. quiet: key `b` alone enqueues at `--rate` (default 20/s) into a queue whose workers are idle;
@@ -8,8 +8,13 @@
 //! 3. flood with varied work: the same, but each task's work time drawn uniformly from `--work-ms` x (1 -
 //!    `--work-jitter` ..= 1 + `--work-jitter`): with one fixed work time, slots that start together end together,
 //!    so slots come free in waves and `b` waits for the next wave; varied work spreads them out, as real tasks do;
-//! 4. weighted: `a` (weight `--weight`) and `b` (weight 1) both flood: the ratio served;
-//! 5. to 8. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
+//! 4. flood with a reserve: the varied flood again, but `a`'s tasks carry a concurrency limit `--reserve` below
+//!    the workers' slots, so that many slots stay free for other keys: a Ready parked in a free slot takes `b`'s
+//!    task as it arrives, at the price of the capacity the reserve holds back from `a`. Fair dispatch alone is
+//!    work-conserving (every slot `b` leaves goes to `a`), so under a flood `b` waits for a slot to come free;
+//!    this is what a user who wants `b`'s latency as it is alone sets;
+//! 5. weighted: `a` (weight `--weight`) and `b` (weight 1) both flood: the ratio served;
+//! 6. to 9. full cycles as fast as they go (`--producers`, `--batch`, `--workers`, `--slots`,
 //!    `--worker-batch`, no work time), unkeyed, then every task under one of 16 keys, twice, in the order
 //!    unkeyed, keyed, keyed, unkeyed: throughput per kind over its two runs.
 
@@ -25,6 +30,10 @@ use serde_json::{json, Value};
 use super::bench::{
     authorized, channel, stream_producer, stream_worker, BenchArgs, Counters, ProducerSpec, Target, WorkerSpec,
 };
+
+/// The keys of the flood with a reserve, standing for `a` and `b`.
+const RESERVED_A: &str = "a-capped";
+const RESERVED_B: &str = "b-reserved";
 
 /// `b`'s rate when `--rate` is not given (tasks/s).
 const DEFAULT_B_RATE: u64 = 20;
@@ -60,8 +69,10 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         rate,
         payload_len: a.payload_bytes.max(8),
         keys: vec![key.into()],
+        limit: 0,
     };
-    let capacity = (a.workers * a.slots.max(1)) as f64 * 1000.0 / a.work_ms.max(1) as f64;
+    let slots_total = a.workers * a.slots.max(1);
+    let capacity = slots_total as f64 * 1000.0 / a.work_ms.max(1) as f64;
 
     let q = format!("fair-quiet-{tag}");
     let quiet = phase(a, addrs, "quiet", vec![paced(&q, "b", b_rate)], slow(&q)).await?;
@@ -70,6 +81,14 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
     let q = format!("fair-flood-varied-{tag}");
     let flood_varied =
         phase(a, addrs, "flood-varied", vec![paced(&q, "a", a_rate), paced(&q, "b", b_rate)], varied(&q)).await?;
+    let q = format!("fair-flood-reserved-{tag}");
+    let reserve = a.reserve.clamp(1, slots_total.saturating_sub(1).max(1));
+    let a_limit = slots_total.saturating_sub(reserve).max(1);
+    // Keys of their own: a concurrency key spans the tenant's queues, and the earlier floods' tasks still leased
+    // to their stopped workers (until the leases run out) would count against `a`'s limit.
+    let capped = ProducerSpec { limit: a_limit as u32, ..paced(&q, RESERVED_A, a_rate) };
+    let producers = vec![capped, paced(&q, RESERVED_B, b_rate)];
+    let flood_reserved = phase(a, addrs, "flood-reserved", producers, varied(&q)).await?;
     let q = format!("fair-weighted-{tag}");
     set_weight(&addrs[0], &q, "a", a.weight).await?;
     let weighted = phase(a, addrs, "weighted", vec![paced(&q, "a", a_rate), paced(&q, "b", a_rate)], slow(&q)).await?;
@@ -89,6 +108,7 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         rate: 0,
         payload_len: a.payload_bytes.max(8),
         keys,
+        limit: 0,
     };
     // Keyed and unkeyed alternate (unkeyed, keyed, keyed, unkeyed), so what the earlier runs left in the node
     // (their backlogs) weighs on both alike.
@@ -113,6 +133,9 @@ async fn measure(a: &BenchArgs, addrs: &[String]) -> Result<Value> {
         "flood": {"a": key_report(&flood, "a", a), "b": key_report(&flood, "b", a)},
         "flood_varied": {"work_jitter": a.work_jitter.clamp(0.0, 1.0),
             "a": key_report(&flood_varied, "a", a), "b": key_report(&flood_varied, "b", a)},
+        "flood_reserved": {"work_jitter": a.work_jitter.clamp(0.0, 1.0), "reserve": reserve,
+            "a_limit": a_limit,
+            "a": key_report(&flood_reserved, RESERVED_A, a), "b": key_report(&flood_reserved, RESERVED_B, a)},
         "weighted": {"weight": a.weight, "a_served": ka, "b_served": kb,
             "ratio": if kb > 0 { ka as f64 / kb as f64 } else { 0.0 }},
         "cycle": {"unkeyed_per_s": per_s(unkeyed), "keyed_per_s": per_s(keyed), "keys": CYCLE_KEYS,
@@ -219,6 +242,9 @@ fn print_table(r: &Value) {
     line("flood: a", &r["flood"]["a"]);
     line("flood, varied work: b", &r["flood_varied"]["b"]);
     line("flood, varied work: a", &r["flood_varied"]["a"]);
+    let reserved = &r["flood_reserved"];
+    line(&format!("reserve {}, varied: b", reserved["reserve"]), &reserved["b"]);
+    line(&format!("reserve {}, varied: a", reserved["reserve"]), &reserved["a"]);
     let w = &r["weighted"];
     println!(
         "weighted {}:1           served a {} b {}: ratio {:.3}",

@@ -1,6 +1,7 @@
 //! Weighted fair dispatch (issue 17) on real nodes: a flooding key does not hold back a key that comes later,
 //! weights are served in proportion, weights are set and listed over gRPC, REST and the CLI's SDK calls,
-//! survive a restart, and are refused before the cluster runs version 2.
+//! survive a restart, and are refused before the cluster runs version 2; a slot held back from a flooding key
+//! serves another key at once.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -71,6 +72,52 @@ async fn a_key_enqueued_after_a_flood_is_claimed_within_the_first_claims() {
     let last_b = keys.iter().rposition(|k| k == "b").expect("b was served");
     assert_eq!(keys.iter().filter(|k| *k == "b").count(), 20, "{keys:?}");
     assert!(last_b < 60, "b's 20 tasks took until claim {last_b}: {keys:?}");
+}
+
+/// One claim of a task of `queue`, waiting up to `wait_ms`: its key, id and token (None if nothing came).
+async fn claim_one(c: &mut Client, queue: &str, wait_ms: u64) -> Option<(String, String, u64)> {
+    let req =
+        pb::ClaimRequest { worker_id: "w".into(), queues: vec![queue.into()], count: 1, lease_ms: 600_000, wait_ms };
+    let t = c.claim(req).await.expect("claim").into_inner().tasks.into_iter().next()?;
+    let token = t.lease.as_ref().expect("a claimed task has a lease").token;
+    Some((t.concurrency_key, t.id, token))
+}
+
+/// The reserve (README, "Fair dispatch"): with an operator's override holding a flooding key one below the
+/// workers' slots, the spare slot's claim stays parked while the key has thousands ready, and takes another key's
+/// task as it arrives; a slot of the flooding key that comes free goes back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_back_from_a_flooding_key_takes_another_keys_task_as_it_arrives() {
+    let n = TestNode::start().await;
+    let shared = n.node().shared.clone();
+    wait_until(Duration::from_secs(10), || shared.cluster_version() >= 3).await;
+    let mut c = n.client().await;
+    flood(&mut c, "reserve", "a", 1_000).await;
+    let mut j = jobs(&n).await;
+    let set = pb::SetConcurrencyOverrideRequest { key: "a".into(), limit: 2, ..Default::default() };
+    j.set_concurrency_override(set).await.expect("override");
+
+    // Three slots: two run a's tasks, the third finds a at its limit and parks.
+    let first = claim_one(&mut c, "reserve", 0).await.expect("a's first");
+    let second = claim_one(&mut c, "reserve", 0).await.expect("a's second");
+    assert_eq!((first.0.as_str(), second.0.as_str()), ("a", "a"));
+    let mut spare = n.client().await;
+    let parked = tokio::spawn(async move { claim_one(&mut spare, "reserve", 10_000).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!parked.is_finished(), "the spare slot got a task of a past its override");
+
+    let b = pb::EnqueueRequest { concurrency_key: "b".into(), concurrency_limit: NO_LIMIT, ..enq("reserve", "b-0") };
+    c.enqueue(b).await.expect("enqueue b");
+    let got = tokio::time::timeout(Duration::from_secs(5), parked).await.expect("b within 5 s").expect("join");
+    assert_eq!(got.expect("the parked claim was answered with a task").0, "b");
+
+    // A slot of a comes free: the next claim is a's again (a gets every slot but the one held back).
+    let (_, id, token) = first;
+    let action = pb::ack_request::Action::Complete(pb::Complete { result: vec![].into(), follow_ups: vec![] });
+    c.ack(pb::AckRequest { task_id: id, token, action: Some(action) }).await.expect("complete");
+    let next = claim_one(&mut c, "reserve", 2_000).await.expect("a slot of a came free");
+    assert_eq!(next.0, "a");
+    assert!(claim_one(&mut c, "reserve", 0).await.is_none(), "a is at its override again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,10 +31,12 @@ pub struct ShardMeta {
 /// records it changed lately from the layers, not the file, and the cache fills with the pages each flush writes,
 /// which a full cycle never reads again; a deep backlog's claims read records written long before, which a cache
 /// in LRU order has mostly dropped by then. At 64 MiB a node under `cycle-3` grew ~250 MB more, and each fresh page
-/// costs the kernel's zeroing. With 16 MiB `cycle-3` measured faster and `backlog-1` within its spread, though a
-/// backlog's flush now outgrows the cache, so redb spills pages and reads some back at commit (docs/performance.md,
-/// "Smaller caches").
-pub const PAGE_CACHE_BYTES: usize = 16 << 20;
+/// costs the kernel's zeroing, so it was cut to 16 MiB; but redb holds a commit's dirty pages in a write buffer of
+/// at most half the cache, and a deep backlog's flush (each completion rewrites an old record in the middle of the
+/// tree) outgrew 8 MiB, so redb spilled pages and read some back at commit. At 32 MiB `backlog-1` was ahead in
+/// five of six alternating pairs (median +6 %), `cycle-1` in three of three and `cycle-3` unchanged; 64 MiB bought
+/// `backlog-1` no more (docs/performance.md, "A deep backlog's flush fits redb's write buffer").
+pub const PAGE_CACHE_BYTES: usize = 32 << 20;
 
 /// Opens (or creates) a shard file, upgrading one of an older format (`format`); one of a newer format is
 /// refused before anything is written to it.

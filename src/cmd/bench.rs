@@ -175,21 +175,33 @@ pub(super) struct Counters {
     pub(super) to_complete: Samples,
     /// Per concurrency key ("" without one): tasks claimed and enqueue->claim; kept only when asked for.
     pub(super) per_key: Option<Mutex<PerKey>>,
+    /// Per concurrency key, with `per_key`: each claim's stages (µs; the node's stamps are ms).
+    pub(super) per_key_stages: Option<Mutex<KeyStages>>,
 }
 
 /// Enqueue->claim samples per concurrency key (their count is the key's claims).
 pub(super) type PerKey = std::collections::HashMap<String, Samples>;
 
+/// Per concurrency key, each claim's send→enqueue stamp, enqueue stamp→claim stamp and claim stamp→worker, in µs.
+pub(super) type KeyStages = std::collections::HashMap<String, Vec<[i64; 3]>>;
+
 impl Counters {
     /// Counters that also keep claims per key.
     pub(super) fn per_key() -> Counters {
-        Counters { per_key: Some(Mutex::default()), ..Default::default() }
+        Counters { per_key: Some(Mutex::default()), per_key_stages: Some(Mutex::default()), ..Default::default() }
     }
 
-    fn note_claim(&self, key: &str, us: u64) {
-        self.to_claim.add(us);
+    /// A claim of `t`, sent at `sent` and received at `now` (µs since the epoch).
+    fn note_claim(&self, t: &pb::Task, sent: u64, now: u64) {
+        self.to_claim.add(now.saturating_sub(sent));
         if let Some(m) = &self.per_key {
-            m.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_string()).or_default().add(us);
+            let key = &t.concurrency_key;
+            m.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().add(now.saturating_sub(sent));
+            if let Some(st) = &self.per_key_stages {
+                let (c, u) = (t.created_at_ms * 1000, t.updated_at_ms * 1000);
+                let stages = [c - sent as i64, u - c, now as i64 - u];
+                st.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().push(stages);
+            }
         }
     }
 }
@@ -635,7 +647,7 @@ pub(super) async fn stream_worker(
                     .into_iter()
                     .map(|t| {
                         let s = sent_at(&t.payload);
-                        stats.note_claim(&t.concurrency_key, now.saturating_sub(s));
+                        stats.note_claim(&t, s, now);
                         sent.push(s);
                         pb::Result {
                             request_id: 0,

@@ -211,8 +211,39 @@ fn key_report(c: &Counters, key: &str, a: &BenchArgs) -> Value {
     let Some(samples) = g.get(key) else { return json!({"claimed": 0}) };
     let n = samples.len();
     let p = samples.percentiles().unwrap_or_default();
+    let stages = c.per_key_stages.as_ref().and_then(|m| {
+        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        g.get(key).map(|v| stage_report(v))
+    });
     json!({"claimed": n, "claimed_per_s": n as f64 / a.duration.as_secs_f64(),
-        "enqueue_to_claim_ms": {"p50": p[0], "p90": p[1], "p99": p[2]}})
+        "enqueue_to_claim_ms": {"p50": p[0], "p90": p[1], "p99": p[2]}, "stages_ms": stages})
+}
+
+/// Where a key's claims spent their time, by the node's stamps (ms, so each stage is within a millisecond):
+/// send→enqueue stamp, enqueue stamp→claim stamp, claim stamp→worker, as p50 and p99 of each, and the medians of
+/// each over the slowest 2 % of the claims (by their sum), which is what the tail is made of.
+fn stage_report(v: &[[i64; 3]]) -> Value {
+    if v.is_empty() {
+        return Value::Null;
+    }
+    let ms = |us: i64| us as f64 / 1000.0;
+    let at = |mut xs: Vec<i64>, q: f64| {
+        xs.sort_unstable();
+        ms(xs[((xs.len() as f64 * q) as usize).min(xs.len() - 1)])
+    };
+    let col = |rows: &[[i64; 3]], i: usize| rows.iter().map(|r| r[i]).collect::<Vec<_>>();
+    let mut slow = v.to_vec();
+    slow.sort_unstable_by_key(|r| std::cmp::Reverse(r.iter().sum::<i64>()));
+    slow.truncate((v.len() / 50).max(1));
+    let names = ["send_to_stamp", "stamp_to_claim", "claim_to_worker"];
+    let mut out = serde_json::Map::new();
+    for (i, name) in names.into_iter().enumerate() {
+        out.insert(
+            name.into(),
+            json!({"p50": at(col(v, i), 0.5), "p99": at(col(v, i), 0.99), "slowest_2pct_p50": at(col(&slow, i), 0.5)}),
+        );
+    }
+    Value::Object(out)
 }
 
 fn print_table(r: &Value) {
@@ -261,4 +292,26 @@ fn print_table(r: &Value) {
         c["keyed_per_s"].as_f64().unwrap_or(0.0),
         c["keyed_vs_unkeyed"].as_f64().unwrap_or(0.0)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stage_report;
+
+    /// The slowest 2 % are picked by their whole time and show the stage that made them slow.
+    #[test]
+    fn the_stage_split_names_the_stage_of_the_slowest_claims() {
+        let mut rows = vec![[-400, 0, 1_400]; 98];
+        rows.push([3_200, 0, 1_000]);
+        rows.push([2_900, 0, 1_100]);
+        rows.push([0, 0, 900]);
+        rows.push([0, 0, 1_100]);
+        let r = stage_report(&rows);
+        assert_eq!(r["send_to_stamp"]["p50"], -0.4);
+        assert_eq!(r["send_to_stamp"]["slowest_2pct_p50"], 3.2);
+        assert_eq!(r["claim_to_worker"]["slowest_2pct_p50"], 1.1);
+        assert_eq!(r["claim_to_worker"]["p99"], 1.4);
+        assert_eq!(r["stamp_to_claim"]["p99"], 0.0);
+        assert!(stage_report(&[]).is_null());
+    }
 }

@@ -173,47 +173,43 @@ pub(super) struct Counters {
     pub(super) rejected: AtomicU64,
     pub(super) to_claim: Samples,
     pub(super) to_complete: Samples,
-    /// Per concurrency key ("" without one): tasks claimed and enqueue->claim; kept only when asked for.
+    /// Per concurrency key ("" without one): its claims; kept only when asked for.
     pub(super) per_key: Option<Mutex<PerKey>>,
-    /// Per concurrency key, with `per_key`: each claim's stages (µs; the node's stamps are ms).
-    pub(super) per_key_stages: Option<Mutex<KeyStages>>,
 }
 
-/// Enqueue->claim samples per concurrency key (their count is the key's claims).
-pub(super) type PerKey = std::collections::HashMap<String, Samples>;
+/// Claims per concurrency key.
+pub(super) type PerKey = std::collections::HashMap<String, KeyClaims>;
 
-/// Per concurrency key, each claim's send→enqueue stamp, enqueue stamp→claim stamp and claim stamp→worker, in µs.
-pub(super) type KeyStages = std::collections::HashMap<String, Vec<[i64; 3]>>;
+/// One key's claims: enqueue->claim (their count is the key's claims), and each claim's send→enqueue stamp,
+/// enqueue stamp→claim stamp and claim stamp→worker in µs (the node's stamps are ms).
+#[derive(Default)]
+pub(super) struct KeyClaims {
+    pub(super) to_claim: Samples,
+    pub(super) stages: Vec<[i64; 3]>,
+}
 
 impl Counters {
     /// Counters that also keep claims per key.
     pub(super) fn per_key() -> Counters {
-        Counters { per_key: Some(Mutex::default()), per_key_stages: Some(Mutex::default()), ..Default::default() }
+        Counters { per_key: Some(Mutex::default()), ..Default::default() }
     }
 
     /// A claim of `t`, sent at `sent` and received at `now` (µs since the epoch).
     fn note_claim(&self, t: &pb::Task, sent: u64, now: u64) {
         self.to_claim.add(now.saturating_sub(sent));
+        let Some(m) = &self.per_key else { return };
+        let (c, u) = (t.created_at_ms * 1000, t.updated_at_ms * 1000);
+        let stages = [c - sent as i64, u - c, now as i64 - u];
+        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
         // The key is copied only the first time it is seen: the unpaced runs note ~100,000 claims a second, in the
         // process of the embedded node they measure.
         let key = t.concurrency_key.as_str();
-        if let Some(m) = &self.per_key {
-            let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-            match g.get(key) {
-                Some(samples) => samples.add(now.saturating_sub(sent)),
-                None => g.entry(key.to_string()).or_default().add(now.saturating_sub(sent)),
-            }
+        if !g.contains_key(key) {
+            g.insert(key.to_string(), KeyClaims::default());
         }
-        if let Some(m) = &self.per_key_stages {
-            let (c, u) = (t.created_at_ms * 1000, t.updated_at_ms * 1000);
-            let stages = [c - sent as i64, u - c, now as i64 - u];
-            let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-            match g.get_mut(key) {
-                Some(v) => v.push(stages),
-                None => {
-                    g.insert(key.to_string(), vec![stages]);
-                }
-            }
+        if let Some(k) = g.get_mut(key) {
+            k.to_claim.add(now.saturating_sub(sent));
+            k.stages.push(stages);
         }
     }
 }

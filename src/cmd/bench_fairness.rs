@@ -199,24 +199,20 @@ async fn set_weight(addr: &str, queue: &str, key: &str, weight: u32) -> Result<(
 
 fn served(c: &Counters, key: &str) -> u64 {
     let len = |m: &std::sync::Mutex<super::bench::PerKey>| {
-        m.lock().unwrap_or_else(|p| p.into_inner()).get(key).map(|s| s.len())
+        m.lock().unwrap_or_else(|p| p.into_inner()).get(key).map(|k| k.to_claim.len())
     };
     c.per_key.as_ref().and_then(len).unwrap_or(0) as u64
 }
 
-/// Tasks of a key claimed, per second, and its enqueue->claim p50/p99 in ms.
+/// Tasks of a key claimed, per second, its enqueue->claim p50/p99 in ms, and its claims' stages.
 fn key_report(c: &Counters, key: &str, a: &BenchArgs) -> Value {
     let Some(m) = &c.per_key else { return Value::Null };
     let g = m.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(samples) = g.get(key) else { return json!({"claimed": 0}) };
-    let n = samples.len();
-    let p = samples.percentiles().unwrap_or_default();
-    let stages = c.per_key_stages.as_ref().and_then(|m| {
-        let g = m.lock().unwrap_or_else(|p| p.into_inner());
-        g.get(key).map(|v| stage_report(v))
-    });
+    let Some(claims) = g.get(key) else { return json!({"claimed": 0}) };
+    let n = claims.to_claim.len();
+    let p = claims.to_claim.percentiles().unwrap_or_default();
     json!({"claimed": n, "claimed_per_s": n as f64 / a.duration.as_secs_f64(),
-        "enqueue_to_claim_ms": {"p50": p[0], "p90": p[1], "p99": p[2]}, "stages_ms": stages})
+        "enqueue_to_claim_ms": {"p50": p[0], "p90": p[1], "p99": p[2]}, "stages_ms": stage_report(&claims.stages)})
 }
 
 /// Where a key's claims spent their time, by the node's stamps (ms, so each stage is within a millisecond):
